@@ -1,0 +1,1 @@
+"""iqtrain: compiled next-patch-prediction pretraining on IQ radio recordings."""

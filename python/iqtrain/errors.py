@@ -1,0 +1,41 @@
+"""The exception hierarchy of iqtrain.
+
+Every error a user can cause is an :class:`IQTrainError`. The Rust extension raises the same
+classes (it imports them from here with ``pyo3::import_exception!``), so one ``except`` clause
+covers both halves of the data path.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "IQTrainError",
+    "ConfigError",
+    "DataError",
+    "CursorMismatchError",
+    "NonFiniteError",
+    "CheckpointError",
+]
+
+
+class IQTrainError(Exception):
+    """Base class of every iqtrain error."""
+
+
+class ConfigError(IQTrainError, ValueError):
+    """A configuration value is missing, unknown, mistyped or out of range (names the key)."""
+
+
+class DataError(IQTrainError):
+    """A recording or its metadata cannot be used (names the file and the field)."""
+
+
+class CursorMismatchError(DataError):
+    """A loader cursor does not belong to this dataset, window or stride."""
+
+
+class NonFiniteError(IQTrainError, ArithmeticError):
+    """A loss, gradient norm or tensor is NaN or infinite."""
+
+
+class CheckpointError(IQTrainError):
+    """A checkpoint, manifest or attempt directory fails verification."""
