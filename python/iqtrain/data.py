@@ -1,0 +1,362 @@
+"""SigMF recordings, windows and the deterministic training stream.
+
+Python reads and validates each ``.sigmf-meta`` with the ``sigmf`` package and decides how its
+bytes are to be read; the Rust extension (``iqtrain._native``) memory-maps the ``.sigmf-data``
+files and owns every byte after that: window lookup, the seeded epoch permutation, parallel
+batch assembly and the background prefetch.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from iqtrain._native import NativeDataset, NativeStream
+from iqtrain.errors import ConfigError, CursorMismatchError, DataError
+
+__all__ = ["IQDataset", "Recording", "TrainStream", "SUPPORTED_DATATYPES"]
+
+# SigMF datatype -> the kind the native reader understands. Only complex, single-channel data of
+# these types is accepted; everything else is rejected with the file and field named.
+SUPPORTED_DATATYPES = {
+    "ci8": "ci8",
+    "cu8": "cu8",
+    "ci16_le": "ci16_le",
+    "ci16_be": "ci16_be",
+    "cf32_le": "cf32_le",
+    "cf32_be": "cf32_be",
+}
+_BYTES_PER_SAMPLE = {"ci8": 2, "cu8": 2, "ci16_le": 4, "ci16_be": 4, "cf32_le": 8, "cf32_be": 8}
+
+# Content digest: FINGERPRINT_BLOCKS blocks of FINGERPRINT_BLOCK bytes at fixed, evenly spaced
+# offsets (first and last block included), so fingerprinting costs O(1) per recording however
+# large the file is. A full-content check is IQDataset.verify_content().
+FINGERPRINT_BLOCK = 4096
+FINGERPRINT_BLOCKS = 16
+CURSOR_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Recording:
+    """One validated SigMF recording."""
+
+    meta_path: Path
+    data_path: Path
+    datatype: str
+    num_samples: int
+    sample_rate: float | None
+    sha512: str | None
+
+
+def _expand(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> list[Path]:
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    found: set[Path] = set()
+    for entry in paths:
+        text = os.fspath(entry)
+        if glob.has_magic(text):
+            matches = glob.glob(text, recursive=True)
+            if not matches:
+                raise DataError(f"{text}: no recordings match this pattern")
+            found.update(Path(m) for m in matches if m.endswith(".sigmf-meta"))
+        else:
+            path = Path(text)
+            if path.suffix != ".sigmf-meta":
+                raise DataError(f"{text}: expected a .sigmf-meta file")
+            if not path.is_file():
+                raise DataError(f"{text}: no such file")
+            found.add(path)
+    if not found:
+        raise DataError(f"{', '.join(map(os.fspath, paths))}: no .sigmf-meta files found")
+    # Absolute, sorted: window ids enumerate recordings in sorted path order.
+    return sorted({p.resolve() for p in found})
+
+
+def _field_error(meta: Path, field: str, msg: str) -> DataError:
+    return DataError(f"{meta}: {field}: {msg}")
+
+
+def _read_recording(meta_path: Path) -> tuple[Recording, bytes]:
+    """Parse and validate one recording; return it with its raw metadata bytes."""
+    from sigmf import validate as sigmf_validate
+    from sigmf.sigmffile import SigMFFile
+
+    try:
+        meta_bytes = meta_path.read_bytes()
+    except OSError as exc:
+        raise DataError(f"{meta_path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        metadata = json.loads(meta_bytes)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DataError(f"{meta_path}: not valid JSON: {exc}") from None
+    if not isinstance(metadata, dict) or not isinstance(metadata.get("global"), dict):
+        raise _field_error(meta_path, "global", "missing or not an object")
+    glob_ = metadata["global"]
+    datatype = glob_.get("core:datatype")
+    if datatype is None:
+        raise _field_error(meta_path, "core:datatype", "missing")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            sigmf_validate.validate(metadata, SigMFFile(metadata=metadata).get_schema())
+    except Exception as exc:  # jsonschema.ValidationError and sigmf's own errors
+        where = "/".join(str(p) for p in getattr(exc, "absolute_path", [])) or "metadata"
+        msg = getattr(exc, "message", None) or str(exc)
+        raise _field_error(meta_path, where, f"invalid SigMF metadata: {msg}") from None
+
+    if not isinstance(datatype, str) or not datatype.startswith("c"):
+        raise _field_error(
+            meta_path, "core:datatype", f"{datatype!r} is not complex (real-valued data rejected)"
+        )
+    if datatype not in SUPPORTED_DATATYPES:
+        raise _field_error(
+            meta_path,
+            "core:datatype",
+            f"{datatype!r} is not supported (use one of {', '.join(SUPPORTED_DATATYPES)})",
+        )
+    channels = glob_.get("core:num_channels", 1)
+    if channels != 1:
+        raise _field_error(meta_path, "core:num_channels", f"{channels} channels; only 1 supported")
+    if glob_.get("core:offset", 0) not in (0, None):
+        raise _field_error(meta_path, "core:offset", "a non-zero sample offset is not supported")
+    if glob_.get("core:trailing_bytes", 0):
+        raise _field_error(meta_path, "core:trailing_bytes", "trailing bytes are not supported")
+    if glob_.get("core:metadata_only", False):
+        raise _field_error(meta_path, "core:metadata_only", "recording has no samples")
+    if glob_.get("core:dataset"):
+        raise _field_error(meta_path, "core:dataset", "non-conforming datasets are not supported")
+    for i, capture in enumerate(metadata.get("captures", [])):
+        if capture.get("core:header_bytes", 0):
+            raise _field_error(
+                meta_path, f"captures[{i}].core:header_bytes", "header bytes are not supported"
+            )
+
+    data_path = meta_path.with_suffix(".sigmf-data")
+    try:
+        nbytes = data_path.stat().st_size
+    except OSError:
+        raise DataError(f"{data_path}: data file missing (next to {meta_path.name})") from None
+    per = _BYTES_PER_SAMPLE[datatype]
+    if nbytes % per:
+        raise DataError(
+            f"{data_path}: data length {nbytes} bytes is not a whole number of "
+            f"{datatype} samples ({per} bytes each)"
+        )
+    rate = glob_.get("core:sample_rate")
+    rec = Recording(
+        meta_path=meta_path,
+        data_path=data_path,
+        datatype=datatype,
+        num_samples=nbytes // per,
+        sample_rate=float(rate) if rate is not None else None,
+        sha512=glob_.get("core:sha512"),
+    )
+    return rec, meta_bytes
+
+
+def _sampled_digest(path: Path, nbytes: int) -> bytes:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        if nbytes <= FINGERPRINT_BLOCK * FINGERPRINT_BLOCKS:
+            h.update(f.read())
+        else:
+            last = nbytes - FINGERPRINT_BLOCK
+            for i in range(FINGERPRINT_BLOCKS):
+                f.seek(i * last // (FINGERPRINT_BLOCKS - 1))
+                h.update(f.read(FINGERPRINT_BLOCK))
+    return h.digest()
+
+
+class IQDataset:
+    """Fixed-length windows over a sorted set of SigMF recordings.
+
+    A window is ``window`` consecutive complex samples of one recording, starting at a multiple
+    of ``stride`` (default: ``window``, i.e. non-overlapping); windows never cross recordings.
+    Global window ids enumerate recordings in sorted path order. Opening costs O(recordings).
+    """
+
+    def __init__(
+        self,
+        paths: str | os.PathLike | Sequence[str | os.PathLike],
+        *,
+        window: int,
+        stride: int | None = None,
+    ) -> None:
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise ConfigError(f"window: must be a positive integer, got {window!r}")
+        stride = window if stride is None else stride
+        if isinstance(stride, bool) or not isinstance(stride, int) or stride < 1:
+            raise ConfigError(f"stride: must be a positive integer, got {stride!r}")
+        metas = _expand(paths)
+        records = [_read_recording(m) for m in metas]
+        self.recordings: list[Recording] = [r for r, _ in records]
+        self.stride = stride
+        self._native = NativeDataset(
+            [os.fspath(r.data_path) for r in self.recordings],
+            [SUPPORTED_DATATYPES[r.datatype] for r in self.recordings],
+            window,
+            stride,
+        )
+        h = hashlib.sha256(b"iqtrain-dataset-v1\0")
+        for rec, meta_bytes in records:
+            nbytes = rec.num_samples * _BYTES_PER_SAMPLE[rec.datatype]
+            h.update(rec.meta_path.name.encode() + b"\0")
+            h.update(len(meta_bytes).to_bytes(8, "little") + meta_bytes)
+            h.update(nbytes.to_bytes(8, "little"))
+            h.update(_sampled_digest(rec.data_path, nbytes))
+        self.fingerprint: str = h.hexdigest()
+
+    @property
+    def num_windows(self) -> int:
+        return self._native.num_windows
+
+    @property
+    def window_len(self) -> int:
+        return self._native.window_len
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(self._native.dtype)
+
+    def __len__(self) -> int:
+        return self.num_windows
+
+    def __repr__(self) -> str:
+        return (
+            f"IQDataset({len(self.recordings)} recordings, {self.num_windows} windows of "
+            f"{self.window_len}, stride {self.stride}, {self.dtype})"
+        )
+
+    def window(self, i: int) -> np.ndarray:
+        """Window ``i`` as ``[window_len, 2]`` (I, Q) in the storage dtype."""
+        return self._native.window(i)
+
+    def windows(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Windows ``ids`` gathered into a new ``[len(ids), window_len, 2]`` array."""
+        return self._native.windows(np.ascontiguousarray(ids, dtype=np.uint64))
+
+    def val_batches(self, batch_size: int) -> Iterator[np.ndarray]:
+        """Every window once, in id order, in batches of ``batch_size`` (the last may be partial).
+
+        Independent of any TrainStream: it touches no cursor and no RNG.
+        """
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ConfigError(f"batch_size: must be a positive integer, got {batch_size!r}")
+        n = self.num_windows
+        for start in range(0, n, batch_size):
+            yield self.windows(np.arange(start, min(start + batch_size, n), dtype=np.uint64))
+
+    def verify_content(self) -> None:
+        """Full-content check against each recording's ``core:sha512`` (reads every byte)."""
+        for rec in self.recordings:
+            if rec.sha512 is None:
+                continue
+            h = hashlib.sha512()
+            with open(rec.data_path, "rb") as f:
+                while chunk := f.read(1 << 22):
+                    h.update(chunk)
+            if h.hexdigest() != rec.sha512:
+                raise DataError(f"{rec.data_path}: core:sha512 does not match the data")
+
+
+class TrainStream:
+    """The endless, seeded, resumable training stream of one rank.
+
+    Global sample ``g`` is window ``perm(seed, g // n)[g % n]``; global batch ``k`` is samples
+    ``[k*B, (k+1)*B)`` and rank ``r`` of ``W`` takes the slice ``[r*B/W, (r+1)*B/W)``, so the
+    sequence of global batches does not depend on the world size. The cursor is a global sample
+    count: restoring it is arithmetic, never replay.
+    """
+
+    def __init__(
+        self,
+        dataset: IQDataset,
+        *,
+        batch_size: int,
+        seed: int,
+        rank: int = 0,
+        world_size: int = 1,
+        prefetch: int = 2,
+    ) -> None:
+        for name, value, low in (
+            ("batch_size", batch_size, 1),
+            ("seed", seed, 0),
+            ("rank", rank, 0),
+            ("world_size", world_size, 1),
+            ("prefetch", prefetch, 0),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ConfigError(f"{name}: must be an integer >= {low}, got {value!r}")
+        if seed >= 1 << 64:
+            raise ConfigError(f"seed: must be below 2**64, got {seed}")
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.seed = seed
+        self.rank = rank
+        self.world_size = world_size
+        self._native = NativeStream(dataset._native, batch_size, seed, rank, world_size, prefetch)
+
+    def __iter__(self) -> TrainStream:
+        return self
+
+    def __next__(self) -> np.ndarray:
+        return self._native.next()
+
+    next = __next__
+
+    def last_ids(self) -> np.ndarray:
+        """Global window ids (uint64) of the rows last returned by :meth:`next`."""
+        return self._native.last_ids()
+
+    @property
+    def batches_consumed(self) -> int:
+        return self._native.batches_consumed
+
+    @property
+    def samples_consumed(self) -> int:
+        return self._native.samples_consumed
+
+    def state_dict(self) -> dict[str, Any]:
+        """The cursor: JSON-serialisable; restoring it yields exactly the next batch."""
+        return {
+            "version": CURSOR_VERSION,
+            "seed": self.seed,
+            "samples_consumed": self.samples_consumed,
+            "fingerprint": self.dataset.fingerprint,
+            "window": self.dataset.window_len,
+            "stride": self.dataset.stride,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue exactly after the batch the cursor was saved behind."""
+        if not isinstance(state, dict):
+            raise CursorMismatchError(f"cursor: expected a dict, got {type(state).__name__}")
+        expected = self.state_dict()
+        missing = sorted(set(expected) - set(state))
+        unknown = sorted(set(state) - set(expected))
+        if missing or unknown:
+            raise CursorMismatchError(
+                f"cursor: missing keys {missing}, unknown keys {unknown}"
+                if missing and unknown
+                else f"cursor: missing keys {missing}"
+                if missing
+                else f"cursor: unknown keys {unknown}"
+            )
+        for key in ("version", "fingerprint", "window", "stride", "seed"):
+            if state[key] != expected[key]:
+                raise CursorMismatchError(
+                    f"cursor.{key}: {state[key]!r} does not match this stream ({expected[key]!r})"
+                )
+        consumed = state["samples_consumed"]
+        if isinstance(consumed, bool) or not isinstance(consumed, int) or consumed < 0:
+            raise CursorMismatchError(f"cursor.samples_consumed: invalid value {consumed!r}")
+        self._native.seek(consumed)

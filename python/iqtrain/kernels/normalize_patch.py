@@ -1,0 +1,1 @@
+../../../kernels/normalize_patch.py
