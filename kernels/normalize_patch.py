@@ -13,9 +13,10 @@ elementwise scale of 2L contiguous values. No gather, no transpose, and P never 
 One program per window, two passes over the window's memory:
   pass 1 loops over BLOCK-sized chunks of the (prefix) window, accumulating x^2 in fp32 per lane;
   pass 2 loops over the whole window again, writing x * (1 / scale) in the output dtype.
-The raw window is read from DRAM once; pass 2 re-reads it while it is still in L2 (an int16
-window of 4096 samples is 16 KiB). A window of up to 65,536 samples does not fit in one block,
-which is why both passes loop instead of holding the window in registers.
+Pass 2 re-reads the window right after pass 1 has pulled it in, so the re-read is meant to hit
+L2 (an int16 window of 4096 samples is 16 KiB) and DRAM sees each raw byte once; not yet verified
+with a profiler. A window of up to 65,536 samples does not fit in one block, which is why both
+passes loop instead of holding the window in registers.
 
 This file is the real source; python/iqtrain/kernels/normalize_patch.py is a file symlink to it,
 so the installed wheel imports it as ``iqtrain.kernels.normalize_patch``.
@@ -34,10 +35,14 @@ __all__ = ["normalize_patch", "interpreted", "SUPPORTED_IN_DTYPES", "SUPPORTED_O
 SUPPORTED_IN_DTYPES = (torch.int8, torch.int16, torch.float32)
 SUPPORTED_OUT_DTYPES = (torch.float32, torch.bfloat16)
 
-# Largest chunk one loop iteration touches. 4096 elements over 8 warps is 16 values per thread:
-# int16 loads become 32-byte vector loads and the fp32 accumulator stays at 16 registers/thread.
-# Hardware limits a block to far more than this; the cap keeps register pressure low.
-_MAX_BLOCK = 4096
+# Largest chunk one loop iteration touches, and elements per thread. At the cap, 8192 elements
+# over 16 warps is 16 values per thread. Compiled offline for sm_90 (triton 3.9): 32-40 registers
+# per thread (cuobjdump -res-usage) and, with 16-divisible lengths, 16-byte vector loads and
+# stores (ld/st.global.v4 in the PTX). 8192 covers a whole L=4096 window in one iteration, so a
+# program has its entire 16 KiB int16 window in flight at once. Not tuned on hardware: no GPU was
+# available when this was written; bench/test_prepare.py measures it.
+_MAX_BLOCK = 8192
+_ELEMS_PER_THREAD = 16
 
 
 @triton.jit
@@ -68,7 +73,7 @@ def _normalize_patch_kernel(
 
     # IEEE-rounded divide and sqrt (the defaults on NVIDIA are approximate) so that the scale, and
     # hence every output value, rounds exactly as the PyTorch reference does when the sums agree.
-    # These run once per window; their cost is nothing next to the memory traffic.
+    # They run once per window, not per element.
     scale = tl.sqrt_rn(tl.math.div_rn(total, n_norm_samples) + eps)
     tl.store(scale_ptr + window, scale)
     inv_scale = tl.math.div_rn(1.0, scale)
@@ -96,8 +101,8 @@ def interpreted() -> bool:
 
 def _block_and_warps(n_elem: int) -> tuple[int, int]:
     block = min(triton.next_power_of_2(n_elem), _MAX_BLOCK)
-    # One warp per 512 elements (16 per thread at 4096), at least 1, at most 8.
-    num_warps = max(1, min(8, block // 512))
+    # 1 warp for small windows, up to 16 (512 threads) at the cap.
+    num_warps = max(1, min(16, block // (32 * _ELEMS_PER_THREAD)))
     return block, num_warps
 
 

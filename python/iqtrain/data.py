@@ -200,6 +200,11 @@ class IQDataset:
         records = [_read_recording(m) for m in metas]
         self.recordings: list[Recording] = [r for r, _ in records]
         self.stride = stride
+        if all(r.num_samples < window for r in self.recordings):
+            raise DataError(
+                f"{self.recordings[0].meta_path.parent}: every recording is shorter than the "
+                f"window ({window} samples)"
+            )
         self._native = NativeDataset(
             [os.fspath(r.data_path) for r in self.recordings],
             [SUPPORTED_DATATYPES[r.datatype] for r in self.recordings],

@@ -14,6 +14,7 @@ __all__ = [
     "CursorMismatchError",
     "NonFiniteError",
     "CheckpointError",
+    "TrainingError",
 ]
 
 
@@ -39,3 +40,7 @@ class NonFiniteError(IQTrainError, ArithmeticError):
 
 class CheckpointError(IQTrainError):
     """A checkpoint, manifest or attempt directory fails verification."""
+
+
+class TrainingError(IQTrainError):
+    """A failure while an attempt was running (exit code 1; the attempt stays verifiable)."""

@@ -108,7 +108,7 @@ def prepare_iq_input_reference(
 
 
 def _triton_launcher(raw: torch.Tensor, backend: str) -> Callable[..., tuple[torch.Tensor, ...]]:
-    """Import the kernel and check it can run on ``raw``'s device (``ValueError`` naming backend)."""
+    """Import the kernel; check it runs on ``raw``'s device (else ``ValueError`` naming backend)."""
     try:
         from iqtrain.kernels import normalize_patch as kernel
     except ImportError as exc:

@@ -30,7 +30,6 @@ stamps its own specification version into ``core:version``).
 from __future__ import annotations
 
 import io
-import math
 import operator
 import os
 import pathlib
@@ -236,7 +235,8 @@ def _multipath(rng: np.random.Generator, x: np.ndarray, sps: int) -> np.ndarray:
     delays = np.sort(rng.choice(np.arange(1, 3 * sps + 1), n_taps - 1, replace=False))
     tau = rng.uniform(1.0, 2.0 * sps)  # decay constant of the power-delay profile, samples
     power = np.exp(-delays / tau)
-    gains = np.sqrt(power / 2) * (rng.standard_normal(n_taps - 1) + 1j * rng.standard_normal(n_taps - 1))
+    z = rng.standard_normal((2, n_taps - 1))  # Rayleigh-faded echoes
+    gains = np.sqrt(power / 2) * (z[0] + 1j * z[1])
     h = np.zeros(int(delays[-1]) + 1, dtype=np.complex128)
     h[0] = 1.0  # line-of-sight path (its phase is randomised by the oscillator later)
     h[delays] = gains

@@ -39,6 +39,9 @@ pub enum Error {
     /// The prefetch thread could not be started or stopped unexpectedly.
     #[error("prefetch thread: {0}")]
     Thread(String),
+    /// A broken internal invariant (a bug), reported instead of panicking across FFI.
+    #[error("internal error: {0}")]
+    Internal(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,1 +1,50 @@
-pub fn x(){}
+//! Native data path of iqtrain: memory-mapped recordings, the seeded epoch permutation, the
+//! global sample stream and parallel batch assembly. Pure Rust; the Python bindings live in
+//! `python.rs` behind the `python` feature so `cargo test` needs no interpreter.
+
+pub mod error;
+pub mod permutation;
+pub mod recordings;
+pub mod stream;
+
+#[cfg(feature = "python")]
+mod python;
+
+pub use error::{Error, Result};
+pub use permutation::{feistel_index, Permutation};
+pub use recordings::{Dataset, Kind, Storage};
+pub use stream::{Batch, Buffer, Stream, StreamSpec};
+
+#[cfg(test)]
+pub(crate) mod testutil {
+    use std::path::PathBuf;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// A fresh directory under the system temp dir, removed on drop.
+    pub struct TempDir(pub PathBuf);
+
+    impl TempDir {
+        pub fn new(tag: &str) -> TempDir {
+            static N: AtomicU64 = AtomicU64::new(0);
+            let p = std::env::temp_dir().join(format!(
+                "iqtrain-native-{tag}-{}-{}",
+                std::process::id(),
+                N.fetch_add(1, Ordering::Relaxed)
+            ));
+            std::fs::create_dir_all(&p).unwrap();
+            TempDir(p)
+        }
+
+        pub fn file(&self, name: &str, bytes: &[u8]) -> String {
+            let p = self.0.join(name);
+            std::fs::write(&p, bytes).unwrap();
+            p.to_str().unwrap().to_owned()
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}

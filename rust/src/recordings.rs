@@ -118,15 +118,25 @@ impl Dataset {
         stride: u64,
     ) -> Result<Dataset> {
         if window < 1 {
-            return Err(Error::config("window", format!("must be >= 1, got {window}")));
+            return Err(Error::config(
+                "window",
+                format!("must be >= 1, got {window}"),
+            ));
         }
         if stride < 1 {
-            return Err(Error::config("stride", format!("must be >= 1, got {stride}")));
+            return Err(Error::config(
+                "stride",
+                format!("must be >= 1, got {stride}"),
+            ));
         }
         if kinds.len() != paths.len() {
             return Err(Error::config(
                 "kinds",
-                format!("has {} entries but data_paths has {}", kinds.len(), paths.len()),
+                format!(
+                    "has {} entries but data_paths has {}",
+                    kinds.len(),
+                    paths.len()
+                ),
             ));
         }
         let mut parsed = Vec::with_capacity(paths.len());
@@ -136,7 +146,10 @@ impl Dataset {
                 Error::data(
                     p,
                     "datatype",
-                    format!("'{k}' is not supported (supported: {})", KIND_NAMES.join(", ")),
+                    format!(
+                        "'{k}' is not supported (supported: {})",
+                        KIND_NAMES.join(", ")
+                    ),
                 )
             })?;
             parsed.push(kind);
@@ -159,7 +172,11 @@ impl Dataset {
         for (p, kind) in paths.iter().zip(parsed) {
             let rec = Recording::open(p.as_ref(), kind, window, stride)?;
             total = total.checked_add(rec.windows).ok_or_else(|| {
-                Error::data(p.as_ref(), "data length", "overflows the 2^64 window id space")
+                Error::data(
+                    p.as_ref(),
+                    "data length",
+                    "overflows the 2^64 window id space",
+                )
             })?;
             prefix.push(total);
             recordings.push(rec);
@@ -257,7 +274,11 @@ impl Dataset {
         if expected != Some(out.len()) {
             return Err(Error::config(
                 "out",
-                format!("has {} bytes, expected {} rows of {rb} bytes", out.len(), ids.len()),
+                format!(
+                    "has {} bytes, expected {} rows of {rb} bytes",
+                    out.len(),
+                    ids.len()
+                ),
             ));
         }
         if rb == 0 {
@@ -294,7 +315,11 @@ impl Recording {
             ));
         }
         if usize::try_from(len).is_err() {
-            return Err(Error::data(path, "data length", format!("{len} bytes cannot be mapped")));
+            return Err(Error::data(
+                path,
+                "data length",
+                format!("{len} bytes cannot be mapped"),
+            ));
         }
         let samples = len / sb;
         let windows = if samples >= window {
@@ -307,8 +332,16 @@ impl Recording {
             // truncated underneath would fault, as with any mmap reader such as numpy.memmap).
             let m = unsafe { Mmap::map(&file) }
                 .map_err(|e| Error::data(path, "data file", format!("cannot be mapped ({e})")))?;
+            // Windows are read in random order: without this the kernel's readahead (8 MiB per
+            // fault on some block devices) turns every window into megabytes of I/O.
+            #[cfg(unix)]
+            let _ = m.advise(memmap2::Advice::Random);
             if m.len() as u64 != len {
-                return Err(Error::data(path, "data length", "changed while being mapped"));
+                return Err(Error::data(
+                    path,
+                    "data length",
+                    "changed while being mapped",
+                ));
             }
             Some(m)
         } else {
@@ -389,5 +422,205 @@ fn swap_bytes<const N: usize>(src: &[u8], out: &mut [u8]) {
         for j in 0..N {
             o[j] = s[N - 1 - j];
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::TempDir;
+
+    fn row(ds: &Dataset, id: u64) -> Vec<u8> {
+        let mut out = vec![0u8; ds.row_bytes()];
+        ds.fill_row(id, &mut out).unwrap();
+        out
+    }
+
+    fn i16s(b: &[u8]) -> Vec<i16> {
+        b.chunks_exact(2)
+            .map(|c| i16::from_ne_bytes([c[0], c[1]]))
+            .collect()
+    }
+
+    fn f32s(b: &[u8]) -> Vec<f32> {
+        b.chunks_exact(4)
+            .map(|c| f32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
+    }
+
+    #[test]
+    fn every_kind_decodes() {
+        let t = TempDir::new("kinds");
+        // 3 complex samples each: values -2..=3 as I/Q pairs.
+        let vals: [i32; 6] = [-2, -1, 0, 1, 2, 3];
+        let ci8: Vec<u8> = vals.iter().map(|&v| v as i8 as u8).collect();
+        let cu8: Vec<u8> = vals.iter().map(|&v| (v + 128) as u8).collect();
+        let i16le: Vec<u8> = vals
+            .iter()
+            .flat_map(|&v| (v as i16 * 1000).to_le_bytes())
+            .collect();
+        let i16be: Vec<u8> = vals
+            .iter()
+            .flat_map(|&v| (v as i16 * 1000).to_be_bytes())
+            .collect();
+        let f32le: Vec<u8> = vals
+            .iter()
+            .flat_map(|&v| (v as f32 * 0.5).to_le_bytes())
+            .collect();
+        let f32be: Vec<u8> = vals
+            .iter()
+            .flat_map(|&v| (v as f32 * 0.5).to_be_bytes())
+            .collect();
+
+        let int8 = |p: &str, k: &str| {
+            let ds = Dataset::open(&[p], &[k], 3, 3).unwrap();
+            assert_eq!(ds.storage(), Storage::Int8);
+            row(&ds, 0)
+                .iter()
+                .map(|&b| b as i8 as i32)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(int8(&t.file("a.ci8", &ci8), "ci8"), vals);
+        assert_eq!(int8(&t.file("a.cu8", &cu8), "cu8"), vals);
+
+        let want16: Vec<i16> = vals.iter().map(|&v| v as i16 * 1000).collect();
+        for (name, bytes, kind) in [("le.i16", &i16le, "ci16_le"), ("be.i16", &i16be, "ci16_be")] {
+            let ds = Dataset::open(&[t.file(name, bytes)], &[kind], 3, 1).unwrap();
+            assert_eq!(ds.storage(), Storage::Int16);
+            assert_eq!(i16s(&row(&ds, 0)), want16, "{kind}");
+        }
+        let wantf: Vec<f32> = vals.iter().map(|&v| v as f32 * 0.5).collect();
+        for (name, bytes, kind) in [("le.f32", &f32le, "cf32_le"), ("be.f32", &f32be, "cf32_be")] {
+            let ds = Dataset::open(&[t.file(name, bytes)], &[kind], 3, 1).unwrap();
+            assert_eq!(ds.storage(), Storage::Float32);
+            assert_eq!(f32s(&row(&ds, 0)), wantf, "{kind}");
+        }
+
+        // Mixed: every kind promoted by value to f32, recordings in the given order.
+        let files = [
+            (t.file("m.ci8", &ci8), "ci8", 1.0f32),
+            (t.file("m.cu8", &cu8), "cu8", 1.0),
+            (t.file("m.le16", &i16le), "ci16_le", 1000.0),
+            (t.file("m.be16", &i16be), "ci16_be", 1000.0),
+            (t.file("m.lef", &f32le), "cf32_le", 0.5),
+            (t.file("m.bef", &f32be), "cf32_be", 0.5),
+        ];
+        let paths: Vec<&str> = files.iter().map(|f| f.0.as_str()).collect();
+        let kinds: Vec<&str> = files.iter().map(|f| f.1).collect();
+        let ds = Dataset::open(&paths, &kinds, 3, 3).unwrap();
+        assert_eq!(ds.storage(), Storage::Float32);
+        assert_eq!(ds.num_windows(), 6);
+        for (id, f) in files.iter().enumerate() {
+            let want: Vec<f32> = vals.iter().map(|&v| v as f32 * f.2).collect();
+            assert_eq!(f32s(&row(&ds, id as u64)), want, "{}", f.1);
+        }
+        // ci8 + cu8 stay int8.
+        let ds = Dataset::open(&[paths[0], paths[1]], &["ci8", "cu8"], 3, 3).unwrap();
+        assert_eq!(ds.storage(), Storage::Int8);
+    }
+
+    #[test]
+    fn errors_name_file_and_field() {
+        let t = TempDir::new("errors");
+        let p = t.file("x.sigmf-data", &[0u8; 1001]);
+        let e = Dataset::open(&[&p], &["ci16_le"], 1, 1).err().unwrap();
+        assert!(matches!(e, Error::Data { .. }));
+        assert_eq!(
+            e.to_string(),
+            format!("{p}: data length 1001 bytes is not a whole number of ci16_le samples (4 bytes each)")
+        );
+        let e = Dataset::open(&[&p], &["ri16_le"], 1, 1).err().unwrap();
+        assert!(
+            e.to_string()
+                .starts_with(&format!("{p}: datatype 'ri16_le' is not supported")),
+            "{e}"
+        );
+        let missing = t.0.join("missing.sigmf-data");
+        let missing = missing.to_str().unwrap();
+        let e = Dataset::open(&[missing], &["ci8"], 1, 1).err().unwrap();
+        assert!(
+            matches!(e, Error::Data { .. }) && e.to_string().starts_with(missing),
+            "{e}"
+        );
+        let dir = t.0.to_str().unwrap();
+        assert!(matches!(
+            Dataset::open(&[dir], &["ci8"], 1, 1),
+            Err(Error::Data { .. })
+        ));
+        let ok = t.file("ok", &[0u8; 8]);
+        assert!(
+            matches!(Dataset::open(&[&ok], &["ci8"], 0, 1), Err(Error::Config { ref key, .. }) if key == "window")
+        );
+        assert!(
+            matches!(Dataset::open(&[&ok], &["ci8"], 1, 0), Err(Error::Config { ref key, .. }) if key == "stride")
+        );
+        assert!(
+            matches!(Dataset::open(&[&ok], &["ci8", "ci8"], 1, 1), Err(Error::Config { ref key, .. }) if key == "kinds")
+        );
+        // Shorter than the window everywhere: no windows at all.
+        assert!(matches!(
+            Dataset::open(&[&ok], &["ci8"], 5, 1),
+            Err(Error::NoWindows { .. })
+        ));
+        let empty: [&str; 0] = [];
+        assert!(matches!(
+            Dataset::open(&empty, &empty, 5, 1),
+            Err(Error::NoWindows { .. })
+        ));
+        // Out-of-range id.
+        let ds = Dataset::open(&[&ok], &["ci8"], 1, 1).unwrap();
+        assert!(matches!(ds.locate(4), Err(Error::Index { .. })));
+        let mut out = vec![0u8; 4];
+        assert!(matches!(
+            ds.gather(&[0, 9], &mut out),
+            Err(Error::Index { .. })
+        ));
+        assert_eq!(out, [0u8; 4]);
+    }
+
+    #[test]
+    fn window_location_with_stride_and_short_recordings() {
+        let t = TempDir::new("locate");
+        // ci8: sample k of recording r has I = 10*r + k (mod 128), Q = -I.
+        let rec = |r: i32, samples: i32| -> Vec<u8> {
+            (0..samples)
+                .flat_map(|k| {
+                    let i = (10 * r + k) as i8;
+                    [i as u8, i.wrapping_neg() as u8]
+                })
+                .collect()
+        };
+        // window 4, stride 3: 10 samples -> 3 windows (starts 0,3,6); 3 samples -> 0; 4 -> 1; 0 -> 0.
+        let paths = [
+            t.file("r0", &rec(0, 10)),
+            t.file("r1", &rec(1, 3)),
+            t.file("r2", &rec(2, 4)),
+            t.file("r3", &[]),
+            t.file("r4", &rec(4, 12)),
+        ];
+        let ds = Dataset::open(&paths, &["ci8"; 5], 4, 3).unwrap();
+        let counts: Vec<u64> = ds.recordings().iter().map(|r| r.windows).collect();
+        assert_eq!(counts, [3, 0, 1, 0, 3]);
+        let samples: Vec<u64> = ds.recordings().iter().map(|r| r.samples).collect();
+        assert_eq!(samples, [10, 3, 4, 0, 12]);
+        assert_eq!(ds.num_windows(), 7);
+        let want = [(0, 0), (0, 3), (0, 6), (2, 0), (4, 0), (4, 3), (4, 6)];
+        for (id, &(r, s)) in want.iter().enumerate() {
+            assert_eq!(ds.locate(id as u64).unwrap(), (r, s), "id {id}");
+            let got = row(&ds, id as u64);
+            let exp: Vec<u8> = (0..4)
+                .flat_map(|k| {
+                    let i = (10 * r as i32 + s as i32 + k) as i8;
+                    [i as u8, i.wrapping_neg() as u8]
+                })
+                .collect();
+            assert_eq!(got, exp, "id {id}");
+        }
+        // gather = rows in id order.
+        let ids = [6u64, 0, 3, 3];
+        let mut out = vec![0u8; ids.len() * ds.row_bytes()];
+        ds.gather(&ids, &mut out).unwrap();
+        let exp: Vec<u8> = ids.iter().flat_map(|&i| row(&ds, i)).collect();
+        assert_eq!(out, exp);
     }
 }

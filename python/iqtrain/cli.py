@@ -1,0 +1,190 @@
+"""The ``iqtrain`` command: parse, build, train, always close.
+
+Exit codes (DESIGN.md section 8): 0 success; 2 bad input (one line naming the key or file, no
+traceback, no attempt created); 1 training failure (non-finite, I/O; the attempt stays
+verifiable); 130/143 after SIGINT/SIGTERM, with a checkpoint saved and the resume command printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+from iqtrain.errors import (
+    CheckpointError,
+    ConfigError,
+    DataError,
+    IQTrainError,
+    NonFiniteError,
+    TrainingError,
+)
+
+__all__ = ["main"]
+
+EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def _err(msg: str) -> None:
+    print(f"iqtrain: error: {msg}", file=sys.stderr)
+
+
+# ------------------------------------------------------------------------------------ commands
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from iqtrain.attempt import run_pretraining_attempt
+    from iqtrain.config import load_config
+
+    config = load_config(args.config, args.set)
+    return _finish(run_pretraining_attempt(config))
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    from iqtrain.attempt import ParentRef, run_pretraining_attempt
+    from iqtrain.config import apply_overrides, build_config, read_toml
+
+    attempt = Path(args.attempt)
+    cfg_path = attempt / "config.toml"
+    if not cfg_path.is_file():
+        raise CheckpointError(f"{attempt}: not an attempt directory (no config.toml)")
+    config = build_config(apply_overrides(read_toml(cfg_path), args.set))
+    return _finish(run_pretraining_attempt(config, ParentRef(attempt, args.from_)))
+
+
+def _finish(result) -> int:
+    def fmt(x):
+        return "n/a" if x is None else f"{x:.5f} ({-10 * math.log10(x):.2f} dB)"
+
+    print(f"attempt {result.attempt}: {result.final_step} steps")
+    print(f"  final val loss {fmt(result.final_val_loss)}, best {fmt(result.best_val_loss)}")
+    print(f"  verify: iqtrain verify {result.attempt}")
+    return EXIT_OK
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from iqtrain.attempt import verify_attempt
+
+    problems = verify_attempt(Path(args.dir))
+    for p in problems:
+        print(f"MISMATCH {p}")
+    if problems:
+        return EXIT_FAILURE
+    print(f"{args.dir}: verified")
+    return EXIT_OK
+
+
+def cmd_synth(args: argparse.Namespace) -> int:
+    from iqtrain.synth import synthesize
+
+    paths = synthesize(
+        args.out_dir,
+        recordings=args.recordings,
+        samples=args.samples,
+        datatype=args.datatype,
+        seed=args.seed,
+    )
+    print(f"wrote {len(paths)} recordings to {args.out_dir}")
+    return EXIT_OK
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from iqtrain.inspect import inspect_config
+
+    inspect_config(args.config, args.set)
+    return EXIT_OK
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from iqtrain.report import report
+
+    print(report(Path(args.dir)))
+    return EXIT_OK
+
+
+# ------------------------------------------------------------------------------------ parsing
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, exit 2 (argparse's default prints usage too)
+        _err(message)
+        raise SystemExit(EXIT_BAD_INPUT)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="iqtrain", description="Next-patch-prediction pretraining on IQ recordings")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    def add_set(sp):
+        sp.add_argument(
+            "--set", action="append", default=[], metavar="KEY=VALUE",
+            help="override a config value, e.g. --set training.max_steps=2000",
+        )
+
+    sp = sub.add_parser("run", help="run one attempt of a config")
+    sp.add_argument("config")
+    add_set(sp)
+    sp.set_defaults(func=cmd_run)
+
+    sp = sub.add_parser("resume", help="verify an attempt and continue it in a new attempt")
+    sp.add_argument("--attempt", required=True, help="the parent attempt directory")
+    sp.add_argument("--from", dest="from_", default="latest", help="latest, best or step_N")
+    add_set(sp)
+    sp.set_defaults(func=cmd_resume)
+
+    sp = sub.add_parser("verify", help="re-hash everything an attempt's manifest lists")
+    sp.add_argument("dir")
+    sp.set_defaults(func=cmd_verify)
+
+    sp = sub.add_parser("synth", help="write synthetic SigMF recordings")
+    sp.add_argument("out_dir")
+    sp.add_argument("--recordings", type=int, default=8)
+    sp.add_argument("--samples", type=int, default=1 << 18)
+    sp.add_argument("--datatype", default="ci16_le", choices=["ci16_le", "cf32_le", "ci8", "cu8"])
+    sp.add_argument("--seed", type=int, default=0)
+    sp.set_defaults(func=cmd_synth)
+
+    sp = sub.add_parser("inspect", help="one batch through every stage: shapes, dtypes, counts")
+    sp.add_argument("config")
+    add_set(sp)
+    sp.set_defaults(func=cmd_inspect)
+
+    sp = sub.add_parser("report", help="summarise an attempt's metric stream")
+    sp.add_argument("dir")
+    sp.set_defaults(func=cmd_report)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from iqtrain.attempt import Interrupted
+
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except Interrupted as exc:
+        print(
+            f"\ninterrupted (signal {exc.signum}); checkpoint saved. Resume with:\n"
+            f"  iqtrain resume --attempt {exc.attempt}",
+            file=sys.stderr,
+        )
+        return exc.exit_code
+    except (NonFiniteError, TrainingError) as exc:
+        _err(str(exc))
+        return EXIT_FAILURE
+    except (ConfigError, DataError, CheckpointError) as exc:
+        _err(str(exc))
+        return EXIT_BAD_INPUT
+    except IQTrainError as exc:
+        _err(str(exc))
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        _err("interrupted")
+        return 130
+    except OSError as exc:
+        _err(f"I/O error: {exc}")
+        return EXIT_FAILURE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,426 @@
+"""The run configuration: one ``kw_only`` dataclass per TOML table, validated on construction.
+
+Sections validate their own values in ``__post_init__`` and name the dotted key in every error;
+:func:`build_config` rejects unknown keys and wrong shapes, and :class:`Config` checks the plan
+across sections. The resolved config (every default filled in) is what an attempt writes and
+hashes, so ``config.toml`` in an attempt is the complete record of what ran.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from iqtrain.errors import ConfigError
+from iqtrain.model import ModelConfig, _require_float, _require_int
+from iqtrain.schedule import ScheduleConfig
+from iqtrain.step import DEVICES, PRECISIONS, OptimizerConfig
+
+__all__ = [
+    "Config",
+    "DataConfig",
+    "RunConfig",
+    "SynthConfig",
+    "TrainingConfig",
+    "apply_overrides",
+    "build_config",
+    "config_to_dict",
+    "dumps_toml",
+    "load_config",
+]
+
+
+def _require_str(key: str, value: object, choices: tuple[str, ...] | None = None) -> str:
+    if not isinstance(value, str):
+        raise ConfigError(f"{key}: must be a string, got {value!r}")
+    if choices is not None and value not in choices:
+        raise ConfigError(f"{key}: must be one of {', '.join(map(repr, choices))}, got {value!r}")
+    return value
+
+
+def _require_str_list(key: str, value: object) -> list[str]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{key}: must be a list of paths or glob patterns, got {value!r}")
+    return list(value)
+
+
+def _require_bool(key: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{key}: must be true or false, got {value!r}")
+    return value
+
+
+@dataclass(kw_only=True)
+class RunConfig:
+    """``[run]``: where attempts go and the seed of everything random."""
+
+    dir: str = "runs/default"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _require_str("run.dir", self.dir)
+        if not self.dir:
+            raise ConfigError("run.dir: must not be empty")
+        _require_int("run.seed", self.seed, minimum=0)
+        if self.seed >= 1 << 63:
+            raise ConfigError(f"run.seed: must be below 2**63, got {self.seed}")
+
+
+SYNTH_DATATYPES = ("ci16_le", "cf32_le", "ci8", "cu8")
+
+
+@dataclass(kw_only=True)
+class SynthConfig:
+    """``[data.synthetic]``: the built-in default data, used when ``data.train`` is empty.
+
+    Generated deterministically on first use into ``cache_dir`` and reused afterwards.
+    """
+
+    train_recordings: int = 8
+    val_recordings: int = 2
+    samples: int = 1 << 17
+    datatype: str = "ci16_le"
+    seed: int = 0
+    cache_dir: str = "~/.cache/iqtrain/synth"
+
+    def __post_init__(self) -> None:
+        _require_int("data.synthetic.train_recordings", self.train_recordings, minimum=1)
+        _require_int("data.synthetic.val_recordings", self.val_recordings, minimum=1)
+        _require_int("data.synthetic.samples", self.samples, minimum=16)
+        _require_str("data.synthetic.datatype", self.datatype, SYNTH_DATATYPES)
+        _require_int("data.synthetic.seed", self.seed, minimum=0)
+        _require_str("data.synthetic.cache_dir", self.cache_dir)
+
+
+@dataclass(kw_only=True)
+class DataConfig:
+    """``[data]``: recordings, windowing, batching and input normalisation."""
+
+    train: list[str] = field(default_factory=list)
+    val: list[str] = field(default_factory=list)
+    patch_len: int = 16
+    seq_patches: int = 64
+    stride: int | None = None  # in samples; None = the window length (non-overlapping)
+    batch_size: int = 32  # windows per microbatch, global across ranks
+    val_batch_size: int | None = None  # None = batch_size
+    norm: str = "window"
+    prefix_patches: int = 4
+    prefetch: int = 2
+    synthetic: SynthConfig = field(default_factory=SynthConfig)
+
+    def __post_init__(self) -> None:
+        self.train = _require_str_list("data.train", self.train)
+        self.val = _require_str_list("data.val", self.val)
+        if bool(self.train) != bool(self.val):
+            missing = "data.val" if self.train else "data.train"
+            raise ConfigError(f"{missing}: set both data.train and data.val, or neither (synthetic)")
+        _require_int("data.patch_len", self.patch_len, minimum=1)
+        _require_int("data.seq_patches", self.seq_patches, minimum=2)
+        if self.stride is None:
+            self.stride = self.window
+        _require_int("data.stride", self.stride, minimum=1)
+        _require_int("data.batch_size", self.batch_size, minimum=1)
+        if self.val_batch_size is None:
+            self.val_batch_size = self.batch_size
+        _require_int("data.val_batch_size", self.val_batch_size, minimum=1)
+        _require_str("data.norm", self.norm, ("window", "prefix"))
+        _require_int("data.prefix_patches", self.prefix_patches, minimum=1)
+        if self.norm == "prefix" and self.prefix_patches > self.seq_patches:
+            raise ConfigError(
+                f"data.prefix_patches: must be <= data.seq_patches ({self.seq_patches}), "
+                f"got {self.prefix_patches}"
+            )
+        _require_int("data.prefetch", self.prefetch, minimum=0)
+        if not isinstance(self.synthetic, SynthConfig):
+            raise ConfigError("data.synthetic: must be a table")
+
+    @property
+    def window(self) -> int:
+        """Samples per window: ``seq_patches * patch_len``."""
+        return self.seq_patches * self.patch_len
+
+    @property
+    def is_synthetic(self) -> bool:
+        return not self.train
+
+
+@dataclass(kw_only=True)
+class TrainingConfig:
+    """``[training]``: device, precision, the step budget and the loop's cadences."""
+
+    device: str = "cpu"
+    precision: str = "fp32"
+    max_steps: int = 1000
+    grad_accum: int = 1
+    compile: bool = False
+    eval_every: int = 100
+    checkpoint_every: int = 500
+    keep_last: int = 3  # 0 keeps every checkpoint
+    log_every: int = 10
+
+    def __post_init__(self) -> None:
+        # Exactly "cpu" or "cuda": "cuda:1" or "CPU" are mistakes we name, not guess at.
+        _require_str("training.device", self.device, DEVICES)
+        _require_str("training.precision", self.precision, PRECISIONS)
+        if self.precision == "bf16" and self.device != "cuda":
+            raise ConfigError("training.precision: bf16 requires training.device = 'cuda'")
+        _require_int("training.max_steps", self.max_steps, minimum=1)
+        _require_int("training.grad_accum", self.grad_accum, minimum=1)
+        _require_bool("training.compile", self.compile)
+        _require_int("training.eval_every", self.eval_every, minimum=1)
+        _require_int("training.checkpoint_every", self.checkpoint_every, minimum=1)
+        _require_int("training.keep_last", self.keep_last, minimum=0)
+        _require_int("training.log_every", self.log_every, minimum=1)
+
+
+@dataclass(kw_only=True)
+class Config:
+    """The whole run. Cross-section rules (the plan, model/data agreement) are checked here."""
+
+    run: RunConfig = field(default_factory=RunConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig | None = None  # None: defaults, sized to data.patch_len/seq_patches
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+
+    def __post_init__(self) -> None:
+        if self.model is None:
+            self.model = ModelConfig(
+                patch_len=self.data.patch_len, max_patches=self.data.seq_patches
+            )
+        if self.model.patch_len != self.data.patch_len:
+            raise ConfigError(
+                f"model.patch_len: must equal data.patch_len ({self.data.patch_len}), "
+                f"got {self.model.patch_len}"
+            )
+        if self.model.max_patches < self.data.seq_patches:
+            raise ConfigError(
+                f"model.max_patches: must be >= data.seq_patches ({self.data.seq_patches}), "
+                f"got {self.model.max_patches}"
+            )
+        s = self.schedule
+        steps = self.training.max_steps
+        if s.warmup_steps + s.decay_steps > steps:
+            raise ConfigError(
+                f"schedule.decay_steps: warmup_steps ({s.warmup_steps}) + decay_steps "
+                f"({s.decay_steps}) exceeds training.max_steps ({steps})"
+            )
+        if s.kind == "cosine" and s.warmup_steps >= steps:
+            raise ConfigError(
+                f"schedule.warmup_steps: the cosine schedule needs steps after warmup "
+                f"({s.warmup_steps} >= training.max_steps {steps})"
+            )
+
+    def check_world_size(self, world_size: int) -> None:
+        for key in ("batch_size", "val_batch_size"):
+            value = getattr(self.data, key)
+            if value % world_size:
+                raise ConfigError(
+                    f"data.{key}: {value} is not divisible by the world size {world_size}"
+                )
+
+
+# ---------------------------------------------------------------------------------------------
+# Building from TOML tables
+
+_SECTIONS: dict[str, type] = {
+    "run": RunConfig,
+    "data": DataConfig,
+    "model": ModelConfig,
+    "optimizer": OptimizerConfig,
+    "schedule": ScheduleConfig,
+    "training": TrainingConfig,
+}
+_NESTED: dict[tuple[type, str], type] = {(DataConfig, "synthetic"): SynthConfig}
+
+
+def _build_section(cls: type, table: Any, prefix: str) -> Any:
+    if not isinstance(table, dict):
+        raise ConfigError(f"{prefix}: must be a table, got {table!r}")
+    names = {f.name for f in dataclasses.fields(cls)}
+    for key in table:
+        if key not in names:
+            hint = _closest(key, names)
+            raise ConfigError(
+                f"{prefix}.{key}: unknown key" + (f" (did you mean {prefix}.{hint}?)" if hint else "")
+            )
+    kwargs = {}
+    for key, value in table.items():
+        nested = _NESTED.get((cls, key))
+        kwargs[key] = _build_section(nested, value, f"{prefix}.{key}") if nested else value
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:  # a wrong type that reached arithmetic inside a validator
+        raise ConfigError(f"{prefix}: {exc}") from None
+
+
+def _closest(key: str, names: set[str]) -> str | None:
+    import difflib
+
+    match = difflib.get_close_matches(key, sorted(names), n=1, cutoff=0.75)
+    return match[0] if match else None
+
+
+def build_config(tables: dict[str, Any]) -> Config:
+    """Build and validate a :class:`Config` from parsed TOML tables."""
+    for key in tables:
+        if key not in _SECTIONS:
+            hint = _closest(key, set(_SECTIONS))
+            raise ConfigError(f"{key}: unknown section" + (f" (did you mean {hint}?)" if hint else ""))
+    data = _build_section(DataConfig, tables.get("data", {}), "data")
+    model_table = dict(tables.get("model", {})) if isinstance(tables.get("model", {}), dict) else None
+    if model_table is None:
+        raise ConfigError("model: must be a table")
+    # The model's patch geometry follows [data] unless the file states it (then it must agree).
+    model_table.setdefault("patch_len", data.patch_len)
+    model_table.setdefault("max_patches", data.seq_patches)
+    return Config(
+        run=_build_section(RunConfig, tables.get("run", {}), "run"),
+        data=data,
+        model=_build_section(ModelConfig, model_table, "model"),
+        optimizer=_build_section(OptimizerConfig, tables.get("optimizer", {}), "optimizer"),
+        schedule=_build_section(ScheduleConfig, tables.get("schedule", {}), "schedule"),
+        training=_build_section(TrainingConfig, tables.get("training", {}), "training"),
+    )
+
+
+def _parse_value(text: str) -> Any:
+    """A ``--set`` value: TOML syntax (``3``, ``1e-3``, ``true``, ``[0.9, 0.95]``, ``"x"``);
+    anything that is not valid TOML is taken as a bare string (``training.device=cuda``)."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def _known_key(dotted: str) -> None:
+    parts = dotted.split(".")
+    cls = _SECTIONS.get(parts[0])
+    if cls is None or len(parts) < 2:
+        raise ConfigError(f"{dotted}: unknown key")
+    for i, part in enumerate(parts[1:], start=1):
+        names = {f.name for f in dataclasses.fields(cls)}
+        if part not in names:
+            raise ConfigError(f"{dotted}: unknown key")
+        nested = _NESTED.get((cls, part))
+        if nested is None:
+            if i != len(parts) - 1:
+                raise ConfigError(f"{dotted}: unknown key")
+            return
+        cls = nested
+    raise ConfigError(f"{dotted}: is a table, set one of its keys")
+
+
+def apply_overrides(tables: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``dotted.key=value`` overrides to parsed tables (a new dict is returned)."""
+    import copy
+
+    out = copy.deepcopy(tables)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"--set {item}: expected dotted.key=value")
+        dotted, text = item.split("=", 1)
+        dotted = dotted.strip()
+        _known_key(dotted)
+        node = out
+        parts = dotted.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{dotted}: parent is not a table")
+        node[parts[-1]] = _parse_value(text.strip())
+    return out
+
+
+def read_toml(path: str | os.PathLike) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+
+
+def load_config(path: str | os.PathLike, overrides: list[str] | None = None) -> Config:
+    """Read a TOML config file, apply ``--set`` overrides and validate everything."""
+    return build_config(apply_overrides(read_toml(path), overrides or []))
+
+
+# ---------------------------------------------------------------------------------------------
+# The resolved config, as TOML
+
+
+def config_to_dict(config: Config) -> dict[str, Any]:
+    """Every field of every section, defaults resolved (``None`` fields are omitted)."""
+
+    def convert(obj: Any) -> Any:
+        if dataclasses.is_dataclass(obj):
+            return {
+                f.name: convert(getattr(obj, f.name))
+                for f in dataclasses.fields(obj)
+                if getattr(obj, f.name) is not None
+            }
+        if isinstance(obj, tuple):
+            return [convert(v) for v in obj]
+        if isinstance(obj, list):
+            return [convert(v) for v in obj]
+        return obj
+
+    return convert(config)
+
+
+def _toml_value(value: Any, key: str) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ConfigError(f"{key}: cannot write non-finite {value!r}")
+        return repr(value)  # repr round-trips exactly; TOML accepts 1e-05 and 0.001 alike
+    if isinstance(value, str):
+        escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+        return f'"{escaped}"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v, key) for v in value) + "]"
+    raise ConfigError(f"{key}: cannot write {type(value).__name__} to TOML")
+
+
+def dumps_toml(tables: dict[str, Any]) -> str:
+    """Serialise nested tables to TOML (enough for configs: scalars, arrays, sub-tables)."""
+    lines: list[str] = []
+
+    def table(name: str, body: dict[str, Any]) -> None:
+        scalars = {k: v for k, v in body.items() if not isinstance(v, dict)}
+        subtables = {k: v for k, v in body.items() if isinstance(v, dict)}
+        if name:
+            lines.append(f"[{name}]")
+        for k, v in scalars.items():
+            lines.append(f"{k} = {_toml_value(v, f'{name}.{k}' if name else k)}")
+        lines.append("")
+        for k, v in subtables.items():
+            table(f"{name}.{k}" if name else k, v)
+
+    table("", tables)
+    while lines and lines[0] == "":
+        lines.pop(0)
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def expand_path(text: str, base: Path | None = None) -> str:
+    """``~`` and relative paths: relative to ``base`` (the config file's directory) if given."""
+    path = Path(os.path.expanduser(text))
+    if base is not None and not path.is_absolute():
+        path = base / path
+    return os.fspath(path)

@@ -1,0 +1,327 @@
+"""One optimizer step and one evaluation pass of the next-patch model (DESIGN.md section 4).
+
+The training loop owns batches, the schedule and checkpoints; this module owns what happens to
+one batch: A microbatches forward/backward -> global grad norm (reported before clipping) ->
+reject a non-finite loss or norm (raise, no update) -> optional clip -> AdamW step at the learning
+rate the loop passes in.
+
+Compilation. ``compile=True`` runs the microbatch forward and loss through ``torch.compile``
+(fullgraph); AOTAutograd compiles the matching backward, so the whole forward/backward of a
+step is generated code. Gradient norm and clipping are torch's foreach kernels and the update is
+torch's fused AdamW kernel (one pass over parameters, gradients and both moments), so the part
+outside the graph is already a handful of fused launches; compiling it would cost another graph
+on every cold start for no measurable gain. ``compile=False`` calls the very same Python
+function eagerly.
+
+Learning rate. Every parameter group's ``lr`` is a 0-dim CPU float64 tensor updated in place
+with ``fill_``. No compiled code reads it, so a changing schedule can never trigger a recompile;
+fused AdamW accepts a tensor lr (and treats a CPU one as a scalar, so CUDA runs need no copy),
+and float64 keeps the value the loop asked for exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from iqtrain.errors import ConfigError, NonFiniteError
+from iqtrain.model import _require_float, next_patch_loss
+
+__all__ = [
+    "DEVICES",
+    "PRECISIONS",
+    "OptimizerConfig",
+    "StepResult",
+    "TrainStep",
+    "split_parameters",
+]
+
+DEVICES = ("cpu", "cuda")
+PRECISIONS = ("fp32", "bf16")
+
+# torch.compile wraps modules in OptimizedModule, whose state dict keys carry this prefix.
+_COMPILE_PREFIX = "_orig_mod."
+
+
+@dataclass(kw_only=True)
+class OptimizerConfig:
+    """The ``[optimizer]`` table: AdamW hyperparameters, the schedule's peak and floor, clipping."""
+
+    lr: float = 1e-3
+    min_lr: float = 1e-4
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0  # <= 0 turns clipping off
+
+    def __post_init__(self) -> None:
+        self.lr = _require_float("optimizer.lr", self.lr, gt=0.0)
+        self.min_lr = _require_float("optimizer.min_lr", self.min_lr, ge=0.0)
+        if self.min_lr > self.lr:
+            raise ConfigError(
+                f"optimizer.min_lr: must be <= optimizer.lr ({self.lr}), got {self.min_lr}"
+            )
+        # TOML has arrays, not tuples: accept a two-element list and store the tuple.
+        if not isinstance(self.betas, tuple | list) or len(self.betas) != 2:
+            raise ConfigError(f"optimizer.betas: must be two numbers, got {self.betas!r}")
+        self.betas = (
+            _require_float("optimizer.betas[0]", self.betas[0], ge=0.0, lt=1.0),
+            _require_float("optimizer.betas[1]", self.betas[1], ge=0.0, lt=1.0),
+        )
+        self.eps = _require_float("optimizer.eps", self.eps, gt=0.0)
+        self.weight_decay = _require_float("optimizer.weight_decay", self.weight_decay, ge=0.0)
+        self.grad_clip = _require_float("optimizer.grad_clip", self.grad_clip)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one optimizer step reports: mean loss, pre-clip global grad norm, whether it clipped."""
+
+    loss: float
+    grad_norm: float
+    clipped: bool
+    lr: float
+
+
+def split_parameters(
+    model: nn.Module,
+) -> tuple[list[tuple[str, nn.Parameter]], list[tuple[str, nn.Parameter]]]:
+    """(decay, no_decay) lists of ``(name, parameter)`` over trainable parameters.
+
+    Weight decay goes on matrices (ndim >= 2): it limits their scale, which is what capacity
+    control means for a linear map. Norm gains and biases are 1-d offsets and scales whose decay
+    only fights the normalization; embeddings (``nn.Embedding`` and the modules a model names in
+    ``embedding_modules``, the patch embedding here) map inputs rather than mix features, and
+    decaying them shrinks the input signal.
+    """
+    embedding_names = set(getattr(model, "embedding_modules", ()))
+    embedding_params: set[int] = set()
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Embedding) or name in embedding_names:
+            embedding_params.update(id(p) for p in module.parameters())
+    decay: list[tuple[str, nn.Parameter]] = []
+    no_decay: list[tuple[str, nn.Parameter]] = []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        if p.ndim >= 2 and id(p) not in embedding_params:
+            decay.append((name, p))
+        else:
+            no_decay.append((name, p))
+    return decay, no_decay
+
+
+def _strip_compile_prefix(state: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        (k.removeprefix(_COMPILE_PREFIX) if k.startswith(_COMPILE_PREFIX) else k): v
+        for k, v in state.items()
+    }
+
+
+def _format_ids(window_ids: object) -> str:
+    if isinstance(window_ids, Tensor):
+        window_ids = window_ids.tolist()
+    elif hasattr(window_ids, "tolist"):  # numpy arrays
+        window_ids = window_ids.tolist()  # type: ignore[union-attr]
+    elif not isinstance(window_ids, list | tuple):
+        window_ids = list(window_ids)  # type: ignore[call-overload]
+    return repr(list(window_ids))
+
+
+class TrainStep:
+    """The optimizer step and evaluation pass for one model on one device.
+
+    ``TrainStep(model, opt_cfg, *, device, precision, compile)``: ``device`` is exactly ``"cpu"``
+    or ``"cuda"``, ``precision`` ``"fp32"`` or ``"bf16"`` (CUDA only: autocast with fp32
+    parameters and fp32 AdamW state), ``compile`` a bool. The model is moved to the device in
+    fp32. Attributes for the loop: ``model`` (never a compile wrapper), ``optimizer`` (the AdamW
+    to checkpoint), ``decay_param_names`` / ``no_decay_param_names``.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        opt_cfg: OptimizerConfig,
+        *,
+        device: str,
+        precision: str,
+        compile: bool,  # shadows the builtin on purpose: the config key is training.compile
+    ) -> None:
+        if not isinstance(opt_cfg, OptimizerConfig):
+            raise TypeError(f"opt_cfg must be an OptimizerConfig, got {type(opt_cfg).__name__}")
+        # Exact literals: "cuda:1" or "CPU" would silently pick a different device than the
+        # resolved config records.
+        if not isinstance(device, str) or device not in DEVICES:
+            raise ConfigError(f'training.device: must be exactly "cpu" or "cuda", got {device!r}')
+        if not isinstance(precision, str) or precision not in PRECISIONS:
+            raise ConfigError(f'training.precision: must be "fp32" or "bf16", got {precision!r}')
+        if precision == "bf16" and device != "cuda":
+            # CPU autocast to bf16 exists but is slow and numerically different from the CUDA
+            # path this precision is specified for; refuse rather than run a third mode.
+            raise ConfigError(
+                f'training.precision: "bf16" requires training.device = "cuda", got {device!r}'
+            )
+        if not isinstance(compile, bool):
+            raise ConfigError(f"training.compile: must be true or false, got {compile!r}")
+        if device == "cuda" and not torch.cuda.is_available():
+            raise ConfigError('training.device: "cuda" requested but no CUDA device is available')
+
+        # A module someone already compiled would put _orig_mod. into every key: unwrap it.
+        model = getattr(model, "_orig_mod", model)
+        self.model: nn.Module = model.to(device=device, dtype=torch.float32)
+        self.device = torch.device(device)
+        self.precision = precision
+        self.compiled = compile
+        self.config = opt_cfg
+
+        decay, no_decay = split_parameters(self.model)
+        if not decay and not no_decay:
+            raise ValueError("the model has no trainable parameters")
+        self.decay_param_names: tuple[str, ...] = tuple(n for n, _ in decay)
+        self.no_decay_param_names: tuple[str, ...] = tuple(n for n, _ in no_decay)
+        self._params: list[nn.Parameter] = [p for _, p in decay] + [p for _, p in no_decay]
+        groups = [
+            {"params": [p for _, p in g], "weight_decay": wd}
+            for g, wd in ((decay, opt_cfg.weight_decay), (no_decay, 0.0))
+            if g
+        ]
+        self.optimizer = torch.optim.AdamW(
+            groups,
+            lr=torch.tensor(opt_cfg.lr, dtype=torch.float64),
+            betas=opt_cfg.betas,
+            eps=opt_cfg.eps,
+            fused=True,
+        )
+        # The default lr tensor is shared by every group; give each its own so a group's value
+        # can be read or changed independently, as with float lrs.
+        for group in self.optimizer.param_groups:
+            group["lr"] = torch.tensor(opt_cfg.lr, dtype=torch.float64)
+
+        # fullgraph: a graph break would silently fall back to eager for part of the model.
+        self._forward_loss_fn = (
+            torch.compile(self._forward_loss, fullgraph=True) if compile else self._forward_loss
+        )
+
+    # ------------------------------------------------------------------ the compiled region
+
+    def _forward_loss(self, patches: Tensor) -> tuple[Tensor, Tensor, int]:
+        # Autocast is entered inside the compiled function so dynamo traces it into the graph.
+        with torch.autocast(
+            device_type=self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16"
+        ):
+            pred = self.model(patches)
+        return next_patch_loss(pred, patches)
+
+    # ------------------------------------------------------------------ public API
+
+    def train_step(
+        self,
+        microbatches: Sequence[Tensor],
+        lr: float,
+        *,
+        step: int | None = None,
+        window_ids: object = None,
+    ) -> StepResult:
+        """One optimizer step over ``microbatches`` (each ``[b, N, 2P]``) at learning rate ``lr``.
+
+        Each microbatch's mean loss is divided by A = ``len(microbatches)`` before its backward.
+        The accumulated gradient is then exactly the gradient of the mean loss over the whole
+        batch, because every microbatch has the same number of targets: windows are fixed
+        length and microbatches equal-sized (checked here), so the mean of the A means is the
+        mean over all targets.
+
+        Order: zero grads; forward/backward every microbatch; global L2 grad norm; if the loss
+        or the norm is non-finite, zero the grads and raise :class:`NonFiniteError` naming
+        ``step``, the values and ``window_ids`` (parameters and optimizer state untouched);
+        clip to ``grad_clip`` when it is > 0 (``clipped`` is norm > grad_clip); set ``lr`` on
+        every group; ``optimizer.step()``. The reported ``grad_norm`` is the pre-clip norm.
+        Gradients stay on the parameters until the next step zeroes them.
+        """
+        mbs = list(microbatches)
+        if not mbs:
+            raise ValueError("train_step needs at least one microbatch")
+        shape = mbs[0].shape
+        for mb in mbs[1:]:
+            if mb.shape != shape:
+                # Unequal target counts would make loss / A a biased mean.
+                raise ValueError(
+                    f"microbatches must have equal shapes, got {tuple(shape)} and {tuple(mb.shape)}"
+                )
+        if (
+            isinstance(lr, bool)
+            or not isinstance(lr, int | float)
+            or not (math.isfinite(lr) and lr >= 0.0)
+        ):
+            raise ValueError(f"lr must be a finite number >= 0, got {lr!r}")
+
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        accum = len(mbs)
+        loss_sum: Tensor | None = None
+        for mb in mbs:
+            mean, _, _ = self._forward_loss_fn(mb.to(self.device, non_blocking=True))
+            (mean / accum).backward()
+            loss_sum = mean.detach() if loss_sum is None else loss_sum + mean.detach()
+        assert loss_sum is not None
+        loss_t = loss_sum / accum
+
+        grads = [p.grad for p in self._params if p.grad is not None]
+        norm_t = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
+        # The single host sync of the step: the finite check must precede the update.
+        loss_v, norm_v = torch.stack([loss_t.float(), norm_t.float()]).tolist()
+        if not (math.isfinite(loss_v) and math.isfinite(norm_v)):
+            self.optimizer.zero_grad(set_to_none=True)
+            where = "training step" if step is None else f"training step {step}"
+            ids = "" if window_ids is None else f"; window ids {_format_ids(window_ids)}"
+            raise NonFiniteError(
+                f"{where}: non-finite loss={loss_v!r} or grad_norm={norm_v!r}{ids}; "
+                f"no update was applied"
+            )
+
+        clip = self.config.grad_clip
+        clipped = clip > 0.0 and norm_v > clip
+        if clipped:
+            # Reuses the norm above; scales by clip / (norm + 1e-6) so the result is <= clip.
+            torch.nn.utils.clip_grads_with_norm_(self._params, clip, norm_t, foreach=True)
+        self._set_lr(lr)
+        self.optimizer.step()
+        return StepResult(loss=loss_v, grad_norm=norm_v, clipped=clipped, lr=float(lr))
+
+    @torch.no_grad()
+    def eval_step(self, patches: Tensor) -> tuple[float, int]:
+        """(summed loss, target count) of ``patches`` in eval mode without gradients.
+
+        Summing lets the caller form the exact mean over a partial last batch. The model's
+        previous mode (train, normally) is restored afterwards.
+        """
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            _, total, count = self._forward_loss_fn(patches.to(self.device, non_blocking=True))
+            return float(total), int(count)
+        finally:
+            self.model.train(was_training)
+
+    def model_state_dict(self) -> dict[str, Tensor]:
+        """The model's state dict; keys never carry a compile prefix."""
+        return _strip_compile_prefix(self.model.state_dict())
+
+    def load_model_state_dict(self, state: Mapping[str, Tensor]) -> None:
+        """Load model weights strictly; foreign ``_orig_mod.`` key prefixes are dropped."""
+        self.model.load_state_dict(_strip_compile_prefix(state), strict=True)
+
+    # ------------------------------------------------------------------ internals
+
+    def _set_lr(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            current = group["lr"]
+            if isinstance(current, Tensor):
+                current.fill_(lr)
+            else:
+                # optimizer.load_state_dict with a float-lr checkpoint: go back to a tensor.
+                group["lr"] = torch.tensor(lr, dtype=torch.float64)

@@ -1,0 +1,397 @@
+//! Python bindings (`iqtrain._native`). Every input is validated here or in the pure-Rust core
+//! and reported as an `iqtrain.errors` exception; no panic is allowed to reach Python.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use numpy::ndarray::Array3;
+use numpy::{Element, PyArray1, PyArray3, PyArrayMethods, PyUntypedArrayMethods};
+use pyo3::exceptions::{PyIndexError, PyMemoryError};
+use pyo3::prelude::*;
+
+use crate::error::Error;
+use crate::recordings::{Dataset, Storage};
+use crate::stream::{bytes_mut, Buffer, Plain, Stream};
+
+pyo3::import_exception!(iqtrain.errors, IQTrainError);
+pyo3::import_exception!(iqtrain.errors, ConfigError);
+pyo3::import_exception!(iqtrain.errors, DataError);
+pyo3::import_exception!(iqtrain.errors, CursorMismatchError);
+
+impl From<Error> for PyErr {
+    fn from(e: Error) -> PyErr {
+        let msg = e.to_string();
+        match e {
+            Error::Data { .. } | Error::NoWindows { .. } => DataError::new_err(msg),
+            Error::CursorMismatch(_) => CursorMismatchError::new_err(msg),
+            Error::Config { .. } => ConfigError::new_err(msg),
+            Error::Index { .. } => PyIndexError::new_err(msg),
+            Error::Alloc { .. } => PyMemoryError::new_err(msg),
+            Error::Thread(_) | Error::Internal(_) => IQTrainError::new_err(msg),
+        }
+    }
+}
+
+/// A non-negative integer argument (`i128` so negatives arrive here and get a named error).
+fn uint(key: &str, v: i128) -> Result<u64, Error> {
+    u64::try_from(v)
+        .map_err(|_| Error::config(key, format!("must be a non-negative integer below 2^64, got {v}")))
+}
+
+fn positive(key: &str, v: i128) -> Result<u64, Error> {
+    match u64::try_from(v) {
+        Ok(v) if v >= 1 => Ok(v),
+        _ => Err(Error::config(key, format!("must be an integer >= 1, got {v}"))),
+    }
+}
+
+/// An index argument; negative or too large ints are IndexError, non-ints TypeError.
+fn index_arg(obj: &Bound<'_, PyAny>, what: &'static str, len: u64) -> PyResult<u64> {
+    match obj.extract::<u64>() {
+        Ok(i) if i < len => Ok(i),
+        Ok(i) => Err(Error::Index {
+            what,
+            index: i,
+            len,
+        }
+        .into()),
+        Err(e) => match obj.extract::<i128>() {
+            Ok(i) => Err(PyIndexError::new_err(format!(
+                "{what} {i} is out of range [0, {len})"
+            ))),
+            Err(_) => Err(e),
+        },
+    }
+}
+
+fn dtype_repr(obj: &Bound<'_, PyAny>) -> String {
+    match obj.getattr("dtype").and_then(|d| d.str()) {
+        Ok(d) => d.to_string(),
+        Err(_) => obj
+            .get_type()
+            .name()
+            .map(|n| n.to_string())
+            .unwrap_or_else(|_| "?".into()),
+    }
+}
+
+/// Window ids from a 1-D uint64 (or non-negative int64) array.
+fn ids_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
+    if let Ok(a) = obj.cast::<PyArray1<u64>>() {
+        let r = a
+            .try_readonly()
+            .map_err(|e| Error::config("ids", e.to_string()))?;
+        return Ok(r.as_array().iter().copied().collect());
+    }
+    if let Ok(a) = obj.cast::<PyArray1<i64>>() {
+        let r = a
+            .try_readonly()
+            .map_err(|e| Error::config("ids", e.to_string()))?;
+        return r
+            .as_array()
+            .iter()
+            .map(|&i| {
+                u64::try_from(i).map_err(|_| {
+                    PyIndexError::new_err(format!("window id {i} is out of range (negative)"))
+                })
+            })
+            .collect();
+    }
+    Err(Error::config(
+        "ids",
+        format!("must be a 1-D numpy uint64 array, got {}", dtype_repr(obj)),
+    )
+    .into())
+}
+
+fn to_numpy<T: Element>(
+    py: Python<'_>,
+    v: Vec<T>,
+    rows: usize,
+    window: usize,
+) -> PyResult<Bound<'_, PyAny>> {
+    let a = Array3::from_shape_vec((rows, window, 2), v)
+        .map_err(|e| Error::Internal(format!("batch shape: {e}")))?;
+    // Takes ownership of the Vec: numpy sees the buffer without a copy.
+    Ok(PyArray3::from_owned_array(py, a).into_any())
+}
+
+fn buffer_to_numpy(py: Python<'_>, buf: Buffer, window: usize) -> PyResult<Bound<'_, PyAny>> {
+    let rows = buf.len().checked_div(2 * window).unwrap_or(0);
+    match buf {
+        Buffer::I8(v) => to_numpy(py, v, rows, window),
+        Buffer::I16(v) => to_numpy(py, v, rows, window),
+        Buffer::F32(v) => to_numpy(py, v, rows, window),
+    }
+}
+
+/// Gathers `ids` into a caller-owned `out` of element type T (checked), GIL released.
+fn gather_into<T: Element + Plain>(
+    py: Python<'_>,
+    ds: &Dataset,
+    ids: &[u64],
+    out: &Bound<'_, PyAny>,
+) -> PyResult<()> {
+    let want = [ids.len(), ds.window_len() as usize, 2];
+    let bad = |what: String| -> PyErr {
+        Error::config(
+            "out",
+            format!(
+                "must be a C-contiguous, writable numpy {} array of shape {want:?}; {what}",
+                ds.storage().name()
+            ),
+        )
+        .into()
+    };
+    let arr = out.cast::<PyArray3<T>>().map_err(|_| {
+        let shape = out
+            .getattr("shape")
+            .and_then(|s| s.str())
+            .map(|s| s.to_string())
+            .unwrap_or_default();
+        bad(format!("got {} {shape}", dtype_repr(out)))
+    })?;
+    if arr.shape() != want {
+        return Err(bad(format!("got shape {:?}", arr.shape())));
+    }
+    if !arr.is_c_contiguous() {
+        return Err(bad("got a non-contiguous array".into()));
+    }
+    let mut rw = arr
+        .try_readwrite()
+        .map_err(|e| bad(format!("cannot write to it ({e})")))?;
+    let slice = rw.as_slice_mut().map_err(|e| bad(e.to_string()))?;
+    let bytes = bytes_mut(slice);
+    py.detach(|| ds.gather(ids, bytes))?;
+    Ok(())
+}
+
+/// Memory-mapped recordings cut into windows; see DESIGN.md §1.
+#[pyclass(module = "iqtrain._native", frozen)]
+pub struct NativeDataset {
+    ds: Arc<Dataset>,
+}
+
+#[pymethods]
+impl NativeDataset {
+    #[new]
+    fn new(
+        py: Python<'_>,
+        data_paths: Vec<String>,
+        kinds: Vec<String>,
+        window: i128,
+        stride: i128,
+    ) -> PyResult<Self> {
+        let window = positive("window", window)?;
+        let stride = positive("stride", stride)?;
+        let ds = py.detach(|| Dataset::open(&data_paths, &kinds, window, stride))?;
+        Ok(NativeDataset { ds: Arc::new(ds) })
+    }
+
+    #[getter]
+    fn num_windows(&self) -> u64 {
+        self.ds.num_windows()
+    }
+    #[getter]
+    fn window_len(&self) -> u64 {
+        self.ds.window_len()
+    }
+    #[getter]
+    fn stride(&self) -> u64 {
+        self.ds.stride()
+    }
+    #[getter]
+    fn dtype(&self) -> &'static str {
+        self.ds.storage().name()
+    }
+    #[getter]
+    fn num_recordings(&self) -> usize {
+        self.ds.recordings().len()
+    }
+    #[getter]
+    fn recording_windows(&self) -> Vec<u64> {
+        self.ds.recordings().iter().map(|r| r.windows).collect()
+    }
+    #[getter]
+    fn recording_samples(&self) -> Vec<u64> {
+        self.ds.recordings().iter().map(|r| r.samples).collect()
+    }
+
+    /// Window `i` as a fresh `[window_len, 2]` array in the storage dtype.
+    fn window<'py>(&self, py: Python<'py>, i: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        let id = index_arg(i, "window id", self.ds.num_windows())?;
+        let a = self.alloc_gather(py, &[id])?;
+        // [1, L, 2] -> [L, 2]
+        a.get_item(0)
+    }
+
+    /// Fills `out[j] = window(ids[j])` in parallel without the GIL.
+    fn gather(
+        &self,
+        py: Python<'_>,
+        ids: &Bound<'_, PyAny>,
+        out: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let ids = ids_arg(ids)?;
+        match self.ds.storage() {
+            Storage::Int8 => gather_into::<i8>(py, &self.ds, &ids, out),
+            Storage::Int16 => gather_into::<i16>(py, &self.ds, &ids, out),
+            Storage::Float32 => gather_into::<f32>(py, &self.ds, &ids, out),
+        }
+    }
+
+    /// `gather` into a newly allocated `[len(ids), window_len, 2]` array.
+    fn windows<'py>(
+        &self,
+        py: Python<'py>,
+        ids: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let ids = ids_arg(ids)?;
+        self.alloc_gather(py, &ids)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "NativeDataset(recordings={}, windows={}, window_len={}, stride={}, dtype='{}')",
+            self.ds.recordings().len(),
+            self.ds.num_windows(),
+            self.ds.window_len(),
+            self.ds.stride(),
+            self.ds.storage().name()
+        )
+    }
+}
+
+impl NativeDataset {
+    fn alloc_gather<'py>(&self, py: Python<'py>, ids: &[u64]) -> PyResult<Bound<'py, PyAny>> {
+        let ds = &self.ds;
+        let buf = py.detach(|| -> Result<Buffer, Error> {
+            for &id in ids {
+                ds.check_id(id)?;
+            }
+            let elems = ids
+                .len()
+                .checked_mul(ds.row_elems())
+                .ok_or_else(|| Error::config("ids", "too many windows for one array"))?;
+            let mut buf = Buffer::zeroed(ds.storage(), elems)?;
+            ds.gather(ids, buf.as_bytes_mut())?;
+            Ok(buf)
+        })?;
+        buffer_to_numpy(py, buf, ds.row_elems() / 2)
+    }
+}
+
+/// `perm(n, seed, epoch)[pos]`: the epoch permutation of the stream, for tests and inspection.
+#[pyfunction]
+fn feistel_index(n: i128, seed: i128, epoch: i128, pos: i128) -> PyResult<u64> {
+    let n = positive("n", n)?;
+    let (seed, epoch) = (uint("seed", seed)?, uint("epoch", epoch)?);
+    let pos = u64::try_from(pos)
+        .ok()
+        .filter(|&p| p < n)
+        .ok_or_else(|| PyIndexError::new_err(format!("pos {pos} is out of range [0, {n})")))?;
+    Ok(crate::permutation::feistel_index(n, seed, epoch, pos)?)
+}
+
+/// One rank's view of the seeded global sample stream, with background prefetch.
+#[pyclass(module = "iqtrain._native", frozen)]
+pub struct NativeStream {
+    inner: Mutex<Stream>,
+    window: usize,
+}
+
+impl NativeStream {
+    fn lock(&self) -> Result<MutexGuard<'_, Stream>, Error> {
+        self.inner
+            .lock()
+            .map_err(|_| Error::Internal("stream state poisoned by an earlier failure".into()))
+    }
+}
+
+/// Upper bound on prefetch depth (each slot holds a whole batch).
+const MAX_PREFETCH: u64 = 64;
+
+#[pymethods]
+impl NativeStream {
+    #[new]
+    #[pyo3(signature = (dataset, batch_size, seed, rank = 0, world_size = 1, prefetch = 2))]
+    fn new(
+        dataset: &Bound<'_, NativeDataset>,
+        batch_size: i128,
+        seed: i128,
+        rank: i128,
+        world_size: i128,
+        prefetch: i128,
+    ) -> PyResult<Self> {
+        let batch_size = positive("batch_size", batch_size)?;
+        let seed = uint("seed", seed)?;
+        let rank = uint("rank", rank)?;
+        let world_size = positive("world_size", world_size)?;
+        let prefetch = uint("prefetch", prefetch)?;
+        if prefetch > MAX_PREFETCH {
+            return Err(Error::config(
+                "prefetch",
+                format!("must be <= {MAX_PREFETCH}, got {prefetch}"),
+            )
+            .into());
+        }
+        let ds = dataset.get().ds.clone();
+        let window = ds.row_elems() / 2;
+        let s = Stream::new(ds, batch_size, seed, rank, world_size, prefetch as usize)?;
+        Ok(NativeStream {
+            inner: Mutex::new(s),
+            window,
+        })
+    }
+
+    /// This rank's `[batch_size // world_size, window_len, 2]` rows of the next global batch.
+    fn next<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let buf = py.detach(|| self.lock()?.next_batch())?;
+        buffer_to_numpy(py, buf, self.window)
+    }
+
+    /// Global window ids of the rows last returned by `next()` (empty before it / after seek).
+    fn last_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<u64>>> {
+        let ids = self.lock()?.last_ids().to_vec();
+        Ok(PyArray1::from_vec(py, ids))
+    }
+
+    /// Global samples consumed: the stream position (the cursor).
+    #[getter]
+    fn samples_consumed(&self) -> PyResult<u64> {
+        Ok(self.lock()?.samples_consumed())
+    }
+
+    /// `samples_consumed // batch_size`.
+    #[getter]
+    fn batches_consumed(&self) -> PyResult<u64> {
+        Ok(self.lock()?.batches_consumed())
+    }
+
+    /// Drops prefetched batches; the next `next()` yields global samples `[s, s + batch_size)`.
+    fn seek(&self, py: Python<'_>, samples_consumed: i128) -> PyResult<()> {
+        let pos = uint("samples_consumed", samples_consumed)?;
+        py.detach(|| self.lock()?.seek(pos))?;
+        Ok(())
+    }
+
+    fn __repr__(&self) -> PyResult<String> {
+        let s = self.lock()?;
+        let sp = s.spec();
+        Ok(format!(
+            "NativeStream(batch_size={}, seed={}, rank={}, world_size={}, samples_consumed={})",
+            sp.batch_size,
+            sp.seed,
+            sp.rank,
+            sp.world_size,
+            s.samples_consumed()
+        ))
+    }
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<NativeDataset>()?;
+    m.add_class::<NativeStream>()?;
+    m.add_function(wrap_pyfunction!(feistel_index, m)?)?;
+    Ok(())
+}

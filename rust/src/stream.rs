@@ -1,0 +1,530 @@
+//! The global sample stream (DESIGN.md §2), rank slicing, batch buffers and the prefetch thread.
+//!
+//! Global sample `g` is position `g % n` of epoch `g / n`; its window id is
+//! `Permutation::new(n, seed, g / n).index(g % n)`. Global batch at position `pos` is samples
+//! `[pos, pos + B)`; rank `r` of `W` takes `[pos + r·B/W, pos + (r+1)·B/W)`. The position is a
+//! global sample count, so resuming with another world size or batch size continues at the next
+//! unseen sample.
+
+use std::alloc::Layout;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use crate::error::{Error, Result};
+use crate::permutation::Permutation;
+use crate::recordings::{Dataset, Storage};
+
+/// Validated stream geometry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StreamSpec {
+    pub n: u64,
+    pub batch_size: u64,
+    pub seed: u64,
+    pub rank: u64,
+    pub world_size: u64,
+}
+
+impl StreamSpec {
+    pub fn new(n: u64, batch_size: u64, seed: u64, rank: u64, world_size: u64) -> Result<Self> {
+        if n == 0 {
+            return Err(Error::config("dataset", "has no windows"));
+        }
+        if batch_size < 1 {
+            return Err(Error::config(
+                "batch_size",
+                format!("must be >= 1, got {batch_size}"),
+            ));
+        }
+        if world_size < 1 {
+            return Err(Error::config(
+                "world_size",
+                format!("must be >= 1, got {world_size}"),
+            ));
+        }
+        if rank >= world_size {
+            return Err(Error::config(
+                "rank",
+                format!("must be < world_size ({world_size}), got {rank}"),
+            ));
+        }
+        if batch_size % world_size != 0 {
+            return Err(Error::config(
+                "batch_size",
+                format!("{batch_size} is not divisible by world_size {world_size}"),
+            ));
+        }
+        Ok(StreamSpec {
+            n,
+            batch_size,
+            seed,
+            rank,
+            world_size,
+        })
+    }
+
+    /// Rows this rank receives per batch: `B / W`.
+    pub fn local_rows(&self) -> u64 {
+        self.batch_size / self.world_size
+    }
+
+    /// Checks that the global batch starting at `pos` is addressable.
+    pub fn check_pos(&self, pos: u64) -> Result<()> {
+        match pos.checked_add(self.batch_size) {
+            Some(_) => Ok(()),
+            None => Err(Error::config(
+                "samples_consumed",
+                format!(
+                    "{pos} leaves no room for a batch of {} below 2^64",
+                    self.batch_size
+                ),
+            )),
+        }
+    }
+
+    /// Window ids of this rank's slice of the global batch at sample position `pos`.
+    pub fn batch_ids(&self, pos: u64) -> Result<Vec<u64>> {
+        self.check_pos(pos)?;
+        let rows = self.local_rows();
+        let first = pos + self.rank * rows;
+        let mut ids = Vec::new();
+        ids.try_reserve_exact(rows as usize)
+            .map_err(|_| Error::Alloc {
+                what: "batch ids",
+                bytes: rows as u128 * 8,
+            })?;
+        // One permutation per epoch touched (a batch may straddle several).
+        let mut perm: Option<(u64, Permutation)> = None;
+        for g in first..first + rows {
+            let (epoch, at) = (g / self.n, g % self.n);
+            let p = match &perm {
+                Some((e, p)) if *e == epoch => p,
+                _ => {
+                    &perm
+                        .insert((epoch, Permutation::new(self.n, self.seed, epoch)))
+                        .1
+                }
+            };
+            ids.push(p.index(at));
+        }
+        Ok(ids)
+    }
+}
+
+/// An owned batch buffer in the storage dtype; handed to numpy without a copy.
+#[derive(Debug, PartialEq)]
+pub enum Buffer {
+    I8(Vec<i8>),
+    I16(Vec<i16>),
+    F32(Vec<f32>),
+}
+
+/// Element types whose every bit pattern is valid, so a byte view of them is sound.
+pub(crate) trait Plain: Copy {}
+impl Plain for i8 {}
+impl Plain for i16 {}
+impl Plain for f32 {}
+
+fn zeroed_vec<T: Plain>(n: usize) -> Result<Vec<T>> {
+    let err = || Error::Alloc {
+        what: "batch buffer",
+        bytes: n as u128 * std::mem::size_of::<T>() as u128,
+    };
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    let layout = Layout::array::<T>(n).map_err(|_| err())?;
+    // alloc_zeroed (calloc) gets fresh pages already zeroed, avoiding a memset pass that the
+    // gather overwrites anyway; failure is reported instead of aborting the interpreter.
+    // SAFETY: layout has non-zero size; all-zero bytes are a valid T (Plain); Vec takes
+    // ownership of a global-allocator block with exactly this layout, capacity n.
+    unsafe {
+        let ptr = std::alloc::alloc_zeroed(layout) as *mut T;
+        if ptr.is_null() {
+            return Err(err());
+        }
+        Ok(Vec::from_raw_parts(ptr, n, n))
+    }
+}
+
+pub(crate) fn bytes_mut<T: Plain>(v: &mut [T]) -> &mut [u8] {
+    // SAFETY: T is Plain (no padding, every bit pattern valid); u8 has alignment 1.
+    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, std::mem::size_of_val(v)) }
+}
+
+impl Buffer {
+    pub fn zeroed(storage: Storage, elems: usize) -> Result<Buffer> {
+        Ok(match storage {
+            Storage::Int8 => Buffer::I8(zeroed_vec(elems)?),
+            Storage::Int16 => Buffer::I16(zeroed_vec(elems)?),
+            Storage::Float32 => Buffer::F32(zeroed_vec(elems)?),
+        })
+    }
+
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        match self {
+            Buffer::I8(v) => bytes_mut(v),
+            Buffer::I16(v) => bytes_mut(v),
+            Buffer::F32(v) => bytes_mut(v),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            Buffer::I8(v) => v.len(),
+            Buffer::I16(v) => v.len(),
+            Buffer::F32(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// One assembled batch: this rank's rows of the global batch at `pos`.
+#[derive(Debug)]
+pub struct Batch {
+    pub pos: u64,
+    pub ids: Vec<u64>,
+    pub data: Buffer,
+}
+
+/// Assembles the batch at `pos` synchronously (rows in parallel on rayon's pool).
+pub fn assemble(ds: &Dataset, spec: &StreamSpec, pos: u64) -> Result<Batch> {
+    let ids = spec.batch_ids(pos)?;
+    let elems = ids
+        .len()
+        .checked_mul(ds.row_elems())
+        .ok_or_else(|| Error::config("batch_size", "batch buffer exceeds the address space"))?;
+    let mut data = Buffer::zeroed(ds.storage(), elems)?;
+    ds.gather(&ids, data.as_bytes_mut())?;
+    Ok(Batch { pos, ids, data })
+}
+
+/// Background thread assembling batches `start, start+B, ...` into a bounded channel.
+struct Worker {
+    rx: Option<Receiver<Result<Batch>>>,
+    stop: Arc<AtomicBool>,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl Worker {
+    fn spawn(ds: Arc<Dataset>, spec: StreamSpec, start: u64, depth: usize) -> Result<Worker> {
+        // Capacity depth-1 plus the batch blocked in send() = `depth` batches ready.
+        let (tx, rx) = sync_channel::<Result<Batch>>(depth.saturating_sub(1));
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let handle = std::thread::Builder::new()
+            .name("iqtrain-prefetch".into())
+            .spawn(move || {
+                let mut pos = start;
+                while !flag.load(Ordering::Relaxed) {
+                    let item = assemble(&ds, &spec, pos);
+                    let failed = item.is_err();
+                    // A dropped receiver (seek/drop) ends the thread.
+                    if tx.send(item).is_err() || failed {
+                        break;
+                    }
+                    // assemble() checked that pos + B fits.
+                    pos += spec.batch_size;
+                }
+            })
+            .map_err(|e| Error::Thread(format!("cannot be started ({e})")))?;
+        Ok(Worker {
+            rx: Some(rx),
+            stop,
+            handle: Some(handle),
+        })
+    }
+
+    fn recv(&self) -> Result<Batch> {
+        match self.rx.as_ref().map(|rx| rx.recv()) {
+            Some(Ok(item)) => item,
+            _ => Err(Error::Thread("stopped unexpectedly".into())),
+        }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        drop(self.rx.take()); // unblocks a send() in progress
+        if let Some(h) = self.handle.take() {
+            let _ = h.join(); // at most one batch assembly away
+        }
+    }
+}
+
+/// A rank's view of the global stream, with optional prefetch. Output bytes depend only on
+/// (dataset, spec, position), never on prefetch depth or thread count.
+pub struct Stream {
+    ds: Arc<Dataset>,
+    spec: StreamSpec,
+    prefetch: usize,
+    pos: u64,
+    last_ids: Vec<u64>,
+    worker: Option<Worker>,
+}
+
+impl Stream {
+    pub fn new(
+        ds: Arc<Dataset>,
+        batch_size: u64,
+        seed: u64,
+        rank: u64,
+        world_size: u64,
+        prefetch: usize,
+    ) -> Result<Stream> {
+        let spec = StreamSpec::new(ds.num_windows(), batch_size, seed, rank, world_size)?;
+        // Reject buffers that cannot exist before any thread starts.
+        (spec.local_rows() as usize)
+            .checked_mul(ds.row_bytes())
+            .filter(|&b| b <= isize::MAX as usize)
+            .ok_or_else(|| {
+                Error::config(
+                    "batch_size",
+                    format!(
+                        "{batch_size} rows of {} bytes exceed the address space",
+                        ds.row_bytes()
+                    ),
+                )
+            })?;
+        Ok(Stream {
+            ds,
+            spec,
+            prefetch,
+            pos: 0,
+            last_ids: Vec::new(),
+            worker: None,
+        })
+    }
+
+    pub fn spec(&self) -> &StreamSpec {
+        &self.spec
+    }
+    pub fn dataset(&self) -> &Arc<Dataset> {
+        &self.ds
+    }
+    pub fn samples_consumed(&self) -> u64 {
+        self.pos
+    }
+    /// Whole global batches consumed: `samples_consumed / batch_size`.
+    pub fn batches_consumed(&self) -> u64 {
+        self.pos / self.spec.batch_size
+    }
+    pub fn last_ids(&self) -> &[u64] {
+        &self.last_ids
+    }
+
+    /// This rank's rows of the global batch at the current position; advances by B.
+    pub fn next_batch(&mut self) -> Result<Buffer> {
+        let batch = if self.prefetch == 0 {
+            assemble(&self.ds, &self.spec, self.pos)?
+        } else {
+            let worker = match self.worker.take() {
+                Some(w) => w,
+                // Started lazily so a seek right after construction wastes no work.
+                None => Worker::spawn(self.ds.clone(), self.spec, self.pos, self.prefetch)?,
+            };
+            let batch = match worker.recv() {
+                Ok(b) if b.pos == self.pos => b,
+                // Dropping the worker restarts it from this position on the next call.
+                Ok(_) => return Err(Error::Thread("delivered a batch out of order".into())),
+                Err(e) => return Err(e),
+            };
+            self.worker = Some(worker);
+            batch
+        };
+        self.pos += self.spec.batch_size;
+        self.last_ids = batch.ids;
+        Ok(batch.data)
+    }
+
+    /// Drops prefetched batches; the next batch is global samples `[pos, pos + B)`.
+    pub fn seek(&mut self, pos: u64) -> Result<()> {
+        self.spec.check_pos(pos)?;
+        self.worker = None;
+        self.pos = pos;
+        self.last_ids.clear();
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::TempDir;
+
+    /// ci16_le dataset whose sample k of recording r is (r*1000 + k, -(r*1000 + k)).
+    fn dataset(t: &TempDir, lens: &[i32], window: u64, stride: u64) -> Arc<Dataset> {
+        let paths: Vec<String> = lens
+            .iter()
+            .enumerate()
+            .map(|(r, &len)| {
+                let bytes: Vec<u8> = (0..len)
+                    .flat_map(|k| {
+                        let v = (r as i32 * 1000 + k) as i16;
+                        [v.to_le_bytes(), (-v).to_le_bytes()].concat()
+                    })
+                    .collect();
+                t.file(&format!("r{r}.sigmf-data"), &bytes)
+            })
+            .collect();
+        Arc::new(Dataset::open(&paths, &vec!["ci16_le"; paths.len()], window, stride).unwrap())
+    }
+
+    fn take(s: &mut Stream, k: usize) -> Vec<(Vec<u64>, Buffer)> {
+        (0..k)
+            .map(|_| {
+                let b = s.next_batch().unwrap();
+                (s.last_ids().to_vec(), b)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn spec_validation() {
+        assert!(
+            matches!(StreamSpec::new(10, 0, 0, 0, 1), Err(Error::Config { ref key, .. }) if key == "batch_size")
+        );
+        assert!(
+            matches!(StreamSpec::new(10, 6, 0, 0, 4), Err(Error::Config { ref key, .. }) if key == "batch_size")
+        );
+        assert!(
+            matches!(StreamSpec::new(10, 8, 0, 4, 4), Err(Error::Config { ref key, .. }) if key == "rank")
+        );
+        assert!(
+            matches!(StreamSpec::new(10, 8, 0, 0, 0), Err(Error::Config { ref key, .. }) if key == "world_size")
+        );
+        let s = StreamSpec::new(10, 8, 0, 0, 1).unwrap();
+        assert!(
+            matches!(s.batch_ids(u64::MAX - 3), Err(Error::Config { ref key, .. }) if key == "samples_consumed")
+        );
+    }
+
+    #[test]
+    fn epochs_cover_every_window_once_and_batches_straddle() {
+        let spec = StreamSpec::new(37, 8, 5, 0, 1).unwrap();
+        // 37 * 8 samples = exactly 8 epochs; batch 4 straddles epochs 0 and 1 (samples 32..40).
+        let all: Vec<u64> = (0..37)
+            .flat_map(|k| spec.batch_ids(k * 8).unwrap())
+            .collect();
+        for e in 0..8 {
+            let mut ep: Vec<u64> = all[e * 37..(e + 1) * 37].to_vec();
+            let p = Permutation::new(37, 5, e as u64);
+            assert_eq!(ep, (0..37).map(|i| p.index(i)).collect::<Vec<_>>());
+            ep.sort_unstable();
+            assert_eq!(ep, (0..37).collect::<Vec<_>>());
+        }
+        assert_ne!(all[..37], all[37..74]);
+    }
+
+    #[test]
+    fn seek_equals_iteration_and_prefetch_is_invisible() {
+        let t = TempDir::new("seek");
+        let ds = dataset(&t, &[50, 3, 71, 20], 8, 5);
+        let n = ds.num_windows();
+        assert_eq!(n, 9 + 13 + 3);
+        let mut reference = Stream::new(ds.clone(), 6, 42, 0, 1, 0).unwrap();
+        let want = take(&mut reference, 20); // 120 samples: several epochs, straddling batches
+        assert_eq!(reference.samples_consumed(), 120);
+        assert_eq!(reference.batches_consumed(), 20);
+        for depth in [1usize, 2, 5] {
+            let mut s = Stream::new(ds.clone(), 6, 42, 0, 1, depth).unwrap();
+            assert!(s.last_ids().is_empty());
+            assert_eq!(take(&mut s, 20), want, "prefetch {depth}");
+        }
+        for k in [0usize, 1, 4, 7, 19] {
+            for depth in [0usize, 2] {
+                let mut s = Stream::new(ds.clone(), 6, 42, 0, 1, depth).unwrap();
+                take(&mut s, 3); // seek must drop whatever was prefetched
+                s.seek(6 * k as u64).unwrap();
+                assert!(s.last_ids().is_empty());
+                assert_eq!(s.batches_consumed(), k as u64);
+                assert_eq!(take(&mut s, 1)[0], want[k], "k={k} depth={depth}");
+            }
+        }
+        // Each row is the window its id names.
+        let (ids, buf) = &want[0];
+        let Buffer::I16(v) = buf else { panic!("dtype") };
+        for (j, &id) in ids.iter().enumerate() {
+            let mut row = vec![0u8; ds.row_bytes()];
+            ds.fill_row(id, &mut row).unwrap();
+            let row: Vec<i16> = row
+                .chunks_exact(2)
+                .map(|c| i16::from_ne_bytes([c[0], c[1]]))
+                .collect();
+            assert_eq!(&v[j * 16..(j + 1) * 16], &row[..]);
+        }
+    }
+
+    #[test]
+    fn rank_slices_concatenate_to_the_global_batch() {
+        let t = TempDir::new("ranks");
+        let ds = dataset(&t, &[64, 40], 4, 3);
+        let mut one = Stream::new(ds.clone(), 8, 9, 0, 1, 0).unwrap();
+        let want = take(&mut one, 12);
+        for w in [1u64, 2, 4] {
+            let mut ranks: Vec<Stream> = (0..w)
+                .map(|r| Stream::new(ds.clone(), 8, 9, r, w, 2).unwrap())
+                .collect();
+            for (k, (ids, buf)) in want.iter().enumerate() {
+                let mut cat_ids = Vec::new();
+                let mut cat = Vec::new();
+                for s in ranks.iter_mut() {
+                    let Buffer::I16(v) = s.next_batch().unwrap() else {
+                        panic!("dtype")
+                    };
+                    cat_ids.extend_from_slice(s.last_ids());
+                    cat.extend(v);
+                }
+                assert_eq!(&cat_ids, ids, "W={w} batch {k}");
+                assert_eq!(Buffer::I16(cat), *buf, "W={w} batch {k}");
+            }
+        }
+        // A cursor saved at W=4 resumes at W=2 (and at another batch size) on the next sample.
+        let mut w4: Vec<Stream> = (0..4)
+            .map(|r| Stream::new(ds.clone(), 8, 9, r, 4, 1).unwrap())
+            .collect();
+        for s in w4.iter_mut() {
+            take(s, 5);
+        }
+        let cursor = w4[0].samples_consumed();
+        assert_eq!(cursor, 40);
+        let mut w2: Vec<Stream> = (0..2)
+            .map(|r| Stream::new(ds.clone(), 8, 9, r, 2, 2).unwrap())
+            .collect();
+        let mut ids = Vec::new();
+        for s in w2.iter_mut() {
+            s.seek(cursor).unwrap();
+            s.next_batch().unwrap();
+            ids.extend_from_slice(s.last_ids());
+        }
+        assert_eq!(ids, want[5].0);
+        let mut b4 = Stream::new(ds.clone(), 4, 9, 0, 1, 0).unwrap();
+        b4.seek(cursor + 4).unwrap();
+        b4.next_batch().unwrap();
+        assert_eq!(b4.last_ids(), &want[5].0[4..]);
+    }
+
+    #[test]
+    fn huge_sparse_dataset_opens_fast() {
+        let t = TempDir::new("sparse");
+        // 2^31 ci8 samples (4 GiB sparse), window 2, stride 2: 2^30 > 10^9 windows.
+        let p = t.0.join("big.sigmf-data");
+        let f = std::fs::File::create(&p).unwrap();
+        f.set_len(1u64 << 32).unwrap();
+        let start = std::time::Instant::now();
+        let ds = Arc::new(Dataset::open(&[p.to_str().unwrap()], &["ci8"], 2, 2).unwrap());
+        assert_eq!(ds.num_windows(), 1 << 30);
+        let mut s = Stream::new(ds, 256, 1, 0, 1, 2).unwrap();
+        let Buffer::I8(v) = s.next_batch().unwrap() else {
+            panic!("dtype")
+        };
+        assert_eq!(v.len(), 256 * 4);
+        assert!(s.last_ids().iter().all(|&i| i < 1 << 30));
+        assert!(start.elapsed().as_secs_f64() < 1.0, "{:?}", start.elapsed());
+    }
+}

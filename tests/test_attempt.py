@@ -1,0 +1,313 @@
+"""End-to-end attempts: evidence, schedule, best/last checkpoints, exact resume, refusals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from iqtrain.attempt import ParentRef, run_pretraining_attempt, verify_attempt
+from iqtrain.config import build_config
+from iqtrain.errors import CheckpointError, ConfigError, CursorMismatchError
+from iqtrain.metrics import read_metrics, strip_timing
+from iqtrain.schedule import Plan, lr_at
+from iqtrain.synth import synthesize
+
+
+def tiny_tables(run_dir: Path, cache: Path, **training) -> dict:
+    return {
+        "run": {"dir": os.fspath(run_dir), "seed": 3},
+        "data": {
+            "patch_len": 8, "seq_patches": 16, "batch_size": 8, "val_batch_size": 24,
+            "synthetic": {"train_recordings": 2, "val_recordings": 1, "samples": 4096,
+                          "cache_dir": os.fspath(cache)},
+        },
+        "model": {"dim": 32, "layers": 2, "heads": 2},
+        "optimizer": {"lr": 3e-3, "min_lr": 3e-4},
+        "schedule": {"kind": "wsd", "warmup_steps": 2, "decay_steps": 4},
+        "training": {"max_steps": 12, "eval_every": 4, "checkpoint_every": 5, "keep_last": 1,
+                     "log_every": 4, **training},
+    }
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("synth-cache")
+
+
+def _run(tmp_path, cache, name="run", parent=None, **training):
+    cfg = build_config(tiny_tables(tmp_path / name, cache, **training))
+    return run_pretraining_attempt(cfg, parent)
+
+
+def _weights(attempt: Path, which="latest"):
+    manifest = json.loads((attempt / "manifest.json").read_text())
+    ckpt = (attempt / manifest[which]["path"]).resolve()
+    return load_file(ckpt / "model.safetensors"), load_file(ckpt / "optimizer.safetensors")
+
+
+def _assert_same_tensors(a: dict, b: dict):
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_end_to_end_evidence(tmp_path, cache):
+    result = _run(tmp_path, cache)
+    att = result.attempt
+    assert att == tmp_path / "run" / "attempts" / "0001"
+    for name in ("attempt.json", "config.toml", "metrics.jsonl", "manifest.json"):
+        assert (att / name).is_file(), name
+    assert verify_attempt(att) == []
+    info = json.loads((att / "attempt.json").read_text())
+    assert info["status"] == "completed" and info["parent"] is None
+    assert set(info["versions"]) >= {"python", "torch", "numpy"}
+
+    records = read_metrics(att / "metrics.jsonl")
+    train = [r for r in records if r["kind"] == "train"]
+    val = [r for r in records if r["kind"] == "val"]
+    assert [r["step"] for r in train] == list(range(1, 13))
+    assert [r["step"] for r in val] == [4, 8, 12]
+    assert set(train[0]) >= {"step", "loss", "lr", "grad_norm", "clipped", "samples", "patches",
+                             "step_time_s", "samples_per_s", "spike"}
+    assert train[0]["samples"] == 8 and train[0]["patches"] == 8 * 15
+    plan = Plan(kind="wsd", max_steps=12, warmup_steps=2, decay_steps=4, decay_shape="linear",
+                lr=3e-3, min_lr=3e-4)
+    assert [r["lr"] for r in train] == [lr_at(s, plan) for s in range(12)]
+    assert "baseline_zero_loss" in val[0] and "baseline_copy_last_loss" in val[0]
+    assert 0.5 < val[0]["baseline_zero_loss"] < 1.5  # window-normalised: ~1
+    assert all("baseline_zero_loss" not in r for r in val[1:])
+    for r in val:
+        assert r["pred_snr_db"] == pytest.approx(-10 * __import__("math").log10(r["loss"]))
+        assert r["samples"] == 64 and r["patches"] == 64 * 15
+
+    # best is the argmin of validation, and flags mark each improvement
+    best = min(val, key=lambda r: r["loss"])
+    running = float("inf")
+    for r in val:
+        assert r["best"] == (r["loss"] < running)
+        running = min(running, r["loss"])
+    manifest = json.loads((att / "manifest.json").read_text())
+    assert manifest["best"]["step"] == best["step"]
+    assert manifest["best"]["val_loss"] == best["loss"]
+    assert manifest["latest"]["step"] == 12
+    assert result.best_val_loss == best["loss"]
+
+    # keep_last=1: only the latest and the best survive pruning
+    left = sorted(p.name for p in (att / "checkpoints").iterdir())
+    assert left == sorted({f"step_{12:08d}", f"step_{best['step']:08d}"})
+    assert not list(att.glob("checkpoints/.tmp-*"))
+    # evidence is frozen
+    assert not os.access(att / "metrics.jsonl", os.W_OK) or os.geteuid() == 0
+    assert (att / "metrics.jsonl").stat().st_mode & 0o222 == 0
+
+    # a second run never reuses or touches the first attempt
+    again = _run(tmp_path, cache)
+    assert again.attempt.name == "0002"
+    assert verify_attempt(att) == []
+
+
+@pytest.mark.parametrize("k", [5, 7], ids=["on_checkpoint_boundary", "before_val_boundary"])
+def test_exact_resume_from_step_k(tmp_path, cache, k):
+    straight = _run(tmp_path, cache, checkpoint_every=1, keep_last=0).attempt
+    child = run_pretraining_attempt(
+        build_config(tiny_tables(tmp_path / "run", cache, checkpoint_every=1, keep_last=0)),
+        ParentRef(straight, f"step_{k}"),
+    ).attempt
+    assert child.name == "0002"
+    info = json.loads((child / "attempt.json").read_text())
+    assert info["parent"]["checkpoint"] == f"step_{k:08d}" and info["parent"]["step"] == k
+    a = strip_timing(read_metrics(straight / "metrics.jsonl"))
+    b = strip_timing(read_metrics(child / "metrics.jsonl"))
+    assert a == b
+    wa, oa = _weights(straight)
+    wb, ob = _weights(child)
+    _assert_same_tensors(wa, wb)
+    _assert_same_tensors(oa, ob)
+    manifest = json.loads((child / "manifest.json").read_text())
+    assert manifest["inherited_metrics"]["records"] == sum(
+        1 for r in a if r["step"] <= k
+    )
+    assert verify_attempt(child) == []
+
+
+def test_resume_of_a_crashed_parent_uses_its_latest_verified_checkpoint(tmp_path, cache):
+    straight = _run(tmp_path, cache, keep_last=0).attempt
+    # Simulate a crash after step 10's checkpoint: no manifest, a torn newer checkpoint.
+    crashed_dir = tmp_path / "crash"
+    import shutil
+
+    shutil.copytree(straight.parent.parent, crashed_dir)
+    crashed = crashed_dir / "attempts" / "0001"
+    for p in (crashed / "manifest.json", crashed / "metrics.jsonl", crashed / "config.toml"):
+        p.chmod(0o644)
+    (crashed / "manifest.json").unlink()
+    shutil.rmtree(crashed / "checkpoints" / "step_00000012")
+    torn = crashed / "checkpoints" / "step_00000011"
+    shutil.copytree(crashed / "checkpoints" / "step_00000010", torn)
+    (torn / "checkpoint.json").unlink()  # written last: its absence marks a torn checkpoint
+    cfg = build_config(tiny_tables(crashed_dir, cache, keep_last=0))
+    child = run_pretraining_attempt(cfg, ParentRef(crashed)).attempt
+    info = json.loads((child / "attempt.json").read_text())
+    assert info["parent"]["checkpoint"] == "step_00000010"
+    assert strip_timing(read_metrics(child / "metrics.jsonl")) == strip_timing(
+        read_metrics(straight / "metrics.jsonl")
+    )
+    _assert_same_tensors(_weights(straight)[0], _weights(child)[0])
+
+
+def test_interrupt_then_resume_matches_the_straight_run(tmp_path, cache):
+    straight = _run(tmp_path, cache, max_steps=60, keep_last=0).attempt
+    cfg = build_config(tiny_tables(tmp_path / "int", cache, max_steps=60, keep_last=0))
+    metrics = tmp_path / "int" / "attempts" / "0001" / "metrics.jsonl"
+
+    def interrupt_soon():
+        while not (metrics.exists() and metrics.stat().st_size > 0):
+            time.sleep(0.005)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    from iqtrain.attempt import Interrupted
+
+    threading.Thread(target=interrupt_soon, daemon=True).start()
+    with pytest.raises(Interrupted) as exc:
+        run_pretraining_attempt(cfg)
+    assert exc.value.exit_code == 130
+    parent = exc.value.attempt
+    info = json.loads((parent / "attempt.json").read_text())
+    assert info["status"] == "interrupted" and info["final_step"] < 60
+    assert not (parent / "manifest.json").exists()
+    assert verify_attempt(parent) == []
+    child = run_pretraining_attempt(cfg, ParentRef(parent)).attempt
+    assert strip_timing(read_metrics(child / "metrics.jsonl")) == strip_timing(
+        read_metrics(straight / "metrics.jsonl")
+    )
+    _assert_same_tensors(_weights(straight)[0], _weights(child)[0])
+    _assert_same_tensors(_weights(straight)[1], _weights(child)[1])
+
+
+def test_plan_change_allowed_only_before_the_decay_start(tmp_path, cache):
+    parent = _run(tmp_path, cache, checkpoint_every=1, keep_last=0).attempt  # decay starts at 8
+    longer = build_config(tiny_tables(tmp_path / "run", cache, max_steps=16, checkpoint_every=1,
+                                      keep_last=0))
+    child = run_pretraining_attempt(longer, ParentRef(parent, "step_5")).attempt
+    info = json.loads((child / "attempt.json").read_text())
+    assert info["config_changes"]["training.max_steps"] == {"from": 12, "to": 16}
+    assert info["plan"]["max_steps"] == 16
+    train = [r for r in read_metrics(child / "metrics.jsonl") if r["kind"] == "train"]
+    assert train[-1]["step"] == 16 and train[-1]["lr"] == 3e-4
+    n_before = len(list((tmp_path / "run" / "attempts").iterdir()))
+    with pytest.raises(ConfigError, match="training.max_steps"):
+        run_pretraining_attempt(longer, ParentRef(parent, "step_9"))
+    other = build_config(tiny_tables(tmp_path / "run", cache, checkpoint_every=1, keep_last=0,
+                                     grad_accum=2))
+    with pytest.raises(ConfigError, match="training.grad_accum: cannot change on resume"):
+        run_pretraining_attempt(other, ParentRef(parent))
+    assert len(list((tmp_path / "run" / "attempts").iterdir())) == n_before
+
+
+@pytest.mark.parametrize(
+    "target", ["model.safetensors", "optimizer.safetensors", "state.json", "metrics", "config"]
+)
+def test_resume_refuses_a_tampered_parent(tmp_path, cache, target):
+    parent = _run(tmp_path, cache).attempt
+    ckpt = parent / "checkpoints" / "step_00000012"
+    path = {"metrics": parent / "metrics.jsonl", "config": parent / "config.toml"}.get(
+        target, ckpt / target
+    )
+    path.chmod(0o644)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    assert verify_attempt(parent) != []
+    cfg = build_config(tiny_tables(tmp_path / "run", cache))
+    with pytest.raises(CheckpointError):
+        run_pretraining_attempt(cfg, ParentRef(parent))
+    assert sorted(p.name for p in (tmp_path / "run" / "attempts").iterdir()) == ["0001"]
+
+
+def test_resume_refuses_a_changed_dataset(tmp_path):
+    data = tmp_path / "data"
+    synthesize(data / "train", recordings=2, samples=4096, seed=1)
+    synthesize(data / "val", recordings=1, samples=4096, seed=2)
+    tables = tiny_tables(tmp_path / "run", tmp_path / "unused")
+    tables["data"]["train"] = [os.fspath(data / "train" / "*.sigmf-meta")]
+    tables["data"]["val"] = [os.fspath(data / "val" / "*.sigmf-meta")]
+    parent = run_pretraining_attempt(build_config(tables)).attempt
+    synthesize(data / "train", recordings=2, samples=4096, seed=7)  # same names, new content
+    with pytest.raises(CursorMismatchError, match="data.train"):
+        run_pretraining_attempt(build_config(tables), ParentRef(parent))
+    assert sorted(p.name for p in (tmp_path / "run" / "attempts").iterdir()) == ["0001"]
+
+
+def test_window_longer_than_every_recording_is_a_config_error(tmp_path, cache):
+    tables = tiny_tables(tmp_path / "run", cache)
+    tables["data"]["seq_patches"] = 1024  # 8192-sample windows, 4096-sample recordings
+    tables["model"]["max_patches"] = 1024
+    with pytest.raises(ConfigError, match="data.seq_patches"):
+        run_pretraining_attempt(build_config(tables))
+    assert not (tmp_path / "run").exists()
+
+
+def test_compiled_resume_is_exact(tmp_path, cache):
+    # The one compiled attempt test: compile is ~30 s per graph on this machine.
+    straight = _run(tmp_path, cache, compile=True, max_steps=6, eval_every=3, checkpoint_every=1,
+                    keep_last=0).attempt
+    cfg = build_config(tiny_tables(tmp_path / "run", cache, compile=True, max_steps=6,
+                                   eval_every=3, checkpoint_every=1, keep_last=0))
+    child = run_pretraining_attempt(cfg, ParentRef(straight, "step_4")).attempt
+    assert strip_timing(read_metrics(child / "metrics.jsonl")) == strip_timing(
+        read_metrics(straight / "metrics.jsonl")
+    )
+    _assert_same_tensors(_weights(straight)[0], _weights(child)[0])
+
+
+def test_cli_resume_in_a_fresh_process_after_sigterm(tmp_path, cache):
+    import tomllib  # noqa: F401  (the config below is written as TOML)
+
+    from iqtrain.config import dumps_toml
+
+    cfg_path = tmp_path / "cfg.toml"
+    cfg_path.write_text(dumps_toml(tiny_tables(tmp_path / "run", cache, max_steps=40,
+                                               keep_last=0)))
+    straight = subprocess.run(
+        [sys.executable, "-m", "iqtrain.cli", "run", os.fspath(cfg_path),
+         "--set", f"run.dir='{tmp_path / 'straight'}'"],
+        capture_output=True, text=True,
+    )
+    assert straight.returncode == 0, straight.stderr
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "iqtrain.cli", "run", os.fspath(cfg_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    metrics = tmp_path / "run" / "attempts" / "0001" / "metrics.jsonl"
+    deadline = time.time() + 120
+    while not (metrics.exists() and metrics.stat().st_size > 0) and time.time() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode in (143, 0), err  # 0 only if it finished before the signal landed
+    if proc.returncode == 143:
+        assert "iqtrain resume --attempt" in err
+        resumed = subprocess.run(
+            [sys.executable, "-m", "iqtrain.cli", "resume", "--attempt",
+             os.fspath(tmp_path / "run" / "attempts" / "0001")],
+            capture_output=True, text=True,
+        )
+        assert resumed.returncode == 0, resumed.stderr
+        child = tmp_path / "run" / "attempts" / "0002"
+    else:
+        child = tmp_path / "run" / "attempts" / "0001"
+    ref = tmp_path / "straight" / "attempts" / "0001"
+    assert strip_timing(read_metrics(child / "metrics.jsonl")) == strip_timing(
+        read_metrics(ref / "metrics.jsonl")
+    )
+    _assert_same_tensors(_weights(ref)[0], _weights(child)[0])

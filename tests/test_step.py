@@ -1,0 +1,322 @@
+"""Tests of iqtrain.step: the optimizer step, evaluation, and their configuration.
+
+All tests but one run eagerly: torch.compile costs tens of seconds per graph on a cold CPU cache,
+so a single focused test checks that compiled and eager steps agree.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+from iqtrain.errors import ConfigError, NonFiniteError
+from iqtrain.model import ModelConfig, NextPatchModel, next_patch_loss
+from iqtrain.step import OptimizerConfig, StepResult, TrainStep, split_parameters
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Run these tiny models on one thread.
+
+    The CPU cores here are shared; with two OpenMP threads a step that takes 4 ms alone
+    stalls for 100s of ms at every parallel region whenever the other core is busy elsewhere.
+    One thread is both faster for models this small and immune to that.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+TINY = {"dim": 32, "layers": 2, "heads": 2, "patch_len": 8, "max_patches": 16}
+
+
+def sinusoid_batch(b: int = 4, n: int = 16, p: int = 8, seed: int = 0) -> torch.Tensor:
+    """Sums of three complex sinusoids per window, normalized to unit mean power, as patches."""
+    g = torch.Generator().manual_seed(seed)
+    t = torch.arange(n * p, dtype=torch.float64)
+    sig = torch.zeros(b, n * p, dtype=torch.complex128)
+    for _ in range(3):
+        freq = torch.rand(b, 1, generator=g, dtype=torch.float64) * 0.4 - 0.2
+        phase = torch.rand(b, 1, generator=g, dtype=torch.float64) * 2 * math.pi
+        sig += torch.exp(1j * (2 * math.pi * freq * t + phase))
+    sig /= sig.abs().square().mean(dim=1, keepdim=True).sqrt()
+    return torch.view_as_real(sig).reshape(b, n, 2 * p).float()
+
+
+def make_step(
+    *, seed: int = 0, model_kw: dict | None = None, compile: bool = False, **opt_kw
+) -> TrainStep:
+    torch.manual_seed(seed)
+    model = NextPatchModel(ModelConfig(**{**TINY, **(model_kw or {})}))
+    return TrainStep(
+        model, OptimizerConfig(**opt_kw), device="cpu", precision="fp32", compile=compile
+    )
+
+
+def grads(ts: TrainStep) -> dict[str, torch.Tensor]:
+    return {n: p.grad.clone() for n, p in ts.model.named_parameters() if p.grad is not None}
+
+
+def snapshot(ts: TrainStep) -> list[torch.Tensor]:
+    """Every parameter and every optimizer tensor (moments, step counts, lr), cloned."""
+    out = [p.detach().clone() for p in ts.model.parameters()]
+    for state in ts.optimizer.state.values():
+        out += [v.clone() for v in state.values() if isinstance(v, torch.Tensor)]
+    out += [g["lr"].clone() for g in ts.optimizer.param_groups]
+    return out
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    # Compare bit patterns, not values: -0.0 == 0.0 and NaN != NaN would blur "untouched".
+    return t.view(torch.int64) if t.dtype == torch.float64 else t.view(torch.int32)
+
+
+# --------------------------------------------------------------------------- learning
+
+
+def test_one_batch_overfit() -> None:
+    ts = make_step(lr=3e-3, weight_decay=0.0)
+    x = sinusoid_batch()
+    first = ts.train_step([x], 3e-3, step=0).loss
+    assert first == pytest.approx(1.0, abs=0.2)  # zero-ish predictions at init score ~1
+    losses = []
+    for s in range(1, 300):  # stop as soon as the target is met: CPU time is shared here
+        losses.append(ts.train_step([x], 3e-3, step=s).loss)
+        if losses[-1] <= first / 10:
+            break
+    assert losses[-1] <= first / 10, (first, losses[-10:])
+    assert all(math.isfinite(v) for v in losses)
+
+
+def test_accumulation_matches_full_batch() -> None:
+    a = make_step(grad_clip=0.0)
+    b = copy.deepcopy(a)
+    x = sinusoid_batch(b=4, seed=3)
+    ra = a.train_step([x], 1e-3)
+    rb = b.train_step([x[:2], x[2:]], 1e-3)
+    # A=2 with halves is mathematically the same mean; in fp32 only the order of summation
+    # differs (batch rows split into two partial sums), which moves results by a few ulps of
+    # the accumulated magnitudes: relative 1e-5 with an absolute floor of 1e-7 (grad entries
+    # are ~1e-2) leaves two orders of margin over the ~1e-7 relative differences observed.
+    assert rb.loss == pytest.approx(ra.loss, rel=1e-5)
+    assert rb.grad_norm == pytest.approx(ra.grad_norm, rel=1e-5)
+    ga, gb = grads(a), grads(b)
+    assert ga.keys() == gb.keys() and len(ga) == len(list(a.model.parameters()))
+    for name in ga:
+        torch.testing.assert_close(gb[name], ga[name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_unequal_microbatches_rejected() -> None:
+    ts = make_step()
+    x = sinusoid_batch(b=4)
+    with pytest.raises(ValueError, match="equal shapes"):
+        ts.train_step([x[:3], x[3:]], 1e-3)
+    with pytest.raises(ValueError):
+        ts.train_step([], 1e-3)
+    with pytest.raises(ValueError, match="lr"):
+        ts.train_step([x], float("nan"))
+
+
+def test_clipping_reports_pre_clip_norm() -> None:
+    ts = make_step(grad_clip=1e-3)
+    reference = copy.deepcopy(ts.model)
+    x = sinusoid_batch()
+    result = ts.train_step([x], 1e-3)
+
+    next_patch_loss(reference(x), x)[0].backward()
+    expected = torch.linalg.vector_norm(
+        torch.stack([p.grad.norm() for p in reference.parameters()])
+    ).item()
+    assert result.grad_norm == pytest.approx(expected, rel=1e-5)
+    assert result.clipped and result.grad_norm > 1e-3
+    post = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in ts.model.parameters()]))
+    assert post.item() <= 1e-3
+
+    unclipped = make_step(grad_clip=0.0).train_step([x], 1e-3)  # <= 0 turns clipping off
+    assert not unclipped.clipped
+    assert unclipped.grad_norm == pytest.approx(expected, rel=1e-5)
+    assert not make_step(grad_clip=1e6).train_step([x], 1e-3).clipped
+
+
+def test_non_finite_leaves_everything_bit_identical() -> None:
+    ts = make_step(lr=1e-3)
+    x = sinusoid_batch()
+    for s in range(3):  # build optimizer state first: moments and step counts must survive too
+        ts.train_step([x], 1e-3, step=s)
+    before = snapshot(ts)
+    assert len(before) > 3 * len(list(ts.model.parameters()))  # moments and steps included
+    bad = x.clone()
+    bad[1, 3, 5] = float("nan")
+    with pytest.raises(NonFiniteError) as info:
+        ts.train_step([x, bad], 5e-3, step=41, window_ids=torch.tensor([7, 8, 9, 10]))
+    message = str(info.value)
+    assert "step 41" in message and "nan" in message and "[7, 8, 9, 10]" in message
+    assert isinstance(info.value, ArithmeticError)
+    after = snapshot(ts)
+    assert len(after) == len(before)
+    for b, a in zip(before, after, strict=True):
+        assert torch.equal(bits(b), bits(a))
+    assert all(p.grad is None for p in ts.model.parameters())
+    # The step is usable afterwards and picks the new lr up then.
+    assert ts.train_step([x], 5e-3, step=41).lr == 5e-3
+
+    with pytest.raises(NonFiniteError, match="non-finite"):
+        ts.train_step([x * 1e30], 1e-3)  # squared error overflows fp32: an inf loss
+
+
+# --------------------------------------------------------------------------- optimizer
+
+
+def test_parameter_groups() -> None:
+    ts = make_step(weight_decay=0.1)
+    names = {n for n, _ in ts.model.named_parameters()}
+    decay, no_decay = set(ts.decay_param_names), set(ts.no_decay_param_names)
+    assert decay | no_decay == names and not decay & no_decay
+    # Matrices decay, except the patch embedding; norms, biases and the embedding do not.
+    assert decay == {
+        n for n, p in ts.model.named_parameters() if p.ndim >= 2 and not n.startswith("patch_embed")
+    }
+    assert "head.weight" in decay and "blocks.0.attn.qkv.weight" in decay
+    assert {"patch_embed.weight", "patch_embed.bias", "head.bias", "norm.weight"} <= no_decay
+    assert "blocks.1.mlp_norm.weight" in no_decay
+    params = dict(ts.model.named_parameters())
+    wd = {id(p): g["weight_decay"] for g in ts.optimizer.param_groups for p in g["params"]}
+    assert all(wd[id(params[n])] == 0.1 for n in decay)
+    assert all(wd[id(params[n])] == 0.0 for n in no_decay)
+    assert split_parameters(ts.model)[0][0][0] in decay
+    group = ts.optimizer.param_groups[0]
+    assert group["betas"] == (0.9, 0.95) and group["eps"] == 1e-8
+
+
+def test_lr_is_a_tensor_set_on_every_group() -> None:
+    ts = make_step(lr=1e-3)
+    x = sinusoid_batch()
+    for lr in (2.5e-4, 7e-4):
+        result = ts.train_step([x], lr)
+        assert result == StepResult(
+            loss=result.loss, grad_norm=result.grad_norm, clipped=result.clipped, lr=lr
+        )
+        for group in ts.optimizer.param_groups:
+            assert isinstance(group["lr"], torch.Tensor) and group["lr"].item() == lr
+    # A state dict loaded from a float-lr checkpoint gets its tensor back on the next step.
+    state = ts.optimizer.state_dict()
+    for group in state["param_groups"]:
+        group["lr"] = 1.0
+    ts.optimizer.load_state_dict(state)
+    ts.train_step([x], 3e-4)
+    assert all(isinstance(g["lr"], torch.Tensor) for g in ts.optimizer.param_groups)
+    assert all(g["lr"].item() == 3e-4 for g in ts.optimizer.param_groups)
+    assert all(s["exp_avg"].dtype == torch.float32 for s in ts.optimizer.state.values())
+
+
+# --------------------------------------------------------------------------- evaluation
+
+
+def test_eval_step_is_exact_sum_in_eval_mode() -> None:
+    ts = make_step(model_kw={"dropout": 0.5})
+    x = sinusoid_batch(b=3)
+    total, count = ts.eval_step(x)
+    assert ts.model.training  # train mode restored
+    assert count == 3 * 15 * 8
+    again, _ = ts.eval_step(x)
+    assert total == again  # dropout off: deterministic
+    ts.model.eval()
+    with torch.no_grad():
+        expected = next_patch_loss(ts.model(x), x)[1].item()
+    assert total == pytest.approx(expected, rel=1e-6)
+    ts.eval_step(x)
+    assert not ts.model.training  # the previous mode, whichever it was, is restored
+
+
+# --------------------------------------------------------------------------- configuration
+
+
+@pytest.mark.parametrize("device", ["cuda:0", "CPU", "gpu", " cpu", None])
+def test_device_strings_rejected(device: object) -> None:
+    model = NextPatchModel(ModelConfig(**TINY))
+    with pytest.raises(ConfigError, match=r"^training\.device"):
+        TrainStep(model, OptimizerConfig(), device=device, precision="fp32", compile=False)
+
+
+def test_precision_and_compile_rejected() -> None:
+    model = NextPatchModel(ModelConfig(**TINY))
+    opt = OptimizerConfig()
+    with pytest.raises(ConfigError, match=r"^training\.precision.*cuda"):
+        TrainStep(model, opt, device="cpu", precision="bf16", compile=False)
+    with pytest.raises(ConfigError, match=r"^training\.precision"):
+        TrainStep(model, opt, device="cpu", precision="fp16", compile=False)
+    with pytest.raises(ConfigError, match=r"^training\.compile"):
+        TrainStep(model, opt, device="cpu", precision="fp32", compile="yes")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_without_cuda_rejected() -> None:
+    model = NextPatchModel(ModelConfig(**TINY))
+    with pytest.raises(ConfigError, match=r"^training\.device"):
+        TrainStep(model, OptimizerConfig(), device="cuda", precision="bf16", compile=False)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "key"),
+    [
+        ({"lr": 0.0}, "optimizer.lr"),
+        ({"lr": "1e-3"}, "optimizer.lr"),
+        ({"lr": 1e-4, "min_lr": 1e-3}, "optimizer.min_lr"),
+        ({"min_lr": -1.0}, "optimizer.min_lr"),
+        ({"betas": (0.9,)}, "optimizer.betas"),
+        ({"betas": (0.9, 1.0)}, "optimizer.betas[1]"),
+        ({"eps": 0.0}, "optimizer.eps"),
+        ({"weight_decay": -0.1}, "optimizer.weight_decay"),
+        ({"grad_clip": float("inf")}, "optimizer.grad_clip"),
+    ],
+)
+def test_optimizer_config_errors_name_the_key(kwargs: dict, key: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        OptimizerConfig(**kwargs)
+    assert str(info.value).startswith(key)
+
+
+def test_optimizer_config_accepts_toml_shapes() -> None:
+    cfg = OptimizerConfig(lr=1, min_lr=0, betas=[0.8, 0.9], grad_clip=0)
+    assert cfg.betas == (0.8, 0.9) and isinstance(cfg.lr, float) and cfg.grad_clip == 0.0
+
+
+def test_state_dict_round_trip_without_prefix() -> None:
+    ts = make_step(seed=1)
+    state = ts.model_state_dict()
+    assert state and not any(k.startswith("_orig_mod.") for k in state)
+    other = make_step(seed=2)
+    other.load_model_state_dict({f"_orig_mod.{k}": v for k, v in state.items()})
+    for k, v in other.model_state_dict().items():
+        assert torch.equal(v, state[k])
+    # A module compiled by the caller is unwrapped, so its keys carry no prefix either.
+    wrapped = torch.compile(NextPatchModel(ModelConfig(**TINY)))
+    ts2 = TrainStep(wrapped, OptimizerConfig(), device="cpu", precision="fp32", compile=False)
+    assert ts2.model_state_dict().keys() == state.keys()
+
+
+# --------------------------------------------------------------------------- compile
+
+
+def test_compiled_step_matches_eager() -> None:
+    eager = make_step(seed=5, compile=False)
+    compiled = make_step(seed=5, compile=True)
+    x = sinusoid_batch(b=4, seed=5)
+    torch._dynamo.utils.counters.clear()
+    lrs = (1e-3, 2e-3, 5e-4)  # a changing lr must not recompile: it lives in a tensor
+    results = []
+    for s, lr in enumerate(lrs):
+        e = eager.train_step([x[:2], x[2:]], lr, step=s)
+        c = compiled.train_step([x[:2], x[2:]], lr, step=s)
+        results.append((e, c))
+        if s == 0:
+            graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+            assert graphs >= 1  # it really compiled
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
+    for e, c in results:
+        assert abs(e.loss - c.loss) <= 1e-5, (e, c)
+        assert c.grad_norm == pytest.approx(e.grad_norm, rel=1e-4)
+    assert not any(k.startswith("_orig_mod.") for k in compiled.model_state_dict())
