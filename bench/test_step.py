@@ -94,12 +94,10 @@ def summary(request):
             if compiled and other:
                 ratio = compiled["samples_per_s"] / other["samples_per_s"]
                 lines.append(f"  {device}: compiled / {base} = {ratio:.3f}x")
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    for line in lines:
-        if reporter is not None:
-            reporter.write_line(line)
-        else:
-            print(line)
+    # Teardown output is captured; step outside the capture so the summary reaches the terminal.
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    with capture.global_and_fixture_disabled():
+        print("\n".join(lines), flush=True)
 
 
 # --------------------------------------------------------------------------- the plain peer

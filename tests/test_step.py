@@ -167,6 +167,31 @@ def test_non_finite_leaves_everything_bit_identical() -> None:
         ts.train_step([x * 1e30], 1e-3)  # squared error overflows fp32: an inf loss
 
 
+def test_non_finite_message_without_step_and_with_list_ids() -> None:
+    ts = make_step()
+    bad = sinusoid_batch()
+    bad[0, 0, 0] = float("nan")
+    with pytest.raises(NonFiniteError, match=r"^training step: .*window ids \[3, 1\]"):
+        ts.train_step([bad], 1e-3, window_ids=[3, 1])
+
+
+def test_bf16_autocast_path_keeps_fp32_params_and_state() -> None:
+    # No GPU here: swap the CUDA autocast for CPU's to exercise the same dtype plumbing
+    # (RMSNorm and RoPE in fp32, bf16 matmuls, fp32 loss) past the constructor's CUDA check.
+    ts = make_step(seed=5)
+    ref = copy.deepcopy(ts)
+    ts.precision = "bf16"
+    x = sinusoid_batch(seed=5)
+    for s in range(2):
+        got, want = ts.train_step([x], 1e-3, step=s), ref.train_step([x], 1e-3, step=s)
+        assert got.loss == pytest.approx(want.loss, rel=1e-2)  # bf16 has 8 mantissa bits
+    assert {p.dtype for p in ts.model.parameters()} == {torch.float32}
+    state = [v for s in ts.optimizer.state.values() for k, v in s.items() if k != "step"]
+    assert state and {v.dtype for v in state} == {torch.float32}
+    total, count = ts.eval_step(x.bfloat16())  # prepare_iq_input may hand over bf16 patches
+    assert math.isfinite(total) and count == 4 * 15 * 8
+
+
 # --------------------------------------------------------------------------- optimizer
 
 

@@ -117,20 +117,14 @@ def split_parameters(
 
 
 def _strip_compile_prefix(state: Mapping[str, Any]) -> dict[str, Any]:
-    return {
-        (k.removeprefix(_COMPILE_PREFIX) if k.startswith(_COMPILE_PREFIX) else k): v
-        for k, v in state.items()
-    }
+    return {k.removeprefix(_COMPILE_PREFIX): v for k, v in state.items()}
 
 
 def _format_ids(window_ids: object) -> str:
-    if isinstance(window_ids, Tensor):
-        window_ids = window_ids.tolist()
-    elif hasattr(window_ids, "tolist"):  # numpy arrays
-        window_ids = window_ids.tolist()  # type: ignore[union-attr]
-    elif not isinstance(window_ids, list | tuple):
-        window_ids = list(window_ids)  # type: ignore[call-overload]
-    return repr(list(window_ids))
+    # Tensors and numpy arrays print as plain lists, so the message reads the same either way.
+    tolist = getattr(window_ids, "tolist", None)
+    ids = tolist() if callable(tolist) else list(window_ids)  # type: ignore[call-overload]
+    return repr(ids)
 
 
 class TrainStep:

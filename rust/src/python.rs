@@ -3,14 +3,15 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use numpy::ndarray::Array3;
+use numpy::ndarray::{Array3, ArrayView3};
 use numpy::{Element, PyArray1, PyArray3, PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::exceptions::{PyIndexError, PyMemoryError};
 use pyo3::prelude::*;
+use pyo3::types::PyCapsule;
 
 use crate::error::Error;
 use crate::recordings::{Dataset, Storage};
-use crate::stream::{bytes_mut, Buffer, Plain, Stream};
+use crate::stream::{bytes_mut, Buffer, BufferPool, Plain, Stream};
 
 pyo3::import_exception!(iqtrain.errors, IQTrainError);
 pyo3::import_exception!(iqtrain.errors, ConfigError);
@@ -33,14 +34,21 @@ impl From<Error> for PyErr {
 
 /// A non-negative integer argument (`i128` so negatives arrive here and get a named error).
 fn uint(key: &str, v: i128) -> Result<u64, Error> {
-    u64::try_from(v)
-        .map_err(|_| Error::config(key, format!("must be a non-negative integer below 2^64, got {v}")))
+    u64::try_from(v).map_err(|_| {
+        Error::config(
+            key,
+            format!("must be a non-negative integer below 2^64, got {v}"),
+        )
+    })
 }
 
 fn positive(key: &str, v: i128) -> Result<u64, Error> {
     match u64::try_from(v) {
         Ok(v) if v >= 1 => Ok(v),
-        _ => Err(Error::config(key, format!("must be an integer >= 1, got {v}"))),
+        _ => Err(Error::config(
+            key,
+            format!("must be an integer >= 1, got {v}"),
+        )),
     }
 }
 
@@ -63,14 +71,20 @@ fn index_arg(obj: &Bound<'_, PyAny>, what: &'static str, len: u64) -> PyResult<u
     }
 }
 
-fn dtype_repr(obj: &Bound<'_, PyAny>) -> String {
-    match obj.getattr("dtype").and_then(|d| d.str()) {
-        Ok(d) => d.to_string(),
-        Err(_) => obj
+/// "numpy array of dtype D and shape S" or the type name, for error messages.
+fn describe(obj: &Bound<'_, PyAny>) -> String {
+    let attr = |name: &str| {
+        obj.getattr(name)
+            .and_then(|a| a.str())
+            .map(|s| s.to_string())
+    };
+    match (attr("dtype"), attr("shape")) {
+        (Ok(d), Ok(s)) => format!("an array of dtype {d} and shape {s}"),
+        _ => obj
             .get_type()
             .name()
-            .map(|n| n.to_string())
-            .unwrap_or_else(|_| "?".into()),
+            .map(|n| format!("a {n}"))
+            .unwrap_or_else(|_| "an unknown object".into()),
     }
 }
 
@@ -98,7 +112,7 @@ fn ids_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
     }
     Err(Error::config(
         "ids",
-        format!("must be a 1-D numpy uint64 array, got {}", dtype_repr(obj)),
+        format!("must be a 1-D numpy uint64 array, got {}", describe(obj)),
     )
     .into())
 }
@@ -124,6 +138,36 @@ fn buffer_to_numpy(py: Python<'_>, buf: Buffer, window: usize) -> PyResult<Bound
     }
 }
 
+/// Hands a pooled batch buffer to numpy without copying; when numpy frees the array, the
+/// buffer goes back to `pool` for a later batch.
+fn pooled_to_numpy<T: Element + Send + 'static>(
+    py: Python<'_>,
+    v: Vec<T>,
+    window: usize,
+    pool: Arc<BufferPool>,
+    wrap: fn(Vec<T>) -> Buffer,
+) -> PyResult<Bound<'_, PyAny>> {
+    let shape = (v.len().checked_div(2 * window).unwrap_or(0), window, 2);
+    if shape.0 * window * 2 != v.len() {
+        return Err(
+            Error::Internal(format!("batch of {} elements is not {shape:?}", v.len())).into(),
+        );
+    }
+    // The heap block does not move when the Vec moves into the capsule.
+    let ptr = v.as_ptr();
+    let owner =
+        PyCapsule::new_with_value_and_destructor(py, v, c"iqtrain._native.batch", move |v, _| {
+            pool.give(wrap(v))
+        })?;
+    // SAFETY: `ptr` points at shape.0 * window * 2 initialised elements owned by `owner`, which
+    // becomes the array's base object, so the memory lives until numpy drops the array; the
+    // Vec is never touched again until the capsule destructor runs.
+    unsafe {
+        let view = ArrayView3::from_shape_ptr(shape, ptr);
+        Ok(PyArray3::borrow_from_array(&view, owner.into_any()).into_any())
+    }
+}
+
 /// Gathers `ids` into a caller-owned `out` of element type T (checked), GIL released.
 fn gather_into<T: Element + Plain>(
     py: Python<'_>,
@@ -142,14 +186,9 @@ fn gather_into<T: Element + Plain>(
         )
         .into()
     };
-    let arr = out.cast::<PyArray3<T>>().map_err(|_| {
-        let shape = out
-            .getattr("shape")
-            .and_then(|s| s.str())
-            .map(|s| s.to_string())
-            .unwrap_or_default();
-        bad(format!("got {} {shape}", dtype_repr(out)))
-    })?;
+    let arr = out
+        .cast::<PyArray3<T>>()
+        .map_err(|_| bad(format!("got {}", describe(out))))?;
     if arr.shape() != want {
         return Err(bad(format!("got shape {:?}", arr.shape())));
     }
@@ -345,8 +384,15 @@ impl NativeStream {
 
     /// This rank's `[batch_size // world_size, window_len, 2]` rows of the next global batch.
     fn next<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let buf = py.detach(|| self.lock()?.next_batch())?;
-        buffer_to_numpy(py, buf, self.window)
+        let (buf, pool) = py.detach(|| {
+            let mut s = self.lock()?;
+            s.next_batch().map(|b| (b, s.pool().clone()))
+        })?;
+        match buf {
+            Buffer::I8(v) => pooled_to_numpy(py, v, self.window, pool, Buffer::I8),
+            Buffer::I16(v) => pooled_to_numpy(py, v, self.window, pool, Buffer::I16),
+            Buffer::F32(v) => pooled_to_numpy(py, v, self.window, pool, Buffer::F32),
+        }
     }
 
     /// Global window ids of the rows last returned by `next()` (empty before it / after seek).
