@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from iqtrain.prepare import prepare_iq_input, prepare_iq_input_reference
 
 PATCH_LEN = 16

@@ -28,9 +28,7 @@ COMPONENT_DTYPES = {
 }
 
 
-def write_sigmf(
-    directory: Path, name: str, iq: np.ndarray, datatype: str, **global_fields
-) -> Path:
+def write_sigmf(directory: Path, name: str, iq: np.ndarray, datatype: str, **global_fields) -> Path:
     """Write ``iq`` ([n, 2] components) as a SigMF recording with the sigmf package."""
     from sigmf import SigMFFile
 

@@ -27,15 +27,28 @@ def tiny_tables(run_dir: Path, cache: Path, **training) -> dict:
     return {
         "run": {"dir": os.fspath(run_dir), "seed": 3},
         "data": {
-            "patch_len": 8, "seq_patches": 16, "batch_size": 8, "val_batch_size": 24,
-            "synthetic": {"train_recordings": 2, "val_recordings": 1, "samples": 4096,
-                          "cache_dir": os.fspath(cache)},
+            "patch_len": 8,
+            "seq_patches": 16,
+            "batch_size": 8,
+            "val_batch_size": 24,
+            "synthetic": {
+                "train_recordings": 2,
+                "val_recordings": 1,
+                "samples": 4096,
+                "cache_dir": os.fspath(cache),
+            },
         },
         "model": {"dim": 32, "layers": 2, "heads": 2},
         "optimizer": {"lr": 3e-3, "min_lr": 3e-4},
         "schedule": {"kind": "wsd", "warmup_steps": 2, "decay_steps": 4},
-        "training": {"max_steps": 12, "eval_every": 4, "checkpoint_every": 5, "keep_last": 1,
-                     "log_every": 4, **training},
+        "training": {
+            "max_steps": 12,
+            "eval_every": 4,
+            "checkpoint_every": 5,
+            "keep_last": 1,
+            "log_every": 4,
+            **training,
+        },
     }
 
 
@@ -77,18 +90,35 @@ def test_end_to_end_evidence(tmp_path, cache):
     val = [r for r in records if r["kind"] == "val"]
     assert [r["step"] for r in train] == list(range(1, 13))
     assert [r["step"] for r in val] == [4, 8, 12]
-    assert set(train[0]) >= {"step", "loss", "lr", "grad_norm", "clipped", "samples", "patches",
-                             "step_time_s", "samples_per_s", "spike"}
+    assert set(train[0]) >= {
+        "step",
+        "loss",
+        "lr",
+        "grad_norm",
+        "clipped",
+        "samples",
+        "patches",
+        "step_time_s",
+        "samples_per_s",
+        "spike",
+    }
     assert train[0]["samples"] == 8 and train[0]["patches"] == 8 * 15
-    plan = Plan(kind="wsd", max_steps=12, warmup_steps=2, decay_steps=4, decay_shape="linear",
-                lr=3e-3, min_lr=3e-4)
+    plan = Plan(
+        kind="wsd",
+        max_steps=12,
+        warmup_steps=2,
+        decay_steps=4,
+        decay_shape="linear",
+        lr=3e-3,
+        min_lr=3e-4,
+    )
     assert [r["lr"] for r in train] == [lr_at(s, plan) for s in range(12)]
     assert "baseline_zero_loss" in val[0] and "baseline_copy_last_loss" in val[0]
     assert 0.5 < val[0]["baseline_zero_loss"] < 1.5  # window-normalised: ~1
     assert all("baseline_zero_loss" not in r for r in val[1:])
     for r in val:
         assert r["pred_snr_db"] == pytest.approx(-10 * __import__("math").log10(r["loss"]))
-        assert r["samples"] == 64 and r["patches"] == 64 * 15
+        assert r["samples"] == 32 and r["patches"] == 32 * 15  # one 4096-sample recording
 
     # best is the argmin of validation, and flags mark each improvement
     best = min(val, key=lambda r: r["loss"])
@@ -134,9 +164,7 @@ def test_exact_resume_from_step_k(tmp_path, cache, k):
     _assert_same_tensors(wa, wb)
     _assert_same_tensors(oa, ob)
     manifest = json.loads((child / "manifest.json").read_text())
-    assert manifest["inherited_metrics"]["records"] == sum(
-        1 for r in a if r["step"] <= k
-    )
+    assert manifest["inherited_metrics"]["records"] == sum(1 for r in a if r["step"] <= k)
     assert verify_attempt(child) == []
 
 
@@ -196,8 +224,9 @@ def test_interrupt_then_resume_matches_the_straight_run(tmp_path, cache):
 
 def test_plan_change_allowed_only_before_the_decay_start(tmp_path, cache):
     parent = _run(tmp_path, cache, checkpoint_every=1, keep_last=0).attempt  # decay starts at 8
-    longer = build_config(tiny_tables(tmp_path / "run", cache, max_steps=16, checkpoint_every=1,
-                                      keep_last=0))
+    longer = build_config(
+        tiny_tables(tmp_path / "run", cache, max_steps=16, checkpoint_every=1, keep_last=0)
+    )
     child = run_pretraining_attempt(longer, ParentRef(parent, "step_5")).attempt
     info = json.loads((child / "attempt.json").read_text())
     assert info["config_changes"]["training.max_steps"] == {"from": 12, "to": 16}
@@ -207,8 +236,9 @@ def test_plan_change_allowed_only_before_the_decay_start(tmp_path, cache):
     n_before = len(list((tmp_path / "run" / "attempts").iterdir()))
     with pytest.raises(ConfigError, match="training.max_steps"):
         run_pretraining_attempt(longer, ParentRef(parent, "step_9"))
-    other = build_config(tiny_tables(tmp_path / "run", cache, checkpoint_every=1, keep_last=0,
-                                     grad_accum=2))
+    other = build_config(
+        tiny_tables(tmp_path / "run", cache, checkpoint_every=1, keep_last=0, grad_accum=2)
+    )
     with pytest.raises(ConfigError, match="training.grad_accum: cannot change on resume"):
         run_pretraining_attempt(other, ParentRef(parent))
     assert len(list((tmp_path / "run" / "attempts").iterdir())) == n_before
@@ -259,10 +289,20 @@ def test_window_longer_than_every_recording_is_a_config_error(tmp_path, cache):
 
 def test_compiled_resume_is_exact(tmp_path, cache):
     # The one compiled attempt test: compile is ~30 s per graph on this machine.
-    straight = _run(tmp_path, cache, compile=True, max_steps=6, eval_every=3, checkpoint_every=1,
-                    keep_last=0).attempt
-    cfg = build_config(tiny_tables(tmp_path / "run", cache, compile=True, max_steps=6,
-                                   eval_every=3, checkpoint_every=1, keep_last=0))
+    straight = _run(
+        tmp_path, cache, compile=True, max_steps=6, eval_every=3, checkpoint_every=1, keep_last=0
+    ).attempt
+    cfg = build_config(
+        tiny_tables(
+            tmp_path / "run",
+            cache,
+            compile=True,
+            max_steps=6,
+            eval_every=3,
+            checkpoint_every=1,
+            keep_last=0,
+        )
+    )
     child = run_pretraining_attempt(cfg, ParentRef(straight, "step_4")).attempt
     assert strip_timing(read_metrics(child / "metrics.jsonl")) == strip_timing(
         read_metrics(straight / "metrics.jsonl")
@@ -276,17 +316,26 @@ def test_cli_resume_in_a_fresh_process_after_sigterm(tmp_path, cache):
     from iqtrain.config import dumps_toml
 
     cfg_path = tmp_path / "cfg.toml"
-    cfg_path.write_text(dumps_toml(tiny_tables(tmp_path / "run", cache, max_steps=40,
-                                               keep_last=0)))
+    cfg_path.write_text(dumps_toml(tiny_tables(tmp_path / "run", cache, max_steps=40, keep_last=0)))
     straight = subprocess.run(
-        [sys.executable, "-m", "iqtrain.cli", "run", os.fspath(cfg_path),
-         "--set", f"run.dir='{tmp_path / 'straight'}'"],
-        capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "iqtrain.cli",
+            "run",
+            os.fspath(cfg_path),
+            "--set",
+            f"run.dir='{tmp_path / 'straight'}'",
+        ],
+        capture_output=True,
+        text=True,
     )
     assert straight.returncode == 0, straight.stderr
     proc = subprocess.Popen(
         [sys.executable, "-m", "iqtrain.cli", "run", os.fspath(cfg_path)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     metrics = tmp_path / "run" / "attempts" / "0001" / "metrics.jsonl"
     deadline = time.time() + 120
@@ -298,9 +347,16 @@ def test_cli_resume_in_a_fresh_process_after_sigterm(tmp_path, cache):
     if proc.returncode == 143:
         assert "iqtrain resume --attempt" in err
         resumed = subprocess.run(
-            [sys.executable, "-m", "iqtrain.cli", "resume", "--attempt",
-             os.fspath(tmp_path / "run" / "attempts" / "0001")],
-            capture_output=True, text=True,
+            [
+                sys.executable,
+                "-m",
+                "iqtrain.cli",
+                "resume",
+                "--attempt",
+                os.fspath(tmp_path / "run" / "attempts" / "0001"),
+            ],
+            capture_output=True,
+            text=True,
         )
         assert resumed.returncode == 0, resumed.stderr
         child = tmp_path / "run" / "attempts" / "0002"

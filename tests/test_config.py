@@ -37,8 +37,15 @@ def test_resolved_config_round_trips_through_toml():
 
 
 def test_overrides_are_typed_by_toml():
-    t = apply_overrides({}, ["training.max_steps=7", "training.device=cuda",
-                             "optimizer.betas=[0.8, 0.9]", "data.train=['a/*.sigmf-meta']"])
+    t = apply_overrides(
+        {},
+        [
+            "training.max_steps=7",
+            "training.device=cuda",
+            "optimizer.betas=[0.8, 0.9]",
+            "data.train=['a/*.sigmf-meta']",
+        ],
+    )
     assert t["training"] == {"max_steps": 7, "device": "cuda"}
     assert t["optimizer"]["betas"] == [0.8, 0.9]
     assert t["data"]["train"] == ["a/*.sigmf-meta"]

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+
 from iqtrain.errors import ConfigError, IQTrainError
 from iqtrain.model import ModelConfig, NextPatchModel, default_mlp_hidden, next_patch_loss
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from iqtrain import prepare
 from iqtrain.prepare import prepare_iq_input, prepare_iq_input_reference
 

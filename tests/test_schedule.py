@@ -11,15 +11,19 @@ from iqtrain.schedule import Plan, ScheduleConfig, lr_at
 
 
 def _plan(kind="wsd", S=100, W=10, D=20, shape="linear", lr=1e-3, lo=1e-4):
-    return Plan(kind=kind, max_steps=S, warmup_steps=W, decay_steps=D, decay_shape=shape,
-                lr=lr, min_lr=lo)
+    return Plan(
+        kind=kind, max_steps=S, warmup_steps=W, decay_steps=D, decay_shape=shape, lr=lr, min_lr=lo
+    )
 
 
 @pytest.mark.parametrize("shape", ["linear", "cosine", "sqrt"])
 def test_wsd_formula(shape):
     p = _plan(shape=shape)
-    f = {"linear": lambda q: 1 - q, "cosine": lambda q: 0.5 * (1 + math.cos(math.pi * q)),
-         "sqrt": lambda q: 1 - math.sqrt(q)}[shape]
+    f = {
+        "linear": lambda q: 1 - q,
+        "cosine": lambda q: 0.5 * (1 + math.cos(math.pi * q)),
+        "sqrt": lambda q: 1 - math.sqrt(q),
+    }[shape]
     for s in range(100):
         if s < 10:
             want = 1e-3 * (s + 1) / 10
@@ -66,9 +70,13 @@ def test_extend_only_before_the_decay_start():
 
 @pytest.mark.parametrize(
     ("kwargs", "key"),
-    [({"kind": "linear"}, "schedule.kind"), ({"warmup_steps": -1}, "schedule.warmup_steps"),
-     ({"decay_shape": "exp"}, "schedule.decay_shape"), ({"decay_steps": 0}, "schedule.decay_steps"),
-     ({"warmup_steps": 1.5}, "schedule.warmup_steps")],
+    [
+        ({"kind": "linear"}, "schedule.kind"),
+        ({"warmup_steps": -1}, "schedule.warmup_steps"),
+        ({"decay_shape": "exp"}, "schedule.decay_shape"),
+        ({"decay_steps": 0}, "schedule.decay_steps"),
+        ({"warmup_steps": 1.5}, "schedule.warmup_steps"),
+    ],
 )
 def test_schedule_config_errors_name_the_key(kwargs, key):
     with pytest.raises(ConfigError, match=key):

@@ -11,6 +11,7 @@ import math
 
 import pytest
 import torch
+
 from iqtrain.errors import ConfigError, NonFiniteError
 from iqtrain.model import ModelConfig, NextPatchModel, next_patch_loss
 from iqtrain.step import OptimizerConfig, StepResult, TrainStep, split_parameters

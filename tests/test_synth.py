@@ -10,9 +10,10 @@ import warnings
 import numpy as np
 import pytest
 import sigmf
+from sigmf import validate as sigmf_validate
+
 from iqtrain.errors import ConfigError
 from iqtrain.synth import CLASSES, DATATYPES, SNR_RANGE_DB, synthesize
-from sigmf import validate as sigmf_validate
 
 # Small enough to keep the file fast, big enough for several bursts and gaps per recording.
 N = 1 << 14

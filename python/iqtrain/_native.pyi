@@ -1,4 +1,4 @@
-"""Type stub of the private Rust extension ``iqtrain._native`` (use the wrappers in iqtrain.data)."""
+"""Stub of the private Rust extension ``iqtrain._native`` (use the wrappers in iqtrain.data)."""
 
 from typing import Literal
 
@@ -6,7 +6,9 @@ import numpy as np
 import numpy.typing as npt
 
 class NativeDataset:
-    def __init__(self, data_paths: list[str], kinds: list[str], window: int, stride: int) -> None: ...
+    def __init__(
+        self, data_paths: list[str], kinds: list[str], window: int, stride: int
+    ) -> None: ...
     @property
     def num_windows(self) -> int: ...
     @property
@@ -22,8 +24,12 @@ class NativeDataset:
     @property
     def recording_samples(self) -> list[int]: ...
     def window(self, i: int) -> npt.NDArray[np.generic]: ...
-    def gather(self, ids: npt.NDArray[np.uint64] | npt.NDArray[np.int64], out: npt.NDArray[np.generic]) -> None: ...
-    def windows(self, ids: npt.NDArray[np.uint64] | npt.NDArray[np.int64]) -> npt.NDArray[np.generic]: ...
+    def gather(
+        self, ids: npt.NDArray[np.uint64] | npt.NDArray[np.int64], out: npt.NDArray[np.generic]
+    ) -> None: ...
+    def windows(
+        self, ids: npt.NDArray[np.uint64] | npt.NDArray[np.int64]
+    ) -> npt.NDArray[np.generic]: ...
 
 class NativeStream:
     def __init__(

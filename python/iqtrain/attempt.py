@@ -18,7 +18,6 @@ The manifest is published last, and only on success.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import json
 import math
@@ -170,8 +169,14 @@ def ensure_synthetic(config: Config) -> tuple[list[str], list[str]]:
 
     s = config.data.synthetic
     key = json.dumps(
-        {"v": 1, "train": s.train_recordings, "val": s.val_recordings, "samples": s.samples,
-         "datatype": s.datatype, "seed": s.seed},
+        {
+            "v": 1,
+            "train": s.train_recordings,
+            "val": s.val_recordings,
+            "samples": s.samples,
+            "datatype": s.datatype,
+            "seed": s.seed,
+        },
         sort_keys=True,
     )
     root = Path(expand_path(s.cache_dir)) / _sha256_bytes(key.encode())[:16]
@@ -179,11 +184,21 @@ def ensure_synthetic(config: Config) -> tuple[list[str], list[str]]:
         root.parent.mkdir(parents=True, exist_ok=True)
         tmp = root.parent / f".tmp-{root.name}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
-        synthesize(tmp / "train", recordings=s.train_recordings, samples=s.samples,
-                   datatype=s.datatype, seed=s.seed)
+        synthesize(
+            tmp / "train",
+            recordings=s.train_recordings,
+            samples=s.samples,
+            datatype=s.datatype,
+            seed=s.seed,
+        )
         # A distinct seed: validation recordings must not repeat training ones.
-        synthesize(tmp / "val", recordings=s.val_recordings, samples=s.samples,
-                   datatype=s.datatype, seed=s.seed + 1_000_003)
+        synthesize(
+            tmp / "val",
+            recordings=s.val_recordings,
+            samples=s.samples,
+            datatype=s.datatype,
+            seed=s.seed + 1_000_003,
+        )
         (tmp / "COMPLETE").write_text(key + "\n")
         try:
             os.rename(tmp, root)
@@ -233,7 +248,9 @@ def _resolve_checkpoint(parent: Path, which: str, manifest: dict | None) -> Path
         state = json.loads((latest / "state.json").read_text())
         best = state["loop"]["best_checkpoint"]
         if best is None:
-            raise CheckpointError(f"{parent}: no validation has run, so there is no best checkpoint")
+            raise CheckpointError(
+                f"{parent}: no validation has run, so there is no best checkpoint"
+            )
         return parent.parent.parent / best  # stored relative to the run directory
     if which.startswith("step_") and which[5:].isdigit():
         path = ckpts / checkpoint_name(int(which[5:]))
@@ -361,7 +378,12 @@ def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
 def _config_changes(parent_tables: dict, config: Config) -> dict[str, tuple[Any, Any]]:
     old = _flatten(parent_tables)
     new = _flatten(config_to_dict(config))
-    changes = {k: (old.get(k), new.get(k)) for k in old.keys() | new.keys() if old.get(k) != new.get(k)}
+    changes = {
+        k: (old.get(k), new.get(k)) for k in old.keys() | new.keys() if old.get(k) != new.get(k)
+    }
+    # run.dir may be spelled differently (relative to another cwd): the child always goes
+    # into the parent's run directory, whatever the config says.
+    changes.pop("run.dir", None)
     illegal = sorted(k for k in changes if k not in RESUMABLE_KEYS)
     if illegal:
         raise ConfigError(
@@ -402,7 +424,12 @@ class _Progress:
     """tqdm on a terminal; plain log lines every ``log_every`` steps otherwise."""
 
     def __init__(self, first: int, total: int, log_every: int):
-        self.total, self.log_every, self.t0, self.first = total, log_every, time.perf_counter(), first
+        self.total, self.log_every, self.t0, self.first = (
+            total,
+            log_every,
+            time.perf_counter(),
+            first,
+        )
         self.bar = None
         if sys.stderr.isatty():
             from tqdm import tqdm
@@ -452,8 +479,11 @@ def _validate(stepper: TrainStep, val: IQDataset, config: Config, baselines: boo
     zero_sum, copy_sum = 0.0, 0.0
     for raw in val.val_batches(d.val_batch_size):
         patches, _ = prepare_iq_input(
-            _to_device(raw, stepper.device), d.patch_len, norm=d.norm,
-            prefix_patches=d.prefix_patches, out_dtype=out_dtype,
+            _to_device(raw, stepper.device),
+            d.patch_len,
+            norm=d.norm,
+            prefix_patches=d.prefix_patches,
+            out_dtype=out_dtype,
         )
         s, c = stepper.eval_step(patches)
         loss_sum += s
@@ -487,7 +517,6 @@ def run_pretraining_attempt(config: Config, parent: ParentRef | None = None) -> 
     train_ds, val_ds = open_datasets(config)
     config.check_world_size(1)
     if loaded is not None:
-        cursor = loaded.state["cursor"]
         for key, ds in (("train", train_ds), ("val", val_ds)):
             if loaded.state["fingerprints"][key] != ds.fingerprint:
                 raise CursorMismatchError(
@@ -495,7 +524,9 @@ def run_pretraining_attempt(config: Config, parent: ParentRef | None = None) -> 
                     f"the parent's {loaded.state['fingerprints'][key][:16]}… (data changed)"
                 )
     t = config.training
-    plan = Plan.from_config(config.schedule, t.max_steps, config.optimizer.lr, config.optimizer.min_lr)
+    plan = Plan.from_config(
+        config.schedule, t.max_steps, config.optimizer.lr, config.optimizer.min_lr
+    )
     start_step = 0
     if loaded is not None:
         start_step = loaded.state["step"]
@@ -510,13 +541,20 @@ def run_pretraining_attempt(config: Config, parent: ParentRef | None = None) -> 
 
     torch.manual_seed(config.run.seed)
     model = NextPatchModel(config.model)
-    stepper = TrainStep(model, config.optimizer, device=t.device, precision=t.precision,
-                        compile=t.compile)
-    stream = TrainStream(train_ds, batch_size=config.data.batch_size, seed=config.run.seed,
-                         prefetch=config.data.prefetch)
+    stepper = TrainStep(
+        model, config.optimizer, device=t.device, precision=t.precision, compile=t.compile
+    )
+    stream = TrainStream(
+        train_ds,
+        batch_size=config.data.batch_size,
+        seed=config.run.seed,
+        prefetch=config.data.prefetch,
+    )
 
     # ---- the attempt namespace ------------------------------------------------------------
     run_dir = Path(expand_path(config.run.dir))
+    if parent is not None:
+        run_dir = Path(parent.attempt).resolve().parent.parent
     attempt = _create_attempt_dir(run_dir)
     config_text = dumps_toml(config_to_dict(config))
     (attempt / "config.toml").write_text(config_text)
@@ -526,8 +564,12 @@ def run_pretraining_attempt(config: Config, parent: ParentRef | None = None) -> 
         "run_dir": os.fspath(run_dir.resolve()),
         "parent": None,
         "versions": _versions(),
-        "device": {"kind": t.device, "name": _device_description(t.device),
-                   "precision": t.precision, "compile": t.compile},
+        "device": {
+            "kind": t.device,
+            "name": _device_description(t.device),
+            "precision": t.precision,
+            "compile": t.compile,
+        },
         "started": _now(),
         "status": "running",
         "plan": plan.to_dict(),
@@ -551,8 +593,13 @@ def run_pretraining_attempt(config: Config, parent: ParentRef | None = None) -> 
     inherited = metrics.cursor() if loaded is not None else None
 
     # ---- restore -------------------------------------------------------------------------
-    loop = {"best_val_loss": None, "best_step": None, "best_checkpoint": None,
-            "loss_ema": None, "validations": 0}
+    loop = {
+        "best_val_loss": None,
+        "best_step": None,
+        "best_checkpoint": None,
+        "loss_ema": None,
+        "validations": 0,
+    }
     if loaded is not None:
         stepper.load_model_state_dict(loaded.model_state)
         stepper.optimizer.load_state_dict(loaded.optimizer_state)
@@ -582,8 +629,9 @@ def run_pretraining_attempt(config: Config, parent: ParentRef | None = None) -> 
             "rng": rng_state(),
         }
         metrics.sync()  # the cursor must never point past what is on disk
-        path = save_checkpoint(ckpt_root, step, stepper.model_state_dict(),
-                               stepper.optimizer.state_dict(), state)
+        path = save_checkpoint(
+            ckpt_root, step, stepper.model_state_dict(), stepper.optimizer.state_dict(), state
+        )
         saved.append(path)
         _prune(saved, loop, t.keep_last, run_dir)
         return path
@@ -600,26 +648,39 @@ def run_pretraining_attempt(config: Config, parent: ParentRef | None = None) -> 
                     raw = next(stream)
                     ids.append(stream.last_ids())
                     patches, _ = prepare_iq_input(
-                        _to_device(raw, stepper.device), d.patch_len, norm=d.norm,
-                        prefix_patches=d.prefix_patches, out_dtype=out_dtype,
+                        _to_device(raw, stepper.device),
+                        d.patch_len,
+                        norm=d.norm,
+                        prefix_patches=d.prefix_patches,
+                        out_dtype=out_dtype,
                     )
                     micro.append(patches)
-                result = stepper.train_step(micro, lr, step=s + 1,
-                                            window_ids=np.concatenate(ids))
+                result = stepper.train_step(micro, lr, step=s + 1, window_ids=np.concatenate(ids))
                 step = s + 1
                 dt = time.perf_counter() - t0
                 samples = d.batch_size * t.grad_accum
                 ema = loop["loss_ema"]
                 spike = ema is not None and result.loss > SPIKE_FACTOR * ema
-                loop["loss_ema"] = result.loss if ema is None else (
-                    SPIKE_EMA * ema + (1 - SPIKE_EMA) * result.loss)
-                metrics.write({
-                    "kind": "train", "step": step, "loss": result.loss, "lr": result.lr,
-                    "grad_norm": result.grad_norm, "clipped": result.clipped,
-                    "samples": samples, "patches": samples * (d.seq_patches - 1),
-                    "step_time_s": dt, "samples_per_s": samples / dt if dt > 0 else 0.0,
-                    "spike": spike,
-                })
+                loop["loss_ema"] = (
+                    result.loss
+                    if ema is None
+                    else (SPIKE_EMA * ema + (1 - SPIKE_EMA) * result.loss)
+                )
+                metrics.write(
+                    {
+                        "kind": "train",
+                        "step": step,
+                        "loss": result.loss,
+                        "lr": result.lr,
+                        "grad_norm": result.grad_norm,
+                        "clipped": result.clipped,
+                        "samples": samples,
+                        "patches": samples * (d.seq_patches - 1),
+                        "step_time_s": dt,
+                        "samples_per_s": samples / dt if dt > 0 else 0.0,
+                        "spike": spike,
+                    }
+                )
                 progress.update(step, result.loss, result.lr, samples / dt if dt > 0 else 0.0)
                 final = step == plan.max_steps
                 improved = False
@@ -636,8 +697,13 @@ def run_pretraining_attempt(config: Config, parent: ParentRef | None = None) -> 
                             Path("attempts") / attempt.name / "checkpoints" / checkpoint_name(step)
                         )
                     loop["validations"] += 1
-                    rec = {"kind": "val", "step": step, **{k: v for k, v in rec.items() if k != "kind"},
-                           "best": improved, "time_s": time.perf_counter() - v0}
+                    rec = {
+                        "kind": "val",
+                        "step": step,
+                        **{k: v for k, v in rec.items() if k != "kind"},
+                        "best": improved,
+                        "time_s": time.perf_counter() - v0,
+                    }
                     metrics.write(rec)
                     last_val = rec
                     progress.note(
@@ -698,7 +764,9 @@ def _ref(attempt: Path, path: Path, **extra) -> dict:
     return {"path": os.path.relpath(path, attempt), "step": checkpoint_step(path), **index, **extra}
 
 
-def _publish_manifest(attempt, config_sha, metrics, inherited, saved, loop, parent, run_dir) -> None:
+def _publish_manifest(
+    attempt, config_sha, metrics, inherited, saved, loop, parent, run_dir
+) -> None:
     metrics_path = attempt / "metrics.jsonl"
     config_path = attempt / "config.toml"
     for p in (metrics_path, config_path):
@@ -712,17 +780,17 @@ def _publish_manifest(attempt, config_sha, metrics, inherited, saved, loop, pare
         "attempt": attempt.name,
         "parent": parent,
         "config": {"path": "config.toml", **cfg},
-        "metrics": {"path": "metrics.jsonl", "records": metrics.records, **file_digest(metrics_path)},
+        "metrics": {
+            "path": "metrics.jsonl",
+            "records": metrics.records,
+            **file_digest(metrics_path),
+        },
         "inherited_metrics": None if inherited is None else inherited.to_dict(),
         "latest": _ref(attempt, saved[-1]),
-        "best": None if best_path is None else _ref(attempt, best_path,
-                                                    val_loss=loop["best_val_loss"]),
+        "best": None
+        if best_path is None
+        else _ref(attempt, best_path, val_loss=loop["best_val_loss"]),
         "checkpoints": [_ref(attempt, p) for p in saved],
         "published": _now(),
     }
     write_json_atomic(attempt / "manifest.json", manifest)
-
-
-def state_summary(config: Config) -> dict:
-    """A dict view of the resolved config (for ``inspect``)."""
-    return dataclasses.asdict(config)

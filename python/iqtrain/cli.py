@@ -118,7 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     def add_set(sp):
         sp.add_argument(
-            "--set", action="append", default=[], metavar="KEY=VALUE",
+            "--set",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
             help="override a config value, e.g. --set training.max_steps=2000",
         )
 

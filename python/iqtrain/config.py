@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from iqtrain.errors import ConfigError
-from iqtrain.model import ModelConfig, _require_float, _require_int
+from iqtrain.model import ModelConfig, _require_int
 from iqtrain.schedule import ScheduleConfig
 from iqtrain.step import DEVICES, PRECISIONS, OptimizerConfig
 
@@ -120,7 +120,9 @@ class DataConfig:
         self.val = _require_str_list("data.val", self.val)
         if bool(self.train) != bool(self.val):
             missing = "data.val" if self.train else "data.train"
-            raise ConfigError(f"{missing}: set both data.train and data.val, or neither (synthetic)")
+            raise ConfigError(
+                f"{missing}: set both data.train and data.val, or neither (synthetic)"
+            )
         _require_int("data.patch_len", self.patch_len, minimum=1)
         _require_int("data.seq_patches", self.seq_patches, minimum=2)
         if self.stride is None:
@@ -250,7 +252,8 @@ def _build_section(cls: type, table: Any, prefix: str) -> Any:
         if key not in names:
             hint = _closest(key, names)
             raise ConfigError(
-                f"{prefix}.{key}: unknown key" + (f" (did you mean {prefix}.{hint}?)" if hint else "")
+                f"{prefix}.{key}: unknown key"
+                + (f" (did you mean {prefix}.{hint}?)" if hint else "")
             )
     kwargs = {}
     for key, value in table.items():
@@ -274,9 +277,13 @@ def build_config(tables: dict[str, Any]) -> Config:
     for key in tables:
         if key not in _SECTIONS:
             hint = _closest(key, set(_SECTIONS))
-            raise ConfigError(f"{key}: unknown section" + (f" (did you mean {hint}?)" if hint else ""))
+            raise ConfigError(
+                f"{key}: unknown section" + (f" (did you mean {hint}?)" if hint else "")
+            )
     data = _build_section(DataConfig, tables.get("data", {}), "data")
-    model_table = dict(tables.get("model", {})) if isinstance(tables.get("model", {}), dict) else None
+    model_table = (
+        dict(tables.get("model", {})) if isinstance(tables.get("model", {}), dict) else None
+    )
     if model_table is None:
         raise ConfigError("model: must be a table")
     # The model's patch geometry follows [data] unless the file states it (then it must agree).

@@ -74,13 +74,15 @@ def verify_prefix(path: Path, cursor: MetricCursor) -> None:
 class MetricWriter:
     """Appends records to ``metrics.jsonl``, keeping the running cursor."""
 
-    def __init__(self, path: Path, inherit_from: Path | None = None, cursor: MetricCursor | None = None):
+    def __init__(
+        self, path: Path, inherit_from: Path | None = None, cursor: MetricCursor | None = None
+    ):
         self.path = path
         self._hash = hashlib.sha256()
         self.records = 0
         self.bytes = 0
         # "x": an attempt's stream is created once; nothing ever overwrites evidence.
-        self._f = open(path, "xb")
+        self._f = open(path, "xb")  # noqa: SIM115 - lives as long as the writer
         if inherit_from is not None:
             assert cursor is not None
             verify_prefix(inherit_from, cursor)

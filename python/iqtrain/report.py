@@ -44,6 +44,8 @@ def report(attempt: Path) -> str:
         )
     if val:
         best = min(val, key=lambda r: r["loss"])
-        lines.append(f"  best val loss {best['loss']:.5f} at step {best['step']} "
-                     f"({-10 * math.log10(best['loss']):.2f} dB)")
+        lines.append(
+            f"  best val loss {best['loss']:.5f} at step {best['step']} "
+            f"({-10 * math.log10(best['loss']):.2f} dB)"
+        )
     return "\n".join(lines)

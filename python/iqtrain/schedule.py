@@ -40,12 +40,15 @@ class ScheduleConfig:
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
-            raise ConfigError(f"schedule.kind: must be one of {', '.join(KINDS)}, got {self.kind!r}")
+            raise ConfigError(
+                f"schedule.kind: must be one of {', '.join(KINDS)}, got {self.kind!r}"
+            )
         _require_int("schedule.warmup_steps", self.warmup_steps, minimum=0)
         _require_int("schedule.decay_steps", self.decay_steps, minimum=0)
         if self.decay_shape not in SHAPES:
             raise ConfigError(
-                f"schedule.decay_shape: must be one of {', '.join(SHAPES)}, got {self.decay_shape!r}"
+                f"schedule.decay_shape: must be one of {', '.join(SHAPES)}, "
+                f"got {self.decay_shape!r}"
             )
         if self.kind == "wsd" and self.decay_steps < 1:
             raise ConfigError("schedule.decay_steps: wsd needs at least 1 decay step")

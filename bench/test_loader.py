@@ -1,0 +1,165 @@
+"""Loader throughput: TrainStream.next() against its peers, in one run.
+
+ci16 windows of 2048 samples, batch 256 (2 MiB per batch), shuffled ids over a 128 MiB
+recording held in the page cache. Peers: (a) a memcpy of the same bytes (the ceiling), (b) numpy
+fancy-index gather from a memmap, (c) a torch DataLoader with 2 workers over the same memmap.
+Targets: >= 2x numpy gather and >= 0.5x memcpy. Ratios are printed by the last test.
+
+    pytest bench/test_loader.py --benchmark-only
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from iqtrain.data import IQDataset, TrainStream
+
+WINDOW = 2048
+BATCH = 256
+NUM_WINDOWS = 16384  # 128 MiB of ci16: larger than any CPU cache
+BATCH_BYTES = BATCH * WINDOW * 2 * 2
+
+_medians: dict[str, float] = {}
+
+
+def _median(benchmark) -> float | None:
+    stats = getattr(benchmark, "stats", None)
+    return None if stats is None else stats.stats.median
+
+
+@pytest.fixture(scope="module")
+def recording(tmp_path_factory):
+    d = tmp_path_factory.mktemp("loader")
+    rng = np.random.default_rng(0)
+    data = rng.integers(-2000, 2000, size=(NUM_WINDOWS, WINDOW, 2), dtype=np.int16)
+    data.tofile(d / "r.sigmf-data")
+    meta = {
+        "global": {"core:datatype": "ci16_le", "core:version": "1.2.0", "core:sample_rate": 1e6},
+        "captures": [{"core:sample_start": 0}],
+        "annotations": [],
+    }
+    (d / "r.sigmf-meta").write_text(json.dumps(meta))
+    return d / "r.sigmf-meta", d / "r.sigmf-data"
+
+
+@pytest.fixture(scope="module")
+def batches_of_ids():
+    rng = np.random.default_rng(1)
+    perm = rng.permutation(NUM_WINDOWS)
+    return perm.reshape(-1, BATCH)
+
+
+def test_trainstream_next(benchmark, recording):
+    ds = IQDataset([recording[0]], window=WINDOW)
+    stream = TrainStream(ds, batch_size=BATCH, seed=0, prefetch=2)
+    for _ in range(8):
+        next(stream)  # page cache and buffer pool warm, prefetch filled
+    out = benchmark(stream.next)
+    assert out.shape == (BATCH, WINDOW, 2) and out.dtype == np.int16
+    _medians["trainstream"] = _median(benchmark)
+
+
+def test_memcpy_peer(benchmark):
+    src = np.random.default_rng(2).integers(-2000, 2000, BATCH_BYTES // 2, dtype=np.int16)
+    dst = np.empty_like(src)
+    benchmark(np.copyto, dst, src)
+    np.testing.assert_array_equal(dst, src)
+    _medians["memcpy"] = _median(benchmark)
+
+
+def test_numpy_memmap_gather_peer(benchmark, recording, batches_of_ids):
+    mm = np.memmap(recording[1], dtype=np.int16, mode="r", shape=(NUM_WINDOWS, WINDOW, 2))
+    state = {"k": 0}
+
+    def gather():
+        ids = batches_of_ids[state["k"] % len(batches_of_ids)]
+        state["k"] += 1
+        return mm[ids]
+
+    for _ in range(8):
+        gather()
+    out = benchmark(gather)
+    assert out.shape == (BATCH, WINDOW, 2)
+    _medians["numpy_gather"] = _median(benchmark)
+
+
+class _MemmapWindows(torch.utils.data.Dataset):
+    def __init__(self, path):
+        self.path = path
+        self.mm = None
+
+    def __len__(self):
+        return NUM_WINDOWS
+
+    def __getitem__(self, i):
+        if self.mm is None:  # opened in each worker
+            self.mm = np.memmap(self.path, dtype=np.int16, mode="r", shape=(NUM_WINDOWS, WINDOW, 2))
+        return torch.from_numpy(np.array(self.mm[i]))
+
+
+def test_torch_dataloader_peer(benchmark, recording):
+    loader = torch.utils.data.DataLoader(
+        _MemmapWindows(recording[1]),
+        batch_size=BATCH,
+        sampler=torch.utils.data.RandomSampler(
+            range(NUM_WINDOWS),
+            replacement=True,
+            num_samples=10**9,
+            generator=torch.Generator().manual_seed(0),
+        ),
+        num_workers=2,
+        persistent_workers=True,
+        prefetch_factor=2,
+    )
+    it = iter(loader)
+    for _ in range(8):
+        next(it)
+    out = benchmark(next, it)
+    assert out.shape == (BATCH, WINDOW, 2)
+    _medians["dataloader"] = _median(benchmark)
+    del it
+
+
+def test_open_billion_window_dataset(benchmark, tmp_path):
+    # Opening is O(recordings): a sparse 2 GB ci8 file of 10^9 one-sample windows.
+    with open(tmp_path / "big.sigmf-data", "wb") as f:
+        f.truncate(2 * 10**9)
+    meta = {
+        "global": {"core:datatype": "ci8", "core:version": "1.2.0"},
+        "captures": [{"core:sample_start": 0}],
+        "annotations": [],
+    }
+    (tmp_path / "big.sigmf-meta").write_text(json.dumps(meta))
+
+    def open_and_first_batch():
+        ds = IQDataset([tmp_path / "big.sigmf-meta"], window=1)
+        return next(TrainStream(ds, batch_size=256, seed=0))
+
+    t0 = time.perf_counter()
+    open_and_first_batch()
+    first = time.perf_counter() - t0
+    benchmark.pedantic(open_and_first_batch, rounds=5, iterations=1)
+    benchmark.extra_info["first_call_s"] = first
+    print(f"\n    open 10^9 windows + first batch: first call {first * 1e3:.1f} ms")
+
+
+def test_report_ratios(capsys):
+    if len(_medians) < 4 or any(v is None for v in _medians.values()):
+        pytest.skip("run the whole file with benchmarking enabled to get the ratios")
+    gbps = {k: BATCH_BYTES / v / 1e9 for k, v in _medians.items()}
+    lines = [f"{k:>14}: {v * 1e3:7.3f} ms/batch  {gbps[k]:6.2f} GB/s" for k, v in _medians.items()]
+    lines.append(
+        f"TrainStream vs numpy gather: {gbps['trainstream'] / gbps['numpy_gather']:.2f}x "
+        "(target >= 2x)"
+    )
+    lines.append(
+        f"TrainStream vs memcpy:       {gbps['trainstream'] / gbps['memcpy']:.2f}x (target >= 0.5x)"
+    )
+    lines.append(f"TrainStream vs DataLoader:   {gbps['trainstream'] / gbps['dataloader']:.2f}x")
+    with capsys.disabled():
+        print("\n" + "\n".join("    " + line for line in lines))

@@ -1,0 +1,152 @@
+"""The iqtrain command: exit codes, one-line errors, verify/inspect/report/synth."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import write_sigmf
+
+from iqtrain.config import dumps_toml
+
+
+def iqtrain(*args, cwd=None):
+    return subprocess.run(
+        [sys.executable, "-m", "iqtrain.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=600,
+    )
+
+
+def _tables(run_dir: Path, cache: Path, **training):
+    return {
+        "run": {"dir": os.fspath(run_dir)},
+        "data": {
+            "patch_len": 8,
+            "seq_patches": 8,
+            "batch_size": 4,
+            "synthetic": {
+                "train_recordings": 1,
+                "val_recordings": 1,
+                "samples": 2048,
+                "cache_dir": os.fspath(cache),
+            },
+        },
+        "model": {"dim": 16, "layers": 1, "heads": 2},
+        "schedule": {"warmup_steps": 1, "decay_steps": 1},
+        "training": {"max_steps": 3, "eval_every": 2, "checkpoint_every": 2, **training},
+    }
+
+
+@pytest.fixture
+def cfg(tmp_path):
+    path = tmp_path / "cfg.toml"
+    path.write_text(dumps_toml(_tables(tmp_path / "run", tmp_path / "cache")))
+    return path
+
+
+def _one_clean_line(proc, key):
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert lines[0].startswith("iqtrain: error: ") and key in lines[0], lines[0]
+
+
+def test_run_verify_report_and_tamper(cfg, tmp_path):
+    proc = iqtrain("run", cfg)
+    assert proc.returncode == 0, proc.stderr
+    attempt = tmp_path / "run" / "attempts" / "0001"
+    assert f"iqtrain verify {attempt}" in proc.stdout
+    ok = iqtrain("verify", attempt)
+    assert ok.returncode == 0 and "verified" in ok.stdout
+    rep = iqtrain("report", attempt)
+    assert rep.returncode == 0 and "baselines: zero-prediction" in rep.stdout
+    ckpt = attempt / "checkpoints" / "step_00000003" / "model.safetensors"
+    data = bytearray(ckpt.read_bytes())
+    data[-5] ^= 1
+    ckpt.write_bytes(bytes(data))
+    bad = iqtrain("verify", attempt)
+    assert bad.returncode == 1 and "MISMATCH" in bad.stdout and "model.safetensors" in bad.stdout
+    refused = iqtrain("resume", "--attempt", attempt)
+    assert refused.returncode == 2 and "model.safetensors" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert sorted(p.name for p in (tmp_path / "run" / "attempts").iterdir()) == ["0001"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "key"),
+    [
+        (["--set", "training.max_step=5"], "training.max_step"),
+        (["--set", "training.device=gpu"], "training.device"),
+        (
+            [
+                "--set",
+                "data.train=['/nonexistent/*.sigmf-meta']",
+                "--set",
+                "data.val=['/nonexistent/*.sigmf-meta']",
+            ],
+            "/nonexistent/*.sigmf-meta",
+        ),
+        (["--set", "schedule.decay_steps=10"], "schedule.decay_steps"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_and_no_attempt(cfg, tmp_path, extra, key):
+    _one_clean_line(iqtrain("run", cfg, *extra), key)
+    assert not (tmp_path / "run").exists()
+
+
+def test_missing_config_and_bad_arguments(tmp_path):
+    _one_clean_line(iqtrain("run", tmp_path / "nope.toml"), "nope.toml")
+    _one_clean_line(iqtrain("synth", tmp_path / "s", "--datatype", "rf32"), "--datatype")
+    _one_clean_line(iqtrain("resume", "--attempt", tmp_path), "not an attempt directory")
+
+
+def test_non_finite_data_fails_with_exit_1_and_a_verifiable_attempt(tmp_path):
+    rng = np.random.default_rng(0)
+    iq = rng.standard_normal((2048, 2)).astype("f4")
+    iq[5, 0] = np.nan  # in window 0
+    write_sigmf(tmp_path / "d", "train", iq, "cf32_le")
+    write_sigmf(tmp_path / "d", "val", rng.standard_normal((512, 2)).astype("f4"), "cf32_le")
+    tables = _tables(tmp_path / "run", tmp_path / "cache", max_steps=40)
+    tables["data"]["train"] = [os.fspath(tmp_path / "d" / "train.sigmf-meta")]
+    tables["data"]["val"] = [os.fspath(tmp_path / "d" / "val.sigmf-meta")]
+    tables["data"]["batch_size"] = 32  # every batch of this 32-window file holds window 0
+    path = tmp_path / "nan.toml"
+    path.write_text(dumps_toml(tables))
+    proc = iqtrain("run", path)
+    assert proc.returncode == 1, proc.stderr
+    assert "non-finite" in proc.stderr and "window ids" in proc.stderr
+    attempt = tmp_path / "run" / "attempts" / "0001"
+    info = json.loads((attempt / "attempt.json").read_text())
+    assert info["status"] == "failed" and "NonFiniteError" in info["error"]
+    assert not (attempt / "manifest.json").exists()
+    assert iqtrain("verify", attempt).returncode == 0
+
+
+def test_synth_and_inspect(cfg, tmp_path):
+    out = tmp_path / "synth"
+    proc = iqtrain("synth", out, "--recordings", "2", "--samples", "4096", "--datatype", "ci8")
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == [
+        "synth_0000.sigmf-data",
+        "synth_0000.sigmf-meta",
+        "synth_0001.sigmf-data",
+        "synth_0001.sigmf-meta",
+    ]
+    ins = iqtrain("inspect", cfg)
+    assert ins.returncode == 0, ins.stderr
+    for needle in (
+        "1 loader batch (numpy): shape (4, 64, 2) dtype int16",
+        "3 prepare_iq_input patches: shape (4, 8, 16) dtype float32",
+        "require gradients",
+        "per optimizer step: 4 windows",
+    ):
+        assert needle in ins.stdout, ins.stdout
+    assert not (tmp_path / "run").exists()  # inspect writes no attempt
