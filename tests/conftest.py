@@ -65,3 +65,19 @@ def make_recording(tmp_path):
         return meta, iq
 
     return make
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Run a module's tiny models on one thread (use with ``pytest.mark.usefixtures``).
+
+    The CPU cores here are shared; with two OpenMP threads a step that takes 4 ms alone
+    stalls for 100s of ms at every parallel region whenever the other core is busy elsewhere.
+    One thread is both faster for models this small and immune to that.
+    """
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

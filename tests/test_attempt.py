@@ -22,6 +22,8 @@ from iqtrain.metrics import read_metrics, strip_timing
 from iqtrain.schedule import Plan, lr_at
 from iqtrain.synth import synthesize
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 
 def tiny_tables(run_dir: Path, cache: Path, **training) -> dict:
     return {

@@ -19,6 +19,8 @@ from iqtrain.errors import CheckpointError, NonFiniteError
 from iqtrain.model import ModelConfig, NextPatchModel
 from iqtrain.step import OptimizerConfig, TrainStep
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 
 def _stepper(steps=2):
     torch.manual_seed(0)

@@ -16,19 +16,7 @@ from iqtrain.errors import ConfigError, NonFiniteError
 from iqtrain.model import ModelConfig, NextPatchModel, next_patch_loss
 from iqtrain.step import OptimizerConfig, StepResult, TrainStep, split_parameters
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Run these tiny models on one thread.
-
-    The CPU cores here are shared; with two OpenMP threads a step that takes 4 ms alone
-    stalls for 100s of ms at every parallel region whenever the other core is busy elsewhere.
-    One thread is both faster for models this small and immune to that.
-    """
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 TINY = {"dim": 32, "layers": 2, "heads": 2, "patch_len": 8, "max_patches": 16}
