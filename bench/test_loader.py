@@ -3,7 +3,7 @@
 ci16 windows of 2048 samples, batch 256 (2 MiB per batch), shuffled ids over a 128 MiB
 recording held in the page cache. Peers: (a) a memcpy of the same bytes (the ceiling), (b) numpy
 fancy-index gather from a memmap, (c) a torch DataLoader with 2 workers over the same memmap.
-Targets: >= 2x numpy gather and >= 0.5x memcpy. Ratios are printed by the last test.
+Targets: >= 2x numpy gather and >= 0.5x memcpy. Ratios are printed in the run's summary.
 
     pytest bench/test_loader.py --benchmark-only
 """
@@ -54,7 +54,7 @@ def batches_of_ids():
     return perm.reshape(-1, BATCH)
 
 
-def test_trainstream_next(benchmark, recording):
+def test_trainstream_next(benchmark, bench_summary, recording):
     ds = IQDataset([recording[0]], window=WINDOW)
     stream = TrainStream(ds, batch_size=BATCH, seed=0, prefetch=2)
     for _ in range(8):
@@ -62,17 +62,19 @@ def test_trainstream_next(benchmark, recording):
     out = benchmark(stream.next)
     assert out.shape == (BATCH, WINDOW, 2) and out.dtype == np.int16
     _medians["trainstream"] = _median(benchmark)
+    _report(bench_summary)
 
 
-def test_memcpy_peer(benchmark):
+def test_memcpy_peer(benchmark, bench_summary):
     src = np.random.default_rng(2).integers(-2000, 2000, BATCH_BYTES // 2, dtype=np.int16)
     dst = np.empty_like(src)
     benchmark(np.copyto, dst, src)
     np.testing.assert_array_equal(dst, src)
     _medians["memcpy"] = _median(benchmark)
+    _report(bench_summary)
 
 
-def test_numpy_memmap_gather_peer(benchmark, recording, batches_of_ids):
+def test_numpy_memmap_gather_peer(benchmark, bench_summary, recording, batches_of_ids):
     mm = np.memmap(recording[1], dtype=np.int16, mode="r", shape=(NUM_WINDOWS, WINDOW, 2))
     state = {"k": 0}
 
@@ -86,6 +88,7 @@ def test_numpy_memmap_gather_peer(benchmark, recording, batches_of_ids):
     out = benchmark(gather)
     assert out.shape == (BATCH, WINDOW, 2)
     _medians["numpy_gather"] = _median(benchmark)
+    _report(bench_summary)
 
 
 class _MemmapWindows(torch.utils.data.Dataset):
@@ -102,7 +105,7 @@ class _MemmapWindows(torch.utils.data.Dataset):
         return torch.from_numpy(np.array(self.mm[i]))
 
 
-def test_torch_dataloader_peer(benchmark, recording):
+def test_torch_dataloader_peer(benchmark, bench_summary, recording):
     loader = torch.utils.data.DataLoader(
         _MemmapWindows(recording[1]),
         batch_size=BATCH,
@@ -122,6 +125,7 @@ def test_torch_dataloader_peer(benchmark, recording):
     out = benchmark(next, it)
     assert out.shape == (BATCH, WINDOW, 2)
     _medians["dataloader"] = _median(benchmark)
+    _report(bench_summary)
     del it
 
 
@@ -148,18 +152,16 @@ def test_open_billion_window_dataset(benchmark, tmp_path):
     print(f"\n    open 10^9 windows + first batch: first call {first * 1e3:.1f} ms")
 
 
-def test_report_ratios(capsys):
-    if len(_medians) < 4 or any(v is None for v in _medians.values()):
-        pytest.skip("run the whole file with benchmarking enabled to get the ratios")
-    gbps = {k: BATCH_BYTES / v / 1e9 for k, v in _medians.items()}
-    lines = [f"{k:>14}: {v * 1e3:7.3f} ms/batch  {gbps[k]:6.2f} GB/s" for k, v in _medians.items()]
-    lines.append(
-        f"TrainStream vs numpy gather: {gbps['trainstream'] / gbps['numpy_gather']:.2f}x "
-        "(target >= 2x)"
-    )
-    lines.append(
-        f"TrainStream vs memcpy:       {gbps['trainstream'] / gbps['memcpy']:.2f}x (target >= 0.5x)"
-    )
-    lines.append(f"TrainStream vs DataLoader:   {gbps['trainstream'] / gbps['dataloader']:.2f}x")
-    with capsys.disabled():
-        print("\n" + "\n".join("    " + line for line in lines))
+def _report(add) -> None:
+    # Called by each peer test; prints once every median of the run is in.
+    needed = ("trainstream", "memcpy", "numpy_gather", "dataloader")
+    if any(_medians.get(k) is None for k in needed) or _medians.get("reported"):
+        return
+    _medians["reported"] = 1.0
+    gbps = {k: BATCH_BYTES / _medians[k] / 1e9 for k in needed}
+    for k in needed:
+        add(f"loader {k:>13}: {_medians[k] * 1e3:7.3f} ms/batch  {gbps[k]:6.2f} GB/s")
+    tn = gbps["trainstream"]
+    add(f"loader TrainStream / numpy gather: {tn / gbps['numpy_gather']:.2f}x (target >= 2x)")
+    add(f"loader TrainStream / memcpy:       {tn / gbps['memcpy']:.2f}x (target >= 0.5x)")
+    add(f"loader TrainStream / DataLoader:   {tn / gbps['dataloader']:.2f}x")
