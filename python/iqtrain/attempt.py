@@ -260,31 +260,30 @@ def _resolve_checkpoint(parent: Path, which: str, manifest: dict | None) -> Path
     raise ConfigError(f"--from: expected latest, best or step_N, got {which!r}")
 
 
+def _mismatch(path: Path, entry: dict) -> str | None:
+    """Why ``path`` does not match the manifest's ``{bytes, sha256}`` entry (None if it does)."""
+    if not path.is_file():
+        return f"{path}: missing"
+    got = file_digest(path)
+    if got["bytes"] != entry["bytes"] or got["sha256"] != entry["sha256"]:
+        return f"{path}: does not match manifest.json (changed after publication)"
+    return None
+
+
 def _verify_manifest(attempt: Path, manifest: dict) -> list[str]:
-    problems = []
-    for key in ("config", "metrics"):
-        entry = manifest[key]
-        p = attempt / entry["path"]
-        if not p.is_file():
-            problems.append(f"{p}: missing")
-            continue
-        got = file_digest(p)
-        if got["bytes"] != entry["bytes"] or got["sha256"] != entry["sha256"]:
-            problems.append(f"{p}: does not match manifest.json (changed after publication)")
+    problems = [
+        _mismatch(attempt / manifest[k]["path"], manifest[k]) for k in ("config", "metrics")
+    ]
     seen = set()
     for entry in [*manifest["checkpoints"], manifest["latest"], manifest["best"]]:
         if entry is None or entry["path"] in seen:
             continue
         seen.add(entry["path"])
-        p = (attempt / entry["path"]).resolve()
-        index = p / "checkpoint.json"
-        if not index.is_file():
-            problems.append(f"{index}: missing")
-            continue
-        got = file_digest(index)
-        if got["bytes"] != entry["bytes"] or got["sha256"] != entry["sha256"]:
-            problems.append(f"{index}: does not match manifest.json")
-        problems.extend(verify_checkpoint(p))
+        ckpt = (attempt / entry["path"]).resolve()
+        problems.append(_mismatch(ckpt / "checkpoint.json", entry))
+        if problems[-1] is None:
+            problems.extend(verify_checkpoint(ckpt))
+    problems = [p for p in problems if p is not None]
     inherited = manifest.get("inherited_metrics")
     if inherited is not None:
         try:
