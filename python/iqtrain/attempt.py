@@ -470,20 +470,28 @@ def _to_device(batch: np.ndarray, device: torch.device) -> torch.Tensor:
     return t
 
 
+def _prepare(
+    raw: np.ndarray, stepper: TrainStep, config: Config
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Loader batch -> device -> ``prepare_iq_input`` with the config's norm and precision."""
+    d = config.data
+    out_dtype = torch.bfloat16 if config.training.precision == "bf16" else torch.float32
+    return prepare_iq_input(
+        _to_device(raw, stepper.device),
+        d.patch_len,
+        norm=d.norm,
+        prefix_patches=d.prefix_patches,
+        out_dtype=out_dtype,
+    )
+
+
 def _validate(stepper: TrainStep, val: IQDataset, config: Config, baselines: bool) -> dict:
     """Mean loss over every validation window (exact over the partial last batch)."""
     d = config.data
-    out_dtype = torch.bfloat16 if config.training.precision == "bf16" else torch.float32
     loss_sum, count, samples = 0.0, 0, 0
     zero_sum, copy_sum = 0.0, 0.0
     for raw in val.val_batches(d.val_batch_size):
-        patches, _ = prepare_iq_input(
-            _to_device(raw, stepper.device),
-            d.patch_len,
-            norm=d.norm,
-            prefix_patches=d.prefix_patches,
-            out_dtype=out_dtype,
-        )
+        patches, _ = _prepare(raw, stepper, config)
         s, c = stepper.eval_step(patches)
         loss_sum += s
         count += c
@@ -611,7 +619,6 @@ def run_pretraining_attempt(config: Config, parent: ParentRef | None = None) -> 
     saved: list[Path] = []
     progress = _Progress(start_step, plan.max_steps, t.log_every)
     d = config.data
-    out_dtype = torch.bfloat16 if t.precision == "bf16" else torch.float32
     step = start_step
     last_val: dict | None = None
 
@@ -646,13 +653,7 @@ def run_pretraining_attempt(config: Config, parent: ParentRef | None = None) -> 
                 for _ in range(t.grad_accum):
                     raw = next(stream)
                     ids.append(stream.last_ids())
-                    patches, _ = prepare_iq_input(
-                        _to_device(raw, stepper.device),
-                        d.patch_len,
-                        norm=d.norm,
-                        prefix_patches=d.prefix_patches,
-                        out_dtype=out_dtype,
-                    )
+                    patches, _ = _prepare(raw, stepper, config)
                     micro.append(patches)
                 result = stepper.train_step(micro, lr, step=s + 1, window_ids=np.concatenate(ids))
                 step = s + 1

@@ -13,10 +13,9 @@ import os
 
 import torch
 
-from iqtrain.attempt import _to_device, open_datasets
+from iqtrain.attempt import _prepare, _to_device, open_datasets
 from iqtrain.config import config_to_dict, dumps_toml, load_config
 from iqtrain.model import NextPatchModel
-from iqtrain.prepare import prepare_iq_input
 from iqtrain.schedule import Plan, lr_at
 from iqtrain.step import TrainStep
 
@@ -56,10 +55,7 @@ def inspect_config(path: str | os.PathLike, overrides: list[str] | None = None) 
     )
     dev = _to_device(raw, stepper.device)
     print(f"2 on device: {_t(dev)}")
-    out_dtype = torch.bfloat16 if t.precision == "bf16" else torch.float32
-    patches, scale = prepare_iq_input(
-        dev, d.patch_len, norm=d.norm, prefix_patches=d.prefix_patches, out_dtype=out_dtype
-    )
+    patches, scale = _prepare(raw, stepper, config)
     print(f"3 prepare_iq_input patches: {_t(patches)}")
     print(f"  scale: {_t(scale)} min {scale.min().item():.4g} max {scale.max().item():.4g}")
     print(
