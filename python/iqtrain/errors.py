@@ -15,6 +15,7 @@ __all__ = [
     "NonFiniteError",
     "CheckpointError",
     "TrainingError",
+    "StorageError",
 ]
 
 
@@ -44,3 +45,11 @@ class CheckpointError(IQTrainError):
 
 class TrainingError(IQTrainError):
     """A failure while an attempt was running (exit code 1; the attempt stays verifiable)."""
+
+
+class StorageError(TrainingError):
+    """Writing evidence failed (disk full, I/O error, file too large); names the file.
+
+    Whatever was written before stays intact: a checkpoint is never left half-written under its
+    real name and the metric stream never keeps a torn record.
+    """
