@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from iqtrain.attempt import ParentRef, run_pretraining_attempt, verify_attempt
+from iqtrain.attempt import ParentRef, run_pretraining_attempt, spike_update, verify_attempt
 from iqtrain.config import build_config
 from iqtrain.errors import CheckpointError, ConfigError, CursorMismatchError
 from iqtrain.metrics import read_metrics, strip_timing
@@ -181,6 +181,9 @@ def test_resume_of_a_crashed_parent_uses_its_latest_verified_checkpoint(tmp_path
     for p in (crashed / "manifest.json", crashed / "metrics.jsonl", crashed / "config.toml"):
         p.chmod(0o644)
     (crashed / "manifest.json").unlink()
+    info = json.loads((crashed / "attempt.json").read_text())
+    info["status"] = "running"  # killed: it never recorded how it ended
+    (crashed / "attempt.json").write_text(json.dumps(info))
     shutil.rmtree(crashed / "checkpoints" / "step_00000012")
     torn = crashed / "checkpoints" / "step_00000011"
     shutil.copytree(crashed / "checkpoints" / "step_00000010", torn)
@@ -369,3 +372,77 @@ def test_cli_resume_in_a_fresh_process_after_sigterm(tmp_path, cache):
         read_metrics(ref / "metrics.jsonl")
     )
     _assert_same_tensors(_weights(ref)[0], _weights(child)[0])
+
+
+def test_spike_flag_against_a_made_up_loss_sequence():
+    # The running average starts at the first loss and moves 10% towards each new one; a loss
+    # above 3x the average *before* it is a spike. Averages worked by hand:
+    # 1.0 -> 1.0 -> 1.0 -> (3.5: 3.5 > 3.0, spike) 1.25 -> (3.7: 3.7 < 3.75) 1.495
+    # -> (4.6: 4.6 > 4.485, spike) 1.8055 -> (0.1) 1.63495
+    losses = [1.0, 1.0, 3.5, 3.7, 4.6, 0.1]
+    want_spikes = [False, False, True, False, True, False]
+    want_ema = [1.0, 1.0, 1.25, 1.495, 1.8055, 1.63495]
+    ema = None
+    for loss, spike_expected, ema_expected in zip(losses, want_spikes, want_ema, strict=True):
+        spike, ema = spike_update(ema, loss)
+        assert spike == spike_expected, loss
+        assert ema == pytest.approx(ema_expected, rel=1e-12)
+
+
+def test_validation_leaves_training_untouched(tmp_path, cache):
+    every = _run(tmp_path, cache, name="every", eval_every=1, keep_last=0).attempt
+    once = _run(tmp_path, cache, name="once", eval_every=12, keep_last=0).attempt
+    train_every = [r for r in read_metrics(every / "metrics.jsonl") if r["kind"] == "train"]
+    train_once = [r for r in read_metrics(once / "metrics.jsonl") if r["kind"] == "train"]
+    assert len(train_every) == 12
+    assert strip_timing(train_every) == strip_timing(train_once)
+    _assert_same_tensors(_weights(every)[0], _weights(once)[0])
+    _assert_same_tensors(_weights(every)[1], _weights(once)[1])
+
+
+def test_resume_from_a_mid_run_best(tmp_path, cache):
+    # On this tiny validation set the loss is lowest early (the premise, checked below).
+    tables = tiny_tables(tmp_path / "run", cache, eval_every=2, keep_last=1)
+    straight = run_pretraining_attempt(build_config(tables)).attempt
+    manifest = json.loads((straight / "manifest.json").read_text())
+    best_step = manifest["best"]["step"]
+    assert best_step < manifest["latest"]["step"], "premise: best must be mid-run"
+    child = run_pretraining_attempt(build_config(tables), ParentRef(straight, "best")).attempt
+    info = json.loads((child / "attempt.json").read_text())
+    assert info["parent"]["checkpoint"] == f"step_{best_step:08d}"
+    assert info["parent"]["step"] == best_step
+    # Continuing from best is continuing from that step: the same records, the same weights.
+    assert strip_timing(read_metrics(child / "metrics.jsonl")) == strip_timing(
+        read_metrics(straight / "metrics.jsonl")
+    )
+    _assert_same_tensors(_weights(straight)[0], _weights(child)[0])
+    assert verify_attempt(child) == []
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal of cuda without a GPU")
+def test_a_refused_run_writes_no_synthetic_cache(tmp_path):
+    tables = tiny_tables(tmp_path / "run", tmp_path / "cache")
+    tables["training"]["device"] = "cuda"
+    with pytest.raises(ConfigError, match="training.device"):
+        run_pretraining_attempt(build_config(tables))
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "run").exists()
+
+
+def test_data_changed_anywhere_refuses_resume_naming_the_recording(tmp_path):
+    data = tmp_path / "data"
+    synthesize(data / "train", recordings=2, samples=65536, seed=1)
+    synthesize(data / "val", recordings=1, samples=4096, seed=2)
+    tables = tiny_tables(tmp_path / "run", tmp_path / "unused", max_steps=4, keep_last=0)
+    tables["data"]["train"] = [os.fspath(data / "train" / "*.sigmf-meta")]
+    tables["data"]["val"] = [os.fspath(data / "val" / "*.sigmf-meta")]
+    parent = run_pretraining_attempt(build_config(tables)).attempt
+    victim = sorted((data / "train").glob("*.sigmf-data"))[1]
+    raw = bytearray(victim.read_bytes())
+    # One byte between the sampled fingerprint's blocks: only a full-content digest sees it.
+    sampled = {i * (len(raw) - 4096) // 15 // 4096 for i in range(16)}
+    block = next(b for b in range(len(raw) // 4096) if b not in sampled and b - 1 not in sampled)
+    raw[block * 4096 + 100] ^= 0x01
+    victim.write_bytes(bytes(raw))
+    with pytest.raises(CursorMismatchError, match=victim.name):
+        run_pretraining_attempt(build_config(tables), ParentRef(parent))
+    assert sorted(p.name for p in (tmp_path / "run" / "attempts").iterdir()) == ["0001"]

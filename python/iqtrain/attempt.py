@@ -18,6 +18,7 @@ The manifest is published last, and only on success.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import math
@@ -40,12 +41,13 @@ from iqtrain.checkpoint import (
     checkpoint_name,
     checkpoint_step,
     file_digest,
+    fsync_dir,
     list_checkpoints,
     load_checkpoint,
+    remove_checkpoint,
     restore_rng_state,
     rng_state,
     save_checkpoint,
-    verify_checkpoint,
     write_json_atomic,
 )
 from iqtrain.config import Config, config_to_dict, dumps_toml, expand_path
@@ -55,13 +57,22 @@ from iqtrain.errors import (
     ConfigError,
     CursorMismatchError,
     DataError,
+    NonFiniteError,
+    StorageError,
     TrainingError,
 )
-from iqtrain.metrics import MetricCursor, MetricWriter, verify_prefix
+from iqtrain.lineage import (
+    AttemptLock,
+    attempt_status,
+    check_attempt,
+    checkpoint_problems,
+    verify_attempt,
+)
+from iqtrain.metrics import MetricCursor, MetricWriter
 from iqtrain.model import NextPatchModel
 from iqtrain.prepare import prepare_iq_input
 from iqtrain.schedule import Plan, lr_at
-from iqtrain.step import TrainStep
+from iqtrain.step import TrainStep, format_ids
 
 __all__ = [
     "AttemptResult",
@@ -69,10 +80,13 @@ __all__ = [
     "ParentRef",
     "open_datasets",
     "run_pretraining_attempt",
+    "spike_update",
     "verify_attempt",
 ]
 
-STATE_VERSION = 1
+# 2: checkpoints record the full-content digests of every recording ("data").
+STATE_VERSION = 2
+_STATE_KEYS = ("step", "plan", "cursor", "fingerprints", "data", "loop", "metrics", "rng")
 # Keys a resume may change. Anything else would make the child a different experiment than its
 # parent's evidence describes; max_steps is the recorded plan change of DESIGN.md section 5.
 RESUMABLE_KEYS = frozenset(
@@ -144,18 +158,41 @@ def _device_description(device: str) -> str:
     return f"{platform.processor() or platform.machine()} ({os.cpu_count()} CPUs)"
 
 
-def _create_attempt_dir(run_dir: Path) -> Path:
-    """Atomically claim the next attempt number: mkdir either creates it or fails."""
+def _claim_attempt(run_dir: Path, config_text: str, info: dict) -> tuple[Path, AttemptLock]:
+    """Create the next attempt directory, complete with config.toml and attempt.json.
+
+    The directory is filled under a temporary name, locked, and renamed to its number: the
+    rename claims the number atomically (it fails if the number is taken, since a claimed
+    attempt is never empty), so a crash at any point leaves either no attempt or one that
+    has its config and its record. The lock travels with the directory.
+    """
     attempts = run_dir / "attempts"
-    attempts.mkdir(parents=True, exist_ok=True)
-    while True:
-        taken = [int(p.name) for p in attempts.iterdir() if p.name.isdigit()]
-        path = attempts / f"{max(taken, default=0) + 1:04d}"
-        try:
-            path.mkdir()
-            return path
-        except FileExistsError:
-            continue  # another run claimed this number between listing and mkdir
+    tmp = attempts / f".tmp-{os.getpid()}-{time.monotonic_ns()}"
+    try:
+        attempts.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir()
+    except OSError as exc:
+        raise StorageError(f"{attempts}: cannot create: {exc.strerror or exc}") from None
+    lock = AttemptLock(tmp).acquire()
+    try:
+        _write_text_atomic(tmp / "config.toml", config_text)
+        while True:
+            taken = [int(p.name) for p in attempts.iterdir() if p.name.isdigit()]
+            path = attempts / f"{max(taken, default=0) + 1:04d}"
+            info["id"] = path.name
+            write_json_atomic(tmp / "attempt.json", info)
+            try:
+                os.rename(tmp, path)
+            except OSError as exc:
+                if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                    continue  # another run claimed this number between listing and rename
+                raise StorageError(f"{path}: cannot create: {exc.strerror or exc}") from None
+            fsync_dir(attempts)
+            return path, lock
+    except BaseException:
+        lock.release()
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def ensure_synthetic(config: Config) -> tuple[list[str], list[str]]:
@@ -230,95 +267,73 @@ def open_datasets(config: Config, base: Path | None = None) -> tuple[IQDataset, 
     return out[0], out[1]
 
 
-# ------------------------------------------------------------------------------- verification
+# ------------------------------------------------------------------------------------ parents
 
 
-def _resolve_checkpoint(parent: Path, which: str, manifest: dict | None) -> Path:
+def _read_json(path: Path) -> dict:
+    """A JSON object from ``path``; anything else is one CheckpointError line naming it."""
+    try:
+        obj = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: missing") from None
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path}: unreadable: {exc}") from None
+    if not isinstance(obj, dict):
+        raise CheckpointError(f"{path}: not a JSON object")
+    return obj
+
+
+def _checked(ckpt: Path, skipped: list[dict] | None = None) -> Path | None:
+    """``ckpt`` if it verifies; else None, with the reason appended to ``skipped``."""
+    problems = checkpoint_problems(ckpt)
+    if not problems:
+        return ckpt
+    if skipped is None:
+        raise CheckpointError(f"{ckpt.name}: " + problems[0])
+    skipped.append({"checkpoint": ckpt.name, "reason": problems[0]})
+    return None
+
+
+def _resolve_checkpoint(
+    parent: Path, which: str, manifest: dict | None, skipped: list[dict]
+) -> Path:
+    """The checkpoint ``which`` names, verified; skipped ones (crashed parent) are recorded."""
     ckpts = parent / "checkpoints"
     if which == "latest":
-        if manifest is not None:
-            return parent / manifest["latest"]["path"]
-        # A crashed parent has no manifest: take its newest checkpoint that verifies.
+        if manifest is not None:  # verified: latest is the newest, by hash and step
+            return (parent / manifest["latest"]["path"]).resolve()
+        # No manifest (crashed, failed or interrupted): the newest checkpoint that verifies.
         for path in reversed(list_checkpoints(ckpts)):
-            if not verify_checkpoint(path):
+            if _checked(path, skipped) is not None:
                 return path
         raise CheckpointError(f"{parent}: no verified checkpoint to resume from")
     if which == "best":
-        latest = _resolve_checkpoint(parent, "latest", manifest)
-        state = json.loads((latest / "state.json").read_text())
-        best = state["loop"]["best_checkpoint"]
+        if manifest is not None:
+            if manifest["best"] is None:
+                raise CheckpointError(
+                    f"{parent}: no validation has run, so there is no best checkpoint"
+                )
+            return (parent / manifest["best"]["path"]).resolve()
+        latest = _resolve_checkpoint(parent, "latest", None, skipped)
+        try:
+            best = _read_json(latest / "state.json")["loop"]["best_checkpoint"]
+        except (KeyError, TypeError):
+            raise CheckpointError(f"{latest / 'state.json'}: no loop.best_checkpoint") from None
         if best is None:
             raise CheckpointError(
                 f"{parent}: no validation has run, so there is no best checkpoint"
             )
-        return parent.parent.parent / best  # stored relative to the run directory
+        # Stored relative to the run directory: the best may live in an ancestor attempt.
+        path = parent.resolve().parent.parent / best
+        if not path.is_dir():
+            raise CheckpointError(f"{path}: the best checkpoint is missing")
+        return _checked(path)
     if which.startswith("step_") and which[5:].isdigit():
         path = ckpts / checkpoint_name(int(which[5:]))
         if not path.is_dir():
             raise CheckpointError(f"{path}: no such checkpoint")
-        return path
+        return _checked(path) if manifest is None else path
     raise ConfigError(f"--from: expected latest, best or step_N, got {which!r}")
-
-
-def _mismatch(path: Path, entry: dict) -> str | None:
-    """Why ``path`` does not match the manifest's ``{bytes, sha256}`` entry (None if it does)."""
-    if not path.is_file():
-        return f"{path}: missing"
-    got = file_digest(path)
-    if got["bytes"] != entry["bytes"] or got["sha256"] != entry["sha256"]:
-        return f"{path}: does not match manifest.json (changed after publication)"
-    return None
-
-
-def _verify_manifest(attempt: Path, manifest: dict) -> list[str]:
-    problems = [
-        _mismatch(attempt / manifest[k]["path"], manifest[k]) for k in ("config", "metrics")
-    ]
-    seen = set()
-    for entry in [*manifest["checkpoints"], manifest["latest"], manifest["best"]]:
-        if entry is None or entry["path"] in seen:
-            continue
-        seen.add(entry["path"])
-        ckpt = (attempt / entry["path"]).resolve()
-        problems.append(_mismatch(ckpt / "checkpoint.json", entry))
-        if problems[-1] is None:
-            problems.extend(verify_checkpoint(ckpt))
-    problems = [p for p in problems if p is not None]
-    inherited = manifest.get("inherited_metrics")
-    if inherited is not None:
-        try:
-            verify_prefix(attempt / "metrics.jsonl", MetricCursor.from_dict(inherited))
-        except CheckpointError as exc:
-            problems.append(str(exc))
-    return problems
-
-
-def verify_attempt(attempt: Path) -> list[str]:
-    """Re-hash everything an attempt's manifest (or, without one, its checkpoints) lists."""
-    attempt = Path(attempt)
-    if not (attempt / "attempt.json").is_file():
-        return [f"{attempt}: not an attempt directory (no attempt.json)"]
-    manifest_path = attempt / "manifest.json"
-    if manifest_path.is_file():
-        try:
-            manifest = json.loads(manifest_path.read_text())
-        except ValueError as exc:
-            return [f"{manifest_path}: unreadable: {exc}"]
-        return _verify_manifest(attempt, manifest)
-    problems = []
-    for ckpt in list_checkpoints(attempt / "checkpoints"):
-        problems.extend(verify_checkpoint(ckpt))
-        state_path = ckpt / "state.json"
-        if not verify_checkpoint(ckpt):
-            state = json.loads(state_path.read_text())
-            config_bytes = (attempt / "config.toml").read_bytes()
-            if _sha256_bytes(config_bytes) != state["config_sha256"]:
-                problems.append(f"{attempt / 'config.toml'}: does not match {ckpt.name}")
-            try:
-                verify_prefix(attempt / "metrics.jsonl", MetricCursor.from_dict(state["metrics"]))
-            except CheckpointError as exc:
-                problems.append(str(exc))
-    return problems
 
 
 @dataclass
@@ -329,37 +344,56 @@ class _Parent:
     optimizer_state: dict
     state: dict
     config_tables: dict
+    skipped: list[dict]
 
 
 def _load_parent(ref: ParentRef) -> _Parent:
-    """Verify the parent completely; CheckpointError names the first thing that fails."""
+    """Verify the parent completely; CheckpointError names the first thing that fails.
+
+    With a manifest, every field of it is checked against the files (``check_attempt``) and
+    any problem refuses the resume. Without one (the parent crashed, failed or was
+    interrupted), the newest checkpoint that verifies is used, and each newer one skipped is
+    reported with its reason.
+    """
     import tomllib
 
     attempt = Path(ref.attempt)
     if not (attempt / "attempt.json").is_file() or not (attempt / "config.toml").is_file():
         raise CheckpointError(f"{attempt}: not an attempt directory (no attempt.json/config.toml)")
     manifest = None
-    if (attempt / "manifest.json").is_file():
-        manifest = json.loads((attempt / "manifest.json").read_text())
-        problems = _verify_manifest(attempt, manifest)
+    skipped: list[dict] = []
+    status = attempt_status(attempt, _read_json(attempt / "attempt.json"))
+    if status == "running":
+        raise CheckpointError(f"{attempt}: still running (its lock is held); stop it first")
+    if (attempt / "manifest.json").is_file() or status == "completed":
+        problems = check_attempt(attempt).problems
         if problems:
-            raise CheckpointError("parent failed verification: " + "; ".join(problems))
-    ckpt = _resolve_checkpoint(attempt, ref.checkpoint, manifest)
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise CheckpointError(f"parent failed verification: {problems[0]}{more}")
+        manifest = _read_json(attempt / "manifest.json")
+    ckpt = _resolve_checkpoint(attempt, ref.checkpoint, manifest, skipped)
     model_state, optimizer_state, state = load_checkpoint(ckpt)  # verifies hashes
     if state.get("version") != STATE_VERSION:
-        raise CheckpointError(f"{ckpt}: unsupported state version {state.get('version')!r}")
+        raise CheckpointError(
+            f"{ckpt / 'state.json'}: state version {state.get('version')!r}; this iqtrain "
+            f"reads version {STATE_VERSION}"
+        )
+    missing = sorted(k for k in _STATE_KEYS if k not in state)
+    if missing:
+        raise CheckpointError(f"{ckpt / 'state.json'}: missing keys {missing}")
     owner = ckpt.parent.parent  # the attempt that wrote this checkpoint
-    config_bytes = (owner / "config.toml").read_bytes()
-    if _sha256_bytes(config_bytes) != state["config_sha256"]:
-        raise CheckpointError(f"{owner / 'config.toml'}: changed since {ckpt.name} was written")
-    verify_prefix(owner / "metrics.jsonl", MetricCursor.from_dict(state["metrics"]))
+    try:
+        config_tables = tomllib.loads((owner / "config.toml").read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{owner / 'config.toml'}: unreadable: {exc}") from None
     return _Parent(
         attempt=owner,
         checkpoint=ckpt,
         model_state=model_state,
         optimizer_state=optimizer_state,
         state=state,
-        config_tables=tomllib.loads(config_bytes.decode()),
+        config_tables=config_tables,
+        skipped=skipped,
     )
 
 
@@ -485,14 +519,25 @@ def _prepare(
     )
 
 
-def _validate(stepper: TrainStep, val: IQDataset, config: Config, baselines: bool) -> dict:
-    """Mean loss over every validation window (exact over the partial last batch)."""
+def _validate(
+    stepper: TrainStep, val: IQDataset, config: Config, step: int, baselines: bool
+) -> dict:
+    """Mean loss over every validation window (exact over the partial last batch).
+
+    A non-finite batch loss raises NonFiniteError naming the step and that batch's window ids,
+    before anything is recorded: the evidence never holds a non-finite number.
+    """
     d = config.data
     loss_sum, count, samples = 0.0, 0, 0
     zero_sum, copy_sum = 0.0, 0.0
     for raw in val.val_batches(d.val_batch_size):
         patches, _ = _prepare(raw, stepper, config)
         s, c = stepper.eval_step(patches)
+        if not math.isfinite(s):
+            ids = np.arange(samples, samples + raw.shape[0])
+            raise NonFiniteError(
+                f"step {step}: validation loss is {s} in data.val windows {format_ids(ids)}"
+            )
         loss_sum += s
         count += c
         samples += raw.shape[0]
@@ -511,7 +556,87 @@ def _validate(stepper: TrainStep, val: IQDataset, config: Config, baselines: boo
     if baselines:
         rec["baseline_zero_loss"] = zero_sum / count
         rec["baseline_copy_last_loss"] = copy_sum / count
+    if not all(math.isfinite(v) for v in rec.values() if isinstance(v, float)):
+        raise NonFiniteError(f"step {step}: validation produced a non-finite value: {rec}")
     return rec
+
+
+def spike_update(ema: float | None, loss: float) -> tuple[bool, float]:
+    """``(spike, new_ema)``: a loss above SPIKE_FACTOR x its running average is a spike."""
+    spike = ema is not None and loss > SPIKE_FACTOR * ema
+    new = loss if ema is None else SPIKE_EMA * ema + (1 - SPIKE_EMA) * loss
+    return spike, new
+
+
+class _Digests:
+    """Full-content digests of the train and val recordings (DESIGN.md section 1).
+
+    A fresh run computes them in a background thread (the Rust digest releases the GIL), so
+    the first step never waits for them; the first checkpoint does, because it records them.
+    A resume passes the digests it already computed to compare with its parent's.
+    """
+
+    def __init__(self, train: IQDataset, val: IQDataset, known: dict | None = None):
+        self._result = known
+        self._error: BaseException | None = None
+        self._thread = None
+        if known is None:
+            self._thread = threading.Thread(
+                target=self._run, args=(train, val), name="iqtrain-digest", daemon=True
+            )
+            self._thread.start()
+
+    def _run(self, train: IQDataset, val: IQDataset) -> None:
+        try:
+            self._result = compute_digests(train, val)
+        except BaseException as exc:  # re-raised in the loop's thread by result()
+            self._error = exc
+
+    def result(self) -> dict:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
+
+
+def compute_digests(train: IQDataset, val: IQDataset) -> dict[str, dict[str, str]]:
+    return {"train": train.content_digests(), "val": val.content_digests()}
+
+
+def _check_digests(parent_state: dict, digests: dict, ckpt: Path) -> None:
+    """Refuse (exit 2) any change to any byte a window can read, naming the recording."""
+    recorded = parent_state["data"]
+    for key in ("train", "val"):
+        old, new = recorded.get(key), digests[key]
+        if not isinstance(old, dict):
+            raise CheckpointError(f"{ckpt / 'state.json'}: data.{key}: no recorded digests")
+        for path in sorted(old.keys() | new.keys()):
+            if path not in new:
+                raise CursorMismatchError(
+                    f"data.{key}: {path} was in the parent's dataset and is missing now"
+                )
+            if path not in old:
+                raise CursorMismatchError(f"data.{key}: {path} is new since the parent")
+            if old[path] != new[path]:
+                raise CursorMismatchError(
+                    f"data.{key}: {path} changed since the parent was written (content digest "
+                    f"{new[path][:16]}… differs from the recorded {old[path][:16]}…)"
+                )
+
+
+def _report_skipped(key: str, ds: IQDataset, window: int) -> None:
+    skipped = getattr(ds, "skipped", [])
+    if skipped:
+        names = [os.path.basename(p) for p, _ in skipped]
+        shown = ", ".join(names[:8]) + (f" (+{len(names) - 8} more)" if len(names) > 8 else "")
+        print(
+            f"iqtrain: note: {key}: {len(names)} recording(s) shorter than one window of "
+            f"{window} samples, skipped: {shown}",
+            file=sys.stderr,
+        )
 
 
 def run_pretraining_attempt(config: Config, parent: ParentRef | None = None) -> AttemptResult:
@@ -521,16 +646,26 @@ def run_pretraining_attempt(config: Config, parent: ParentRef | None = None) -> 
     changes: dict[str, tuple[Any, Any]] = {}
     if loaded is not None:
         changes = _config_changes(loaded.config_tables, config)
-    train_ds, val_ds = open_datasets(config)
     config.check_world_size(1)
+    t = config.training
+    torch.manual_seed(config.run.seed)
+    model = NextPatchModel(config.model)
+    stepper = TrainStep(
+        model, config.optimizer, device=t.device, precision=t.precision, compile=t.compile
+    )
+    # Data last: the synthetic default is generated only once every other check has passed.
+    train_ds, val_ds = open_datasets(config)
+    digests = None
     if loaded is not None:
-        for key, ds in (("train", train_ds), ("val", val_ds)):
+        # Every byte, before the child exists; names the first recording that changed.
+        digests = compute_digests(train_ds, val_ds)
+        _check_digests(loaded.state, digests, loaded.checkpoint)
+        for key, ds in (("train", train_ds), ("val", val_ds)):  # metadata and lengths
             if loaded.state["fingerprints"][key] != ds.fingerprint:
                 raise CursorMismatchError(
                     f"data.{key}: the dataset's fingerprint {ds.fingerprint[:16]}… differs from "
                     f"the parent's {loaded.state['fingerprints'][key][:16]}… (data changed)"
                 )
-    t = config.training
     plan = Plan.from_config(
         config.schedule, t.max_steps, config.optimizer.lr, config.optimizer.min_lr
     )
@@ -545,29 +680,30 @@ def run_pretraining_attempt(config: Config, parent: ParentRef | None = None) -> 
                 f"training.max_steps: the parent checkpoint is at step {start_step}, "
                 f"already at max_steps {plan.max_steps}; raise it to continue"
             )
-
-    torch.manual_seed(config.run.seed)
-    model = NextPatchModel(config.model)
-    stepper = TrainStep(
-        model, config.optimizer, device=t.device, precision=t.precision, compile=t.compile
-    )
+    for key, ds in (("data.train", train_ds), ("data.val", val_ds)):
+        _report_skipped(key, ds, config.data.window)
     stream = TrainStream(
         train_ds,
         batch_size=config.data.batch_size,
         seed=config.run.seed,
         prefetch=config.data.prefetch,
     )
+    if loaded is not None:
+        for line in loaded.skipped:
+            print(
+                f"iqtrain: note: skipped checkpoint {line['checkpoint']} of {parent.attempt}: "
+                f"{line['reason']}",
+                file=sys.stderr,
+            )
 
     # ---- the attempt namespace ------------------------------------------------------------
     run_dir = Path(expand_path(config.run.dir))
     if parent is not None:
         run_dir = Path(parent.attempt).resolve().parent.parent
-    attempt = _create_attempt_dir(run_dir)
     config_text = dumps_toml(config_to_dict(config))
-    (attempt / "config.toml").write_text(config_text)
     config_sha = _sha256_bytes(config_text.encode())
     info: dict[str, Any] = {
-        "id": attempt.name,
+        "id": None,  # the attempt's number, set when it is claimed
         "run_dir": os.fspath(run_dir.resolve()),
         "parent": None,
         "versions": _versions(),
@@ -581,6 +717,7 @@ def run_pretraining_attempt(config: Config, parent: ParentRef | None = None) -> 
         "status": "running",
         "plan": plan.to_dict(),
         "argv": sys.argv,
+        "pid": os.getpid(),
     }
     if loaded is not None:
         info["parent"] = {
@@ -588,18 +725,14 @@ def run_pretraining_attempt(config: Config, parent: ParentRef | None = None) -> 
             "checkpoint": loaded.checkpoint.name,
             "checkpoint_json_sha256": file_digest(loaded.checkpoint / "checkpoint.json")["sha256"],
             "step": start_step,
+            "skipped_checkpoints": loaded.skipped,
         }
         info["config_changes"] = {k: {"from": a, "to": b} for k, (a, b) in sorted(changes.items())}
-    write_json_atomic(attempt / "attempt.json", info)
-
-    metrics = MetricWriter(
-        attempt / "metrics.jsonl",
-        inherit_from=None if loaded is None else loaded.attempt / "metrics.jsonl",
-        cursor=None if loaded is None else MetricCursor.from_dict(loaded.state["metrics"]),
-    )
-    inherited = metrics.cursor() if loaded is not None else None
-
-    # ---- restore -------------------------------------------------------------------------
+    # held until the end: a "running" attempt whose lock is free has crashed
+    attempt, lock = _claim_attempt(run_dir, config_text, info)
+    metrics: MetricWriter | None = None
+    progress: _Progress | None = None
+    status, step = "failed", start_step
     loop = {
         "best_val_loss": None,
         "best_step": None,
@@ -607,43 +740,51 @@ def run_pretraining_attempt(config: Config, parent: ParentRef | None = None) -> 
         "loss_ema": None,
         "validations": 0,
     }
-    if loaded is not None:
-        stepper.load_model_state_dict(loaded.model_state)
-        stepper.optimizer.load_state_dict(loaded.optimizer_state)
-        stream.load_state_dict(loaded.state["cursor"])
-        loop.update(loaded.state["loop"])
-        restore_rng_state(loaded.state["rng"])
-    del loaded  # the parent's tensors are in the model and optimizer now
-
-    ckpt_root = attempt / "checkpoints"
-    saved: list[Path] = []
-    progress = _Progress(start_step, plan.max_steps, t.log_every)
-    d = config.data
-    step = start_step
     last_val: dict | None = None
-
-    def checkpoint() -> Path:
-        state = {
-            "version": STATE_VERSION,
-            "step": step,
-            "config_sha256": config_sha,
-            "plan": plan.to_dict(),
-            "cursor": stream.state_dict(),
-            "fingerprints": {"train": train_ds.fingerprint, "val": val_ds.fingerprint},
-            "loop": dict(loop),
-            "metrics": metrics.cursor().to_dict(),
-            "rng": rng_state(),
-        }
-        metrics.sync()  # the cursor must never point past what is on disk
-        path = save_checkpoint(
-            ckpt_root, step, stepper.model_state_dict(), stepper.optimizer.state_dict(), state
-        )
-        saved.append(path)
-        _prune(saved, loop, t.keep_last, run_dir)
-        return path
-
-    status = "failed"
     try:
+        metrics = MetricWriter(
+            attempt / "metrics.jsonl",
+            inherit_from=None if loaded is None else loaded.attempt / "metrics.jsonl",
+            cursor=None if loaded is None else MetricCursor.from_dict(loaded.state["metrics"]),
+        )
+        inherited = metrics.cursor() if loaded is not None else None
+        data_identity = _Digests(train_ds, val_ds, known=digests)
+
+        # ---- restore ---------------------------------------------------------------------
+        if loaded is not None:
+            stepper.load_model_state_dict(loaded.model_state)
+            stepper.optimizer.load_state_dict(loaded.optimizer_state)
+            stream.load_state_dict(loaded.state["cursor"])
+            loop.update(loaded.state["loop"])
+            restore_rng_state(loaded.state["rng"])
+        del loaded  # the parent's tensors are in the model and optimizer now
+
+        ckpt_root = attempt / "checkpoints"
+        saved: list[Path] = []
+        progress = _Progress(start_step, plan.max_steps, t.log_every)
+        d = config.data
+
+        def checkpoint() -> Path:
+            state = {
+                "version": STATE_VERSION,
+                "step": step,
+                "config_sha256": config_sha,
+                "plan": plan.to_dict(),
+                "cursor": stream.state_dict(),
+                "fingerprints": {"train": train_ds.fingerprint, "val": val_ds.fingerprint},
+                "data": data_identity.result(),
+                "loop": dict(loop),
+                "metrics": metrics.cursor().to_dict(),
+                "rng": rng_state(),
+            }
+            metrics.sync()  # the cursor must never point past what is on disk
+            path = save_checkpoint(
+                ckpt_root, step, stepper.model_state_dict(), stepper.optimizer.state_dict(), state
+            )
+            saved.append(path)
+            _prune(saved, loop, t.keep_last, run_dir)
+            return path
+
         with _SignalGuard() as guard:
             while step < plan.max_steps:
                 t0 = time.perf_counter()
@@ -659,13 +800,7 @@ def run_pretraining_attempt(config: Config, parent: ParentRef | None = None) -> 
                 step = s + 1
                 dt = time.perf_counter() - t0
                 samples = d.batch_size * t.grad_accum
-                ema = loop["loss_ema"]
-                spike = ema is not None and result.loss > SPIKE_FACTOR * ema
-                loop["loss_ema"] = (
-                    result.loss
-                    if ema is None
-                    else (SPIKE_EMA * ema + (1 - SPIKE_EMA) * result.loss)
-                )
+                spike, loop["loss_ema"] = spike_update(loop["loss_ema"], result.loss)
                 metrics.write(
                     {
                         "kind": "train",
@@ -686,7 +821,9 @@ def run_pretraining_attempt(config: Config, parent: ParentRef | None = None) -> 
                 improved = False
                 if step % t.eval_every == 0 or final:
                     v0 = time.perf_counter()
-                    rec = _validate(stepper, val_ds, config, baselines=loop["validations"] == 0)
+                    rec = _validate(
+                        stepper, val_ds, config, step, baselines=loop["validations"] == 0
+                    )
                     best = loop["best_val_loss"]
                     improved = best is None or rec["loss"] < best
                     if improved:
@@ -717,7 +854,11 @@ def run_pretraining_attempt(config: Config, parent: ParentRef | None = None) -> 
                         checkpoint()
                     status = "interrupted"
                     raise Interrupted(guard.signum, attempt)
-        status = "completed"
+        metrics.close()
+        _publish_manifest(
+            attempt, config_sha, metrics, inherited, saved, loop, info["parent"], run_dir
+        )
+        status = "completed"  # only once the manifest exists
     except Interrupted:
         raise
     except (ConfigError, DataError, CheckpointError) as exc:
@@ -729,14 +870,8 @@ def run_pretraining_attempt(config: Config, parent: ParentRef | None = None) -> 
         info["error"] = f"{type(exc).__name__}: {exc}"
         raise
     finally:
-        progress.close()
-        metrics.close()
-        info["status"] = status
-        info["finished"] = _now()
-        info["final_step"] = step
-        write_json_atomic(attempt / "attempt.json", info)
-
-    _publish_manifest(attempt, config_sha, metrics, inherited, saved, loop, info["parent"], run_dir)
+        _finish_attempt(attempt, info, status, step, progress, metrics)
+        lock.release()
     return AttemptResult(
         attempt=attempt,
         final_step=step,
@@ -746,8 +881,44 @@ def run_pretraining_attempt(config: Config, parent: ParentRef | None = None) -> 
     )
 
 
+def _write_text_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise StorageError(f"{path}: cannot write: {exc.strerror or exc}") from None
+
+
+def _finish_attempt(attempt, info, status, step, progress, metrics) -> None:
+    """Record how the attempt ended. A failure here never hides the error that ended it."""
+    in_flight = sys.exc_info()[1]
+    info["status"] = status
+    info["finished"] = _now()
+    info["final_step"] = step
+    try:
+        if progress is not None:
+            progress.close()
+        if metrics is not None:
+            metrics.close()
+        write_json_atomic(attempt / "attempt.json", info)
+    except (OSError, StorageError) as exc:
+        if in_flight is None:
+            raise
+        print(f"iqtrain: note: could not record the attempt's end: {exc}", file=sys.stderr)
+
+
 def _prune(saved: list[Path], loop: dict, keep_last: int, run_dir: Path) -> None:
-    """Keep the newest ``keep_last`` checkpoints of this attempt, the latest and best always."""
+    """Keep the newest ``keep_last`` checkpoints of this attempt, the latest and best always.
+
+    Each pruned checkpoint leaves the listed namespace by a rename before it is deleted, so a
+    crash mid-prune never leaves a half-deleted ``step_N`` under its real name.
+    """
     if keep_last <= 0:
         return
     best = loop["best_checkpoint"]
@@ -755,7 +926,7 @@ def _prune(saved: list[Path], loop: dict, keep_last: int, run_dir: Path) -> None
     for path in list(saved):
         if path in keep or (best is not None and path.resolve() == (run_dir / best).resolve()):
             continue
-        shutil.rmtree(path)
+        remove_checkpoint(path)
         saved.remove(path)
 
 

@@ -64,14 +64,20 @@ def _finish(result) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from iqtrain.attempt import verify_attempt
+    from iqtrain.lineage import check_attempt, verify_data
 
-    problems = verify_attempt(Path(args.dir))
+    check = check_attempt(Path(args.dir))  # CheckpointError (exit 2) if not an attempt at all
+    problems = list(check.problems)
+    if args.data:
+        problems += verify_data(Path(args.dir))
+    for note in check.notes:
+        print(f"NOTE {note}")
     for p in problems:
         print(f"MISMATCH {p}")
     if problems:
         return EXIT_FAILURE
-    print(f"{args.dir}: verified")
+    what = " and its data" if args.data else ""
+    print(f"{args.dir}: verified{what} ({check.status})")
     return EXIT_OK
 
 
@@ -136,8 +142,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_set(sp)
     sp.set_defaults(func=cmd_resume)
 
-    sp = sub.add_parser("verify", help="re-hash everything an attempt's manifest lists")
+    sp = sub.add_parser("verify", help="check an attempt's manifest against every file it lists")
     sp.add_argument("dir")
+    sp.add_argument(
+        "--data",
+        action="store_true",
+        help="also re-read every recording: full-content digests and SigMF core:sha512",
+    )
     sp.set_defaults(func=cmd_verify)
 
     sp = sub.add_parser("synth", help="write synthetic SigMF recordings")

@@ -120,7 +120,7 @@ def _strip_compile_prefix(state: Mapping[str, Any]) -> dict[str, Any]:
     return {k.removeprefix(_COMPILE_PREFIX): v for k, v in state.items()}
 
 
-def _format_ids(window_ids: object) -> str:
+def format_ids(window_ids: object) -> str:
     # Tensors and numpy arrays print as plain lists, so the message reads the same either way.
     tolist = getattr(window_ids, "tolist", None)
     ids = tolist() if callable(tolist) else list(window_ids)  # type: ignore[call-overload]
@@ -271,7 +271,7 @@ class TrainStep:
         if not (math.isfinite(loss_v) and math.isfinite(norm_v)):
             self.optimizer.zero_grad(set_to_none=True)
             where = "training step" if step is None else f"training step {step}"
-            ids = "" if window_ids is None else f"; window ids {_format_ids(window_ids)}"
+            ids = "" if window_ids is None else f"; window ids {format_ids(window_ids)}"
             raise NonFiniteError(
                 f"{where}: non-finite loss={loss_v!r} or grad_norm={norm_v!r}{ids}; "
                 f"no update was applied"

@@ -1,0 +1,205 @@
+"""Verification of attempts: the manifest against its files, crash status, leftovers, parents."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_attempt import tiny_tables
+
+from iqtrain.attempt import ParentRef, run_pretraining_attempt
+from iqtrain.config import build_config
+from iqtrain.errors import CheckpointError
+from iqtrain.lineage import AttemptLock, attempt_status, check_attempt, verify_attempt
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+TRAINING = {"checkpoint_every": 3, "keep_last": 0}  # step 3, 4 (best), 6, 8, 9, 12 on disk
+
+
+@pytest.fixture(scope="module")
+def completed(tmp_path_factory) -> Path:
+    """One completed attempt (12 steps, validations at 4, 8, 12), copied by each test."""
+    root = tmp_path_factory.mktemp("lineage")
+    cfg = build_config(tiny_tables(root / "run", root / "cache", **TRAINING))
+    return run_pretraining_attempt(cfg).attempt
+
+
+def _copy(completed: Path, tmp_path: Path) -> Path:
+    run = tmp_path / "run"
+    shutil.copytree(completed.parent.parent, run)
+    attempt = run / "attempts" / completed.name
+    for p in attempt.rglob("*"):
+        if p.is_file():
+            p.chmod(0o644)
+    return attempt
+
+
+def _config(completed: Path, tmp_path: Path):
+    """The completed attempt's config, pointing at the copy's run dir (same synthetic data)."""
+    cache = completed.parents[2] / "cache"
+    return build_config(tiny_tables(tmp_path / "run", cache, **TRAINING))
+
+
+def _cli(*args) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "iqtrain.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def _edit_manifest(attempt: Path, edit) -> None:
+    path = attempt / "manifest.json"
+    manifest = json.loads(path.read_text())
+    edit(manifest)
+    path.write_text(json.dumps(manifest))
+
+
+def _older(m):
+    return next(e for e in m["checkpoints"] if e["step"] < m["latest"]["step"])
+
+
+EDITS = {
+    "best.sha256": lambda m: m["best"].update(sha256="0" * 64),
+    "best.val_loss": lambda m: m["best"].update(val_loss=m["best"]["val_loss"] * 0.5),
+    "best.step": lambda m: m["best"].update(
+        {k: v for k, v in _older(m).items() if k != "val_loss"}
+    ),
+    "metrics.records": lambda m: m["metrics"].update(records=m["metrics"]["records"] - 1),
+    "checkpoint.step": lambda m: m["checkpoints"][0].update(step=m["checkpoints"][0]["step"] + 1),
+    "latest.path": lambda m: m.update(latest=dict(_older(m))),
+    "unlisted checkpoint": lambda m: m["checkpoints"].pop(0),
+    "missing key": lambda m: m.pop("latest"),
+    "wrong type": lambda m: m.update(checkpoints="all of them"),
+}
+
+
+@pytest.mark.parametrize("edit", list(EDITS))
+def test_an_edited_manifest_fails_verify_and_refuses_resume(completed, tmp_path, edit):
+    attempt = _copy(completed, tmp_path)
+    assert verify_attempt(attempt) == []
+    _edit_manifest(attempt, EDITS[edit])
+    assert verify_attempt(attempt) != []
+    proc = _cli("verify", attempt)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "MISMATCH" in proc.stdout and "Traceback" not in proc.stderr + proc.stdout
+    cfg = _config(completed, tmp_path)
+    with pytest.raises(CheckpointError, match="parent failed verification"):
+        run_pretraining_attempt(cfg, ParentRef(attempt))
+    assert sorted(p.name for p in attempt.parent.iterdir()) == [attempt.name]
+
+
+def test_resume_never_restarts_a_completed_attempt_from_an_older_latest(completed, tmp_path):
+    attempt = _copy(completed, tmp_path)
+    _edit_manifest(attempt, EDITS["latest.path"])
+    proc = _cli("resume", "--attempt", attempt, "--set", "training.max_steps=16")
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    assert "latest" in proc.stderr
+    assert sorted(p.name for p in attempt.parent.iterdir()) == [attempt.name]
+
+
+@pytest.mark.parametrize("content", ["{not json", "[1, 2]", ""])
+def test_an_unreadable_manifest_is_one_line(completed, tmp_path, content):
+    attempt = _copy(completed, tmp_path)
+    (attempt / "manifest.json").write_text(content)
+    proc = _cli("verify", attempt)
+    assert proc.returncode == 1 and "Traceback" not in proc.stdout + proc.stderr
+    assert [line for line in proc.stdout.splitlines() if "manifest.json" in line]
+    proc = _cli("resume", "--attempt", attempt)
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+def test_a_completed_attempt_without_its_manifest_fails(completed, tmp_path):
+    attempt = _copy(completed, tmp_path)
+    (attempt / "manifest.json").unlink()
+    problems = verify_attempt(attempt)
+    assert any("manifest.json: missing" in p for p in problems), problems
+    assert _cli("verify", attempt).returncode == 1
+
+
+def test_unreadable_attempt_json_and_state_json_are_one_line(completed, tmp_path):
+    attempt = _copy(completed, tmp_path)
+    (attempt / "attempt.json").write_text("{")
+    proc = _cli("verify", attempt)
+    assert proc.returncode == 1 and "attempt.json" in proc.stdout, proc.stdout
+    assert "Traceback" not in proc.stderr
+    proc = _cli("resume", "--attempt", attempt)
+    assert proc.returncode == 2 and "attempt.json" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_verify_of_something_that_is_not_an_attempt_is_exit_2(tmp_path):
+    for path in (tmp_path, tmp_path / "missing"):
+        proc = _cli("verify", path)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert proc.stderr.startswith("iqtrain: error: ") and "not an attempt" in proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_leftovers_of_a_crash_are_notes_not_failures(completed, tmp_path):
+    attempt = _copy(completed, tmp_path)
+    ckpts = attempt / "checkpoints"
+    shutil.copytree(ckpts / "step_00000003", ckpts / ".pruned-step_00000003-999")
+    (ckpts / ".pruned-step_00000003-999" / "model.safetensors").unlink()  # half deleted
+    (ckpts / ".tmp-step_00000013-999").mkdir()
+    check = check_attempt(attempt)
+    assert check.problems == []
+    assert len(check.notes) == 2 and all("leftover" in n for n in check.notes)
+    proc = _cli("verify", attempt)
+    assert proc.returncode == 0, proc.stdout
+    assert proc.stdout.count("NOTE ") == 2
+
+
+def test_a_killed_attempt_reads_as_crashed(completed, tmp_path):
+    attempt = _copy(completed, tmp_path)
+    (attempt / "manifest.json").unlink()
+    info = json.loads((attempt / "attempt.json").read_text())
+    info["status"] = "running"
+    (attempt / "attempt.json").write_text(json.dumps(info))
+    assert attempt_status(attempt) == "crashed"
+    check = check_attempt(attempt)
+    assert check.status == "crashed" and check.problems == []
+    assert any("crashed" in n for n in check.notes)
+    lock = AttemptLock(attempt).acquire()  # a live holder: it is running, not crashed
+    try:
+        assert attempt_status(attempt) == "running"
+        cfg = _config(completed, tmp_path)
+        with pytest.raises(CheckpointError, match="still running"):
+            run_pretraining_attempt(cfg, ParentRef(attempt))
+    finally:
+        lock.release()
+    assert attempt_status(attempt) == "crashed"
+    proc = _cli("report", attempt)
+    assert proc.returncode == 0 and "crashed" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_resume_says_which_checkpoint_it_skipped_and_why(completed, tmp_path, capfd):
+    attempt = _copy(completed, tmp_path)
+    (attempt / "manifest.json").unlink()
+    info = json.loads((attempt / "attempt.json").read_text())
+    info["status"] = "running"  # killed: no manifest, no lock holder
+    (attempt / "attempt.json").write_text(json.dumps(info))
+    bad = attempt / "checkpoints" / "step_00000012" / "model.safetensors"
+    data = bytearray(bad.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    bad.write_bytes(bytes(data))
+    cfg = _config(completed, tmp_path)
+    child = run_pretraining_attempt(cfg, ParentRef(attempt)).attempt
+    err = capfd.readouterr().err
+    lines = [line for line in err.splitlines() if "skipped checkpoint" in line]
+    assert len(lines) == 1 and "step_00000012" in lines[0] and "model.safetensors" in lines[0]
+    parent = json.loads((child / "attempt.json").read_text())["parent"]
+    assert parent["checkpoint"] == "step_00000009"
+    assert [s["checkpoint"] for s in parent["skipped_checkpoints"]] == ["step_00000012"]
+    assert "model.safetensors" in parent["skipped_checkpoints"][0]["reason"]
+    assert verify_attempt(child) == []
+    assert os.path.basename(child) == "0002"
