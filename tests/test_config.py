@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import tomllib
+from pathlib import Path
 
 import pytest
 
@@ -15,7 +17,7 @@ from iqtrain.config import (
 )
 from iqtrain.errors import ConfigError
 
-QUICKSTART = "examples/quickstart.toml"
+QUICKSTART = Path(__file__).resolve().parent.parent / "examples" / "quickstart.toml"
 
 
 def test_quickstart_loads_and_resolves_every_default():
@@ -81,6 +83,13 @@ MALFORMED = [
     ({"data": {"norm": "prefix", "prefix_patches": 100}}, "data.prefix_patches"),
     ({"run": {"seed": -1}}, "run.seed"),
     ({"run": {"dir": ""}}, "run.dir"),
+    ({"run": {"dir": 3}}, "run.dir"),
+    ({"data": {"train": ["a"], "val": [""]}}, "data.val[0]"),
+    ({"data": {"synthetic": {"cache_dir": ""}}}, "data.synthetic.cache_dir"),
+    ({"schedule": {"kind": "constant", "warmup_steps": 60}, "training": {"max_steps": 50}},
+     "schedule.warmup_steps"),
+    ({"schedule": {"kind": "cosine", "warmup_steps": 50}, "training": {"max_steps": 50}},
+     "schedule.warmup_steps"),
     ({"run": "x"}, "run"),
 ]
 
@@ -110,3 +119,91 @@ def test_world_size_divisibility():
     cfg.check_world_size(2)
     with pytest.raises(ConfigError, match="data.batch_size"):
         cfg.check_world_size(4)
+
+
+# --------------------------------------------------------------------------- schedule plan
+
+
+@pytest.mark.parametrize("kind", ["constant", "cosine"])
+def test_decay_steps_only_constrains_wsd(kind):
+    # decay_steps (default 200) is a wsd setting: a short constant or cosine run must build.
+    cfg = build_config(
+        {"schedule": {"kind": kind, "warmup_steps": 10}, "training": {"max_steps": 50}}
+    )
+    assert cfg.schedule.kind == kind and cfg.training.max_steps == 50
+    # The resolved config round-trips (decay_steps is written, and ignored, for these kinds).
+    again = build_config(tomllib.loads(dumps_toml(config_to_dict(cfg))))
+    assert config_to_dict(again) == config_to_dict(cfg)
+
+
+def test_wsd_still_refuses_decay_past_max_steps():
+    with pytest.raises(ConfigError) as err:
+        build_config({"schedule": {"warmup_steps": 10}, "training": {"max_steps": 50}})
+    assert str(err.value) == (
+        "schedule.decay_steps: warmup_steps (10) + decay_steps (200) exceeds "
+        "training.max_steps (50)"
+    )
+    build_config(  # exactly warmup + decay steps is a complete plan
+        {"schedule": {"warmup_steps": 10, "decay_steps": 40}, "training": {"max_steps": 50}}
+    )
+
+
+# --------------------------------------------------------------------------- paths
+
+
+def _path_tables(train: str, val: str, run_dir: str, cache: str) -> dict:
+    return {
+        "run": {"dir": run_dir},
+        "data": {"train": [train], "val": val, "synthetic": {"cache_dir": cache}},
+    }
+
+
+def test_relative_paths_resolve_against_the_cwd_at_build_time(tmp_path, monkeypatch):
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    monkeypatch.chdir(first)
+    cfg = build_config(
+        _path_tables("data/train/*.sigmf-meta", "./data/val/[ab]?.sigmf-meta", "runs/x", "cache")
+    )
+    assert cfg.data.train == [os.fspath(first / "data/train/*.sigmf-meta")]  # glob kept
+    assert cfg.data.val == [os.fspath(first / "data/val/[ab]?.sigmf-meta")]
+    assert cfg.run.dir == os.fspath(first / "runs/x")
+    assert cfg.data.synthetic.cache_dir == os.fspath(first / "cache")
+
+    # What an attempt writes, read back (as resume does) from another working directory.
+    written = dumps_toml(config_to_dict(cfg))
+    monkeypatch.chdir(second)
+    again = build_config(tomllib.loads(written))
+    assert config_to_dict(again) == config_to_dict(cfg)
+    assert dumps_toml(config_to_dict(again)) == written
+    # The same spelling built here would name other files: the written form must not be it.
+    here = build_config(
+        _path_tables("data/train/*.sigmf-meta", "./data/val/[ab]?.sigmf-meta", "runs/x", "cache")
+    )
+    assert here.data.train != again.data.train and here.run.dir != again.run.dir
+
+
+def test_home_is_expanded_and_absolute_paths_are_kept(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", os.fspath(tmp_path / "home"))
+    cfg = build_config(_path_tables("~/iq/*.sigmf-meta", "/data/v.sigmf-meta", "~/runs", "/c"))
+    assert cfg.data.train == [os.fspath(tmp_path / "home/iq/*.sigmf-meta")]
+    assert cfg.data.val == ["/data/v.sigmf-meta"]
+    assert cfg.run.dir == os.fspath(tmp_path / "home/runs")
+    assert cfg.data.synthetic.cache_dir == "/c"
+    # The default cache directory lives under the home directory, spelled out.
+    default = build_config({})
+    assert default.data.synthetic.cache_dir == os.fspath(tmp_path / "home/.cache/iqtrain/synth")
+    assert Path(default.run.dir).is_absolute()
+
+
+def test_load_config_resolves_against_the_cwd_not_the_file(tmp_path, monkeypatch):
+    cfg_dir = tmp_path / "configs"
+    cfg_dir.mkdir()
+    path = cfg_dir / "c.toml"
+    path.write_text('[run]\ndir = "runs/r"\n[data]\ntrain = ["d/*"]\nval = ["v/*"]\n')
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(path, ["data.val=['w/*']"])
+    assert cfg.run.dir == os.fspath(tmp_path / "runs/r")
+    assert cfg.data.train == [os.fspath(tmp_path / "d/*")]
+    assert cfg.data.val == [os.fspath(tmp_path / "w/*")]  # --set values follow the same rule

@@ -81,3 +81,17 @@ def test_extend_only_before_the_decay_start():
 def test_schedule_config_errors_name_the_key(kwargs, key):
     with pytest.raises(ConfigError, match=key):
         ScheduleConfig(**kwargs)
+
+
+@pytest.mark.parametrize("kind", ["cosine", "constant"])
+def test_decay_steps_belongs_to_wsd_only(kind):
+    # The wsd-only default decay_steps (200) must not shape a short cosine or constant plan.
+    cfg = ScheduleConfig(kind=kind, warmup_steps=10)
+    assert cfg.decay_steps == 200
+    plan = Plan.from_config(cfg, max_steps=50, lr=1e-3, min_lr=1e-4)
+    assert plan.decay_steps == 0
+    lrs = [lr_at(s, plan) for s in range(50)]
+    assert lrs[9] == 1e-3  # warmup ends at the peak
+    assert lrs[-1] == pytest.approx(1e-4 if kind == "cosine" else 1e-3)
+    assert plan.extend(40, completed_steps=5).max_steps == 40  # no phantom decay in the way
+    assert ScheduleConfig(kind=kind, decay_steps=0).decay_steps == 0  # 0 is fine off wsd

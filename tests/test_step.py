@@ -98,6 +98,58 @@ def test_accumulation_matches_full_batch() -> None:
         torch.testing.assert_close(gb[name], ga[name], rtol=1e-5, atol=1e-7, msg=name)
 
 
+def test_accumulated_microbatches_are_clipped_once_as_the_full_batch() -> None:
+    # The promise of TrainStep.train_step: clipping happens once, on the accumulated gradient.
+    # Two microbatches must give exactly the step of their concatenation clipped once. eps=1
+    # makes the first AdamW update ~ lr * g (|g| << eps) rather than ~ lr * sign(g), so the
+    # parameters after the step depend on the clipped gradient's scale and direction, not
+    # only on its signs; weight decay off so nothing else moves them.
+    clip = 0.05
+    full = make_step(seed=7, grad_clip=clip, eps=1.0, weight_decay=0.0)
+    accum = copy.deepcopy(full)
+    reference = copy.deepcopy(full.model)
+    before = [p.detach().clone() for p in full.model.parameters()]
+    x = sinusoid_batch(b=4, seed=7)
+
+    rf = full.train_step([x], 1.0, step=0)
+    ra = accum.train_step([x[:2], x[2:]], 1.0, step=0)
+
+    assert rf.clipped and ra.clipped and rf.grad_norm > 10 * clip  # clipping really acts
+    # Same mean loss and same pre-clip norm, to the summation-order tolerance of
+    # test_accumulation_matches_full_batch.
+    assert ra.loss == pytest.approx(rf.loss, rel=1e-5)
+    assert ra.grad_norm == pytest.approx(rf.grad_norm, rel=1e-5)
+    # The gradients left on the parameters are the clipped ones: identical, of norm clip.
+    gf, ga = grads(full), grads(accum)
+    assert gf.keys() == ga.keys() and len(gf) == len(before)
+    for name in gf:
+        torch.testing.assert_close(ga[name], gf[name], rtol=1e-5, atol=1e-8, msg=name)
+    clipped_norm = torch.linalg.vector_norm(torch.stack([g.norm() for g in gf.values()]))
+    assert clipped_norm.item() == pytest.approx(clip, rel=1e-4)
+    # Same parameters after the step, and the step moved them by ~lr * clip: far more than
+    # the tolerance, so an update computed from a different gradient could not pass.
+    moved = 0.0
+    for pf, pa, p0 in zip(full.model.parameters(), accum.model.parameters(), before, strict=True):
+        torch.testing.assert_close(pa, pf, rtol=1e-5, atol=1e-8)
+        moved += (pf.detach() - p0).square().sum().item()
+    assert math.sqrt(moved) > 0.5 * clip
+
+    # Power of the check: clipping each microbatch's contribution separately (the mistake
+    # this test guards against) would leave a gradient far outside the tolerance above.
+    per_mb = [torch.zeros_like(p) for p in reference.parameters()]
+    for mb in (x[:2], x[2:]):
+        reference.zero_grad(set_to_none=True)
+        (next_patch_loss(reference(mb), mb)[0] / 2).backward()
+        g = [p.grad for p in reference.parameters()]
+        norm = torch.linalg.vector_norm(torch.stack([t.norm() for t in g])).item()
+        scale = min(1.0, clip / (norm + 1e-6))
+        for acc, t in zip(per_mb, g, strict=True):
+            acc += t * scale
+    names = [n for n, _ in reference.named_parameters()]
+    worst = max((per_mb[i] - gf[n]).abs().max().item() for i, n in enumerate(names))
+    assert worst > 1e-4
+
+
 def test_unequal_microbatches_rejected() -> None:
     ts = make_step()
     x = sinusoid_batch(b=4)

@@ -4,6 +4,12 @@ Sections validate their own values in ``__post_init__`` and name the dotted key 
 :func:`build_config` rejects unknown keys and wrong shapes, and :class:`Config` checks the plan
 across sections. The resolved config (every default filled in) is what an attempt writes and
 hashes, so ``config.toml`` in an attempt is the complete record of what ran.
+
+Paths (``run.dir``, ``data.train``, ``data.val``, ``data.synthetic.cache_dir``) are resolved when
+a section is built: ``~`` is expanded, then a relative path is taken relative to the current
+working directory at that moment (glob characters are kept as they are). The resolved config
+therefore holds absolute paths only, and an attempt names the same files whatever directory it
+is later resumed, verified or inspected from.
 """
 
 from __future__ import annotations
@@ -51,6 +57,16 @@ def _require_str_list(key: str, value: object) -> list[str]:
     return list(value)
 
 
+def _require_path(key: str, value: object) -> str:
+    """``value`` as an absolute path: ``~`` expanded, then relative to the current directory."""
+    value = _require_str(key, value)
+    if not value:
+        raise ConfigError(f"{key}: must not be empty")
+    # Path() joins and drops "." components and doubled slashes but never resolves "..",
+    # symlinks or glob characters, so a pattern stays the same pattern.
+    return os.fspath(Path.cwd() / os.path.expanduser(value))
+
+
 def _require_bool(key: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(f"{key}: must be true or false, got {value!r}")
@@ -59,15 +75,16 @@ def _require_bool(key: str, value: object) -> bool:
 
 @dataclass(kw_only=True)
 class RunConfig:
-    """``[run]``: where attempts go and the seed of everything random."""
+    """``[run]``: where attempts go and the seed of everything random.
+
+    ``dir`` is resolved against the current working directory when the config is built.
+    """
 
     dir: str = "runs/default"
     seed: int = 0
 
     def __post_init__(self) -> None:
-        _require_str("run.dir", self.dir)
-        if not self.dir:
-            raise ConfigError("run.dir: must not be empty")
+        self.dir = _require_path("run.dir", self.dir)
         _require_int("run.seed", self.seed, minimum=0)
         if self.seed >= 1 << 63:
             raise ConfigError(f"run.seed: must be below 2**63, got {self.seed}")
@@ -80,7 +97,8 @@ SYNTH_DATATYPES = ("ci16_le", "cf32_le", "ci8", "cu8")
 class SynthConfig:
     """``[data.synthetic]``: the built-in default data, used when ``data.train`` is empty.
 
-    Generated deterministically on first use into ``cache_dir`` and reused afterwards.
+    Generated deterministically on first use into ``cache_dir`` (resolved to an absolute path
+    when the config is built) and reused afterwards.
     """
 
     train_recordings: int = 8
@@ -96,12 +114,16 @@ class SynthConfig:
         _require_int("data.synthetic.samples", self.samples, minimum=16)
         _require_str("data.synthetic.datatype", self.datatype, SYNTH_DATATYPES)
         _require_int("data.synthetic.seed", self.seed, minimum=0)
-        _require_str("data.synthetic.cache_dir", self.cache_dir)
+        self.cache_dir = _require_path("data.synthetic.cache_dir", self.cache_dir)
 
 
 @dataclass(kw_only=True)
 class DataConfig:
-    """``[data]``: recordings, windowing, batching and input normalisation."""
+    """``[data]``: recordings, windowing, batching and input normalisation.
+
+    ``train`` and ``val`` are paths or glob patterns, resolved to absolute ones (relative to
+    the current working directory) when the config is built.
+    """
 
     train: list[str] = field(default_factory=list)
     val: list[str] = field(default_factory=list)
@@ -116,8 +138,14 @@ class DataConfig:
     synthetic: SynthConfig = field(default_factory=SynthConfig)
 
     def __post_init__(self) -> None:
-        self.train = _require_str_list("data.train", self.train)
-        self.val = _require_str_list("data.val", self.val)
+        self.train = [
+            _require_path(f"data.train[{i}]", p)
+            for i, p in enumerate(_require_str_list("data.train", self.train))
+        ]
+        self.val = [
+            _require_path(f"data.val[{i}]", p)
+            for i, p in enumerate(_require_str_list("data.val", self.val))
+        ]
         if bool(self.train) != bool(self.val):
             missing = "data.val" if self.train else "data.train"
             raise ConfigError(
@@ -210,10 +238,15 @@ class Config:
             )
         s = self.schedule
         steps = self.training.max_steps
-        if s.warmup_steps + s.decay_steps > steps:
+        # decay_steps belongs to wsd only: cosine and constant ignore it (and its default).
+        if s.kind == "wsd" and s.warmup_steps + s.decay_steps > steps:
             raise ConfigError(
                 f"schedule.decay_steps: warmup_steps ({s.warmup_steps}) + decay_steps "
                 f"({s.decay_steps}) exceeds training.max_steps ({steps})"
+            )
+        if s.kind == "constant" and s.warmup_steps > steps:
+            raise ConfigError(
+                f"schedule.warmup_steps: {s.warmup_steps} exceeds training.max_steps ({steps})"
             )
         if s.kind == "cosine" and s.warmup_steps >= steps:
             raise ConfigError(
@@ -426,7 +459,10 @@ def dumps_toml(tables: dict[str, Any]) -> str:
 
 
 def expand_path(text: str, base: Path | None = None) -> str:
-    """``~`` and relative paths: relative to ``base`` (the config file's directory) if given."""
+    """``~`` and relative paths: relative to ``base`` if given.
+
+    A built :class:`Config` already holds absolute paths, for which this is the identity.
+    """
     path = Path(os.path.expanduser(text))
     if base is not None and not path.is_absolute():
         path = base / path
