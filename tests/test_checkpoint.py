@@ -1,21 +1,33 @@
-"""Checkpoints: atomic write, hashes, exact round trip, refusal of non-finite state."""
+"""Checkpoints: atomic write, hashes, exact round trip, refusal of non-finite state,
+atomic pruning, crash leftovers, and storage failures that lose nothing."""
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
 
+import iqtrain.checkpoint as checkpoint_mod
 from iqtrain.checkpoint import (
+    crash_leftovers,
+    file_digest,
     list_checkpoints,
     load_checkpoint,
+    remove_checkpoint,
     restore_rng_state,
     rng_state,
     save_checkpoint,
     verify_checkpoint,
+    write_json_atomic,
 )
-from iqtrain.errors import CheckpointError, NonFiniteError
+from iqtrain.errors import CheckpointError, NonFiniteError, StorageError
 from iqtrain.model import ModelConfig, NextPatchModel
 from iqtrain.step import OptimizerConfig, TrainStep
 
@@ -68,7 +80,8 @@ def test_round_trip_is_exact(tmp_path):
 
 def test_tampering_is_detected(tmp_path):
     s = _stepper(1)
-    path = save_checkpoint(tmp_path, 1, s.model_state_dict(), s.optimizer.state_dict(), {})
+    state = {"step": 1}
+    path = save_checkpoint(tmp_path, 1, s.model_state_dict(), s.optimizer.state_dict(), state)
     f = path / "optimizer.safetensors"
     data = bytearray(f.read_bytes())
     data[-1] ^= 0xFF
@@ -92,9 +105,10 @@ def test_non_finite_state_is_refused_before_writing(tmp_path):
 
 def test_never_overwrites_and_torn_checkpoints_are_not_listed(tmp_path):
     s = _stepper(1)
-    save_checkpoint(tmp_path, 1, s.model_state_dict(), s.optimizer.state_dict(), {})
+    state = {"step": 1}
+    save_checkpoint(tmp_path, 1, s.model_state_dict(), s.optimizer.state_dict(), state)
     with pytest.raises(CheckpointError, match="already exists"):
-        save_checkpoint(tmp_path, 1, s.model_state_dict(), s.optimizer.state_dict(), {})
+        save_checkpoint(tmp_path, 1, s.model_state_dict(), s.optimizer.state_dict(), state)
     (tmp_path / ".tmp-step_00000002-123").mkdir()
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step_00000001"]
     torn = tmp_path / "step_00000003"
@@ -107,3 +121,310 @@ def test_rng_state_round_trip():
     a = torch.rand(5)
     restore_rng_state(state)
     assert torch.equal(torch.rand(5), a)
+
+
+# ------------------------------------------------------------------------------ helpers
+
+
+def _tiny(root, step, *, model_n=4, optim_n=4, **state):
+    """A checkpoint of a few hand-made tensors (no model needed)."""
+    model = {"w": torch.arange(model_n, dtype=torch.float32)}
+    optim = {
+        "state": {0: {"exp_avg": torch.zeros(optim_n), "step": 3}},
+        "param_groups": [{"lr": 1e-3, "betas": (0.9, 0.95), "params": [0]}],
+    }
+    return save_checkpoint(root, step, model, optim, {"step": step, **state})
+
+
+def _names(root):
+    return sorted(p.name for p in root.iterdir())
+
+
+# Run in a child process so a real resource limit or a real kill -9 hits real code.
+_PRELUDE = """
+import json, os, resource, shutil, signal, sys
+from pathlib import Path
+import torch
+from iqtrain.checkpoint import remove_checkpoint, save_checkpoint, write_json_atomic
+from iqtrain.errors import IQTrainError
+
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+
+def limit_file_size(nbytes):
+    hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
+    resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, hard))
+
+def tiny(root, step, model_n=4, optim_n=4, **state):
+    model = {"w": torch.arange(model_n, dtype=torch.float32)}
+    optim = {"state": {0: {"exp_avg": torch.zeros(optim_n)}},
+             "param_groups": [{"lr": 1e-3, "params": [0]}]}
+    return save_checkpoint(root, step, model, optim, {"step": step, **state})
+
+def report(fn):
+    try:
+        fn()
+    except IQTrainError as exc:
+        print(json.dumps({"class": type(exc).__name__, "message": str(exc)}))
+    else:
+        print(json.dumps({"class": None}))
+"""
+
+
+def _child(tmp_path, body):
+    proc = subprocess.run(
+        [sys.executable, "-c", _PRELUDE + textwrap.dedent(body)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    return proc
+
+
+def _child_result(tmp_path, body):
+    proc = _child(tmp_path, body)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# ------------------------------------------------------------------------------ pruning
+
+
+def test_remove_checkpoint_leaves_the_namespace_by_rename_before_deleting(tmp_path, monkeypatch):
+    for step in (1, 2, 3):
+        _tiny(tmp_path, step)
+    events = []
+    real_rmtree, real_fsync_dir = shutil.rmtree, checkpoint_mod.fsync_dir
+
+    def rmtree(path, *a, **kw):
+        events.append(("rmtree", os.path.basename(path), _names(tmp_path)))
+        return real_rmtree(path, *a, **kw)
+
+    def fsync_dir(path):
+        events.append(("fsync", os.fspath(path), _names(tmp_path)))
+        return real_fsync_dir(path)
+
+    monkeypatch.setattr(shutil, "rmtree", rmtree)
+    monkeypatch.setattr(checkpoint_mod, "fsync_dir", fsync_dir)
+    remove_checkpoint(tmp_path / "step_00000002")
+    doomed = f".pruned-step_00000002-{os.getpid()}"
+    # renamed out of the listed namespace, parent fsynced, and only then deleted
+    listed = sorted([doomed, "step_00000001", "step_00000003"])
+    assert events[0] == ("fsync", os.fspath(tmp_path), listed)
+    assert events[1][:2] == ("rmtree", doomed)
+    assert _names(tmp_path) == ["step_00000001", "step_00000003"]
+    assert crash_leftovers(tmp_path) == []
+
+
+def test_kill_9_while_pruning_leaves_only_complete_checkpoints_listed(tmp_path):
+    # The child deletes one file of the pruned checkpoint, then is killed -9 in the middle
+    # of the delete: the case that used to leave a half-deleted step_N under its real name.
+    proc = _child(
+        tmp_path,
+        """
+        root = Path("ckpts")
+        for step in (1, 2, 3):
+            tiny(root, step)
+        def crash_mid_delete(path, *a, **kw):
+            os.unlink(Path(path) / "model.safetensors")
+            os.kill(os.getpid(), signal.SIGKILL)
+        shutil.rmtree = crash_mid_delete
+        remove_checkpoint(root / "step_00000002")
+        """,
+    )
+    assert proc.returncode == -9, proc.stderr
+    root = tmp_path / "ckpts"
+    assert [p.name for p in list_checkpoints(root)] == ["step_00000001", "step_00000003"]
+    assert all(verify_checkpoint(p) == [] for p in list_checkpoints(root))
+    leftovers = crash_leftovers(root)
+    assert [p.name.rsplit("-", 1)[0] for p in leftovers] == [".pruned-step_00000002"]
+    # the next save and prune go on regardless of the leftover
+    _tiny(root, 4)
+    remove_checkpoint(root / "step_00000001")
+    assert [p.name for p in list_checkpoints(root)] == ["step_00000003", "step_00000004"]
+
+
+def test_kill_9_between_rename_and_delete(tmp_path):
+    proc = _child(
+        tmp_path,
+        """
+        root = Path("ckpts")
+        for step in (1, 2):
+            tiny(root, step)
+        shutil.rmtree = lambda *a, **kw: os.kill(os.getpid(), signal.SIGKILL)
+        remove_checkpoint(root / "step_00000001")
+        """,
+    )
+    assert proc.returncode == -9, proc.stderr
+    root = tmp_path / "ckpts"
+    assert [p.name for p in list_checkpoints(root)] == ["step_00000002"]
+    (left,) = crash_leftovers(root)
+    assert left.name.startswith(".pruned-step_00000001-") and left.is_dir()
+
+
+def test_a_failed_prune_rename_raises_storage_error_and_keeps_the_checkpoint(tmp_path, monkeypatch):
+    path = _tiny(tmp_path, 1)
+
+    def rename(src, dst):
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(checkpoint_mod.os, "rename", rename)
+    with pytest.raises(StorageError, match="step_00000001") as info:
+        remove_checkpoint(path)
+    assert "\n" not in str(info.value)
+    monkeypatch.undo()
+    assert list_checkpoints(tmp_path) == [path] and verify_checkpoint(path) == []
+    with pytest.raises(CheckpointError, match="not a checkpoint directory name"):
+        remove_checkpoint(tmp_path / "notes")
+
+
+def test_crash_leftovers_are_the_temporary_and_half_pruned_names_only(tmp_path):
+    _tiny(tmp_path, 3)
+    for name in (".tmp-step_00000004-123", ".pruned-step_00000001-9"):
+        (tmp_path / name).mkdir()
+    (tmp_path / ".attempt.json.tmp-77").write_text("{")
+    (tmp_path / "notes.txt").write_text("mine")
+    (tmp_path / ".hidden").mkdir()
+    assert [p.name for p in crash_leftovers(tmp_path)] == [
+        ".attempt.json.tmp-77",
+        ".pruned-step_00000001-9",
+        ".tmp-step_00000004-123",
+    ]
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_00000003"]
+    assert crash_leftovers(tmp_path / "absent") == []
+
+
+# ------------------------------------------------------------------------------ storage errors
+
+
+@pytest.mark.parametrize(
+    ("failing", "sizes"),
+    [
+        ("model.safetensors", "model_n=1 << 20"),
+        ("optimizer.safetensors", "optim_n=1 << 20"),
+        ("state.json", "pad='x' * (1 << 20)"),
+    ],
+)
+def test_a_full_disk_while_saving_loses_nothing(tmp_path, failing, sizes):
+    # A real EFBIG from RLIMIT_FSIZE (what a full disk or a quota looks like to the writer).
+    result = _child_result(
+        tmp_path,
+        f"""
+        root = Path("ckpts")
+        tiny(root, 1)
+        limit_file_size(256 * 1024)
+        report(lambda: tiny(root, 2, {sizes}))
+        """,
+    )
+    assert result["class"] == "StorageError", result
+    message = result["message"]
+    assert "\n" not in message and failing in message and "step_00000002" in message
+    assert "File too large" in message
+    root = tmp_path / "ckpts"
+    assert _names(root) == ["step_00000001"]  # no temporary, no partial step_00000002
+    assert verify_checkpoint(root / "step_00000001") == []
+
+
+@pytest.mark.parametrize("failing", ["model.safetensors", "checkpoint.json", ".tmp-step"])
+def test_an_fsync_error_while_saving_loses_nothing(tmp_path, monkeypatch, failing):
+    first = _tiny(tmp_path, 1)
+    before = {p.name: file_digest(p) for p in first.iterdir()}
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        if os.path.basename(os.readlink(f"/proc/self/fd/{fd}")).startswith(failing):
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return real_fsync(fd)
+
+    monkeypatch.setattr(checkpoint_mod.os, "fsync", fsync)
+    with pytest.raises(StorageError, match="Input/output error") as info:
+        _tiny(tmp_path, 2)
+    assert failing in str(info.value)
+    monkeypatch.undo()
+    assert _names(tmp_path) == ["step_00000001"]
+    assert {p.name: file_digest(p) for p in first.iterdir()} == before
+
+
+def test_write_json_atomic_on_a_full_disk_keeps_the_old_file(tmp_path):
+    (tmp_path / "attempt.json").write_text('{"status": "running"}\n')
+    result = _child_result(
+        tmp_path,
+        """
+        limit_file_size(4096)
+        report(lambda: write_json_atomic(Path("attempt.json"), {"pad": "x" * 100000}))
+        """,
+    )
+    assert result["class"] == "StorageError", result
+    assert "attempt.json" in result["message"] and "\n" not in result["message"]
+    assert json.loads((tmp_path / "attempt.json").read_text()) == {"status": "running"}
+    assert _names(tmp_path) == ["attempt.json"]  # the temporary file is gone
+
+
+def test_write_json_atomic_error_leaves_an_absent_file_absent(tmp_path, monkeypatch):
+    def replace(src, dst):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(checkpoint_mod.os, "replace", replace)
+    with pytest.raises(StorageError, match="manifest.json: cannot write: No space left"):
+        write_json_atomic(tmp_path / "manifest.json", {"a": 1})
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.undo()
+    write_json_atomic(tmp_path / "manifest.json", {"a": 1})
+    assert json.loads((tmp_path / "manifest.json").read_text()) == {"a": 1}
+
+
+# ------------------------------------------------------------------------------ the step
+
+
+def _rewrite(path, name, text):
+    """Replace a checkpoint file and re-bind it in checkpoint.json (a consistent forgery)."""
+    (path / name).write_text(text)
+    index = json.loads((path / "checkpoint.json").read_text())
+    index["files"][name] = file_digest(path / name)
+    (path / "checkpoint.json").write_text(json.dumps(index))
+
+
+def test_verify_checks_the_step_three_ways(tmp_path):
+    good = _tiny(tmp_path, 5)
+    assert verify_checkpoint(good) == []
+    # state.json disagrees with the name and checkpoint.json
+    liar = _tiny(tmp_path, 6)
+    state = json.loads((liar / "state.json").read_text())
+    _rewrite(liar, "state.json", json.dumps({**state, "step": 5}))
+    (problem,) = verify_checkpoint(liar)
+    assert "state.json" in problem and "step 5" in problem and "step_00000006" in problem
+    # a checkpoint copied under another name: checkpoint.json and state.json both disagree
+    moved = tmp_path / "step_00000007"
+    shutil.copytree(good, moved)
+    problems = verify_checkpoint(moved)
+    assert len(problems) == 2
+    assert "checkpoint.json" in problems[0] and "state.json" in problems[1]
+    with pytest.raises(CheckpointError, match="step_00000007"):
+        load_checkpoint(moved)
+
+
+@pytest.mark.parametrize(
+    ("state_text", "expect"),
+    [
+        ('{"optimizer": {}}', "no integer 'step'"),
+        ('{"step": "5"}', "no integer 'step'"),
+        ("[5]", "no integer 'step'"),
+        ("{not json", "unreadable"),
+    ],
+)
+def test_verify_reports_an_unusable_state_step_as_a_problem(tmp_path, state_text, expect):
+    path = _tiny(tmp_path, 5)
+    _rewrite(path, "state.json", state_text)
+    (problem,) = verify_checkpoint(path)
+    assert "state.json" in problem and expect in problem
+
+
+@pytest.mark.parametrize(
+    "index",
+    [{"files": ["model.safetensors"], "step": 5}, [1, 2], {"step": 5}, {"files": {"x": 1}}],
+)
+def test_verify_never_raises_on_a_malformed_checkpoint_json(tmp_path, index):
+    path = _tiny(tmp_path, 5)
+    (path / "checkpoint.json").write_text(json.dumps(index))
+    problems = verify_checkpoint(path)
+    assert problems and all(isinstance(p, str) for p in problems)

@@ -130,6 +130,56 @@ def test_non_finite_data_fails_with_exit_1_and_a_verifiable_attempt(tmp_path):
     assert iqtrain("verify", attempt).returncode == 0
 
 
+def test_non_finite_validation_fails_with_exit_1_naming_step_and_windows(tmp_path):
+    rng = np.random.default_rng(0)
+    write_sigmf(tmp_path / "d", "train", rng.standard_normal((2048, 2)).astype("f4"), "cf32_le")
+    val = rng.standard_normal((512, 2)).astype("f4")
+    val[200, 1] = np.inf  # window 3 of 8 (64-sample windows)
+    write_sigmf(tmp_path / "d", "val", val, "cf32_le")
+    tables = _tables(tmp_path / "run", tmp_path / "cache", max_steps=4, eval_every=2)
+    tables["data"]["train"] = [os.fspath(tmp_path / "d" / "train.sigmf-meta")]
+    tables["data"]["val"] = [os.fspath(tmp_path / "d" / "val.sigmf-meta")]
+    tables["data"]["val_batch_size"] = 2
+    path = tmp_path / "inf.toml"
+    path.write_text(dumps_toml(tables))
+    proc = iqtrain("run", path)
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    error = [line for line in proc.stderr.splitlines() if line.startswith("iqtrain: error:")]
+    assert len(error) == 1, proc.stderr
+    assert "step 2" in error[0] and "validation" in error[0] and "[2, 3]" in error[0], error
+    attempt = tmp_path / "run" / "attempts" / "0001"
+    info = json.loads((attempt / "attempt.json").read_text())
+    assert info["status"] == "failed" and "NonFiniteError" in info["error"]
+    records = [json.loads(line) for line in (attempt / "metrics.jsonl").read_text().splitlines()]
+    assert [r["kind"] for r in records] == ["train", "train"]  # no val record was written
+    assert iqtrain("verify", attempt).returncode == 0
+
+
+def test_verify_data_rereads_every_recording(tmp_path):
+    rng = np.random.default_rng(1)
+    iq = rng.standard_normal((2048, 2)).astype("f4")
+    write_sigmf(tmp_path / "d", "train", iq, "cf32_le")
+    write_sigmf(tmp_path / "d", "val", rng.standard_normal((512, 2)).astype("f4"), "cf32_le")
+    tables = _tables(tmp_path / "run", tmp_path / "cache")
+    tables["data"]["train"] = [os.fspath(tmp_path / "d" / "train.sigmf-meta")]
+    tables["data"]["val"] = [os.fspath(tmp_path / "d" / "val.sigmf-meta")]
+    path = tmp_path / "real.toml"
+    path.write_text(dumps_toml(tables))
+    assert iqtrain("run", path).returncode == 0
+    attempt = tmp_path / "run" / "attempts" / "0001"
+    ok = iqtrain("verify", attempt, "--data")
+    assert ok.returncode == 0 and "verified and its data" in ok.stdout, ok.stdout + ok.stderr
+    data = tmp_path / "d" / "train.sigmf-data"
+    raw = bytearray(data.read_bytes())
+    raw[5000] ^= 0x10
+    data.write_bytes(bytes(raw))
+    assert iqtrain("verify", attempt).returncode == 0  # the attempt's own files are intact
+    bad = iqtrain("verify", attempt, "--data")
+    assert bad.returncode == 1 and "Traceback" not in bad.stderr
+    assert "train.sigmf-data" in bad.stdout and "MISMATCH" in bad.stdout, bad.stdout
+
+
 def test_synth_and_inspect(cfg, tmp_path):
     out = tmp_path / "synth"
     proc = iqtrain("synth", out, "--recordings", "2", "--samples", "4096", "--datatype", "ci8")

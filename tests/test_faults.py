@@ -15,7 +15,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 import torch
 from safetensors.torch import load_file
 from test_attempt import tiny_tables
@@ -24,6 +23,7 @@ from iqtrain.checkpoint import list_checkpoints
 from iqtrain.config import dumps_toml
 from iqtrain.lineage import attempt_status, check_attempt, checkpoint_problems
 from iqtrain.metrics import read_metrics, strip_timing
+from iqtrain.synth import synthesize
 
 KILLS = 6
 MAX_STEPS = 60
@@ -125,4 +125,49 @@ def test_repeated_kill_9_leaves_verifiable_attempts_that_resume_exactly(tmp_path
         assert torch.equal(want[k], got[k]), k
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+def test_data_truncated_mid_run_is_exit_1_naming_the_file_and_resumes_once_restored(tmp_path):
+    data = tmp_path / "data"
+    synthesize(data / "train", recordings=2, samples=65536, seed=1)
+    synthesize(data / "val", recordings=1, samples=4096, seed=2)
+    training = {"max_steps": 400, "checkpoint_every": 5, "keep_last": 1, "eval_every": 200}
+    tables = tiny_tables(tmp_path / "run", tmp_path / "unused", **training)
+    tables["data"]["train"] = [os.fspath(data / "train" / "*.sigmf-meta")]
+    tables["data"]["val"] = [os.fspath(data / "val" / "*.sigmf-meta")]
+    tables["data"]["prefetch"] = 2
+    cfg = tmp_path / "cfg.toml"
+    cfg.write_text(dumps_toml(tables))
+    victim = sorted((data / "train").glob("*.sigmf-data"))[0]
+    original = victim.read_bytes()
+
+    proc = subprocess.Popen(
+        _cli("run", cfg), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=_env()
+    )
+    attempt = tmp_path / "run" / "attempts" / "0001"
+    ckpts = attempt / "checkpoints"
+    deadline = time.monotonic() + 120
+    while proc.poll() is None and time.monotonic() < deadline:
+        if list_checkpoints(ckpts):
+            break
+        time.sleep(0.005)
+    with open(victim, "r+b") as f:  # in place, as a failing copy or a full disk would
+        f.truncate(len(original) // 4)
+    _, err = proc.communicate(timeout=120)
+    err = err.decode()
+    assert proc.returncode == 1, err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.startswith("iqtrain: error:")]
+    assert len(lines) == 1 and victim.name in lines[0], err
+    assert attempt_status(attempt) == "failed"
+    assert check_attempt(attempt).problems == []
+
+    victim.write_bytes(original)
+    resumed = subprocess.run(
+        _cli("resume", "--attempt", attempt),
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=600,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    child = tmp_path / "run" / "attempts" / "0002"
+    assert check_attempt(child).problems == [] and attempt_status(child) == "completed"

@@ -11,40 +11,70 @@ Layout of ``checkpoints/step_00000500/``::
 A checkpoint is written into a temporary sibling directory, every file fsynced, then renamed into
 place and the parent directory fsynced: a crash leaves either the previous set of checkpoints or
 the new one, never a half-written one under a real name. Non-finite model or optimizer tensors
-are rejected before anything is written.
+are rejected before anything is written. A write that fails (disk full, file too large, I/O
+error) raises :class:`~iqtrain.errors.StorageError` naming the file, after removing the
+temporary directory; the checkpoints already written are untouched.
+
+Pruning is atomic too (:func:`remove_checkpoint`): a checkpoint leaves the listed namespace by a
+rename to ``.pruned-step_XXXXXXXX-<pid>`` (parent fsynced) before it is deleted. Only complete
+``step_XXXXXXXX`` directories are ever listed; what a crash can leave behind — ``.tmp-…``
+checkpoint directories, ``.pruned-…`` directories, ``.NAME.tmp-<pid>`` JSON files — carries no
+listed name and is found by :func:`crash_leftovers`.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import os
 import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
 
-from iqtrain.errors import CheckpointError, NonFiniteError
+from iqtrain.errors import CheckpointError, NonFiniteError, StorageError
+
+if TYPE_CHECKING:
+    import torch
+
+# torch (and safetensors.torch) are imported inside the functions that handle tensors: listing,
+# verifying and pruning checkpoints — what ``verify`` and ``report`` need — import no torch.
 
 __all__ = [
     "CHECKPOINT_FILES",
     "checkpoint_name",
+    "checkpoint_step",
+    "crash_leftovers",
     "file_digest",
+    "fsync_dir",
     "list_checkpoints",
     "load_checkpoint",
+    "remove_checkpoint",
     "rng_state",
     "restore_rng_state",
     "save_checkpoint",
     "verify_checkpoint",
+    "write_json_atomic",
 ]
 
 CHECKPOINT_FILES = ("model.safetensors", "optimizer.safetensors", "state.json")
 _NAME = re.compile(r"^step_(\d{8})$")
+# What a crash can leave in a checkpoints or attempt directory (never a listed name):
+# a checkpoint being written, one being pruned, a JSON file being replaced.
+_LEFTOVER = re.compile(r"^(\.tmp-step_\d{8}-\d+|\.pruned-step_\d{8}-\d+|\..+\.tmp-\d+)$")
+
+
+def _storage_error(path: Path, exc: BaseException) -> StorageError:
+    """One line naming the file: ``<path>: cannot write: <reason>``."""
+    if isinstance(exc, OSError) and exc.strerror:
+        reason = exc.strerror
+    else:
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+    return StorageError(f"{path}: cannot write: {reason}")
 
 
 def checkpoint_name(step: int) -> str:
@@ -79,21 +109,51 @@ def fsync_dir(path: Path) -> None:
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write JSON to ``path`` through a fsynced temporary file and a rename."""
+    """Write JSON to ``path`` through a fsynced temporary file and a rename.
+
+    Raises ``StorageError`` naming ``path`` if any write, fsync or rename fails; the temporary
+    file is removed and ``path`` keeps its previous content (or stays absent). ``ValueError`` /
+    ``TypeError`` (``obj`` not JSON-able, non-finite floats) are raised before anything is
+    written.
+    """
+    path = Path(path)
+    data = (json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n").encode()
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=True, allow_nan=False)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+    try:
+        _write_file(tmp, data)
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    except OSError as exc:
+        _unlink_quietly(tmp)
+        raise _storage_error(path, exc) from exc
+    except BaseException:
+        _unlink_quietly(tmp)
+        raise
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    """Create ``path`` (replacing a stale one) holding ``data``, fsynced."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _unlink_quietly(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
 
 
 # ------------------------------------------------------------------------------- RNG state
 
 
 def rng_state() -> dict[str, Any]:
+    import torch
+
     state = {"cpu": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = [
@@ -103,10 +163,14 @@ def rng_state() -> dict[str, Any]:
 
 
 def _bytes_tensor(text: str) -> torch.Tensor:
+    import torch
+
     return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
 
 
 def restore_rng_state(state: dict[str, Any]) -> None:
+    import torch
+
     torch.set_rng_state(_bytes_tensor(state["cpu"]))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all([_bytes_tensor(s) for s in state["cuda"]])
@@ -117,6 +181,8 @@ def restore_rng_state(state: dict[str, Any]) -> None:
 
 def _split_optimizer(optim_sd: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Optimizer state dict -> (tensors for safetensors, JSON-able remainder)."""
+    import torch
+
     tensors: dict[str, torch.Tensor] = {}
     scalars: dict[str, dict[str, Any]] = {}
     for idx, entry in optim_sd["state"].items():
@@ -141,6 +207,8 @@ def _split_optimizer(optim_sd: dict[str, Any]) -> tuple[dict[str, torch.Tensor],
 
 
 def _join_optimizer(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
     state: dict[int, dict[str, Any]] = {}
     for name, value in tensors.items():
         _, idx, key = name.split(".", 2)
@@ -165,6 +233,8 @@ def _join_optimizer(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> d
 
 
 def _check_finite(kind: str, tensors: dict[str, torch.Tensor]) -> None:
+    import torch
+
     for name, t in tensors.items():
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
             raise NonFiniteError(f"checkpoint refused: {kind} tensor {name!r} is not finite")
@@ -177,77 +247,187 @@ def save_checkpoint(
     optimizer_state: dict[str, Any],
     state: dict[str, Any],
 ) -> Path:
-    """Write checkpoint ``root/step_XXXXXXXX`` atomically; returns its path."""
+    """Write checkpoint ``root/step_XXXXXXXX`` atomically; returns its path.
+
+    Raises ``NonFiniteError`` (a non-finite tensor) before anything is written,
+    ``CheckpointError`` if the checkpoint exists, and ``StorageError`` naming the file or
+    directory whose write, fsync or rename failed (disk full, file too large, I/O error); the
+    temporary directory is then removed and the existing checkpoints are untouched.
+    """
+    from safetensors.torch import save_file
+
     model_t = {k: v.detach().to("cpu").contiguous() for k, v in model_state.items()}
     optim_t, optim_meta = _split_optimizer(optimizer_state)
     optim_t = {k: v.detach().to("cpu").contiguous() for k, v in optim_t.items()}
     _check_finite("model", model_t)
     _check_finite("optimizer", optim_t)
 
+    # Encoded before anything is written: a non-JSON-able state is a bug, not a storage error.
+    state_bytes = (
+        json.dumps({**state, "optimizer": optim_meta}, indent=1, sort_keys=True, allow_nan=False)
+        + "\n"
+    ).encode()
+
     name = checkpoint_name(step)
     final = root / name
     if final.exists():
         raise CheckpointError(f"{final}: already exists; checkpoints are never overwritten")
-    root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".tmp-{name}-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
+    current = root  # the file or directory being written, named by a StorageError
     try:
-        save_file(model_t, tmp / "model.safetensors")
-        save_file(optim_t, tmp / "optimizer.safetensors")
-        full_state = {**state, "optimizer": optim_meta}
-        with open(tmp / "state.json", "w") as f:
-            json.dump(full_state, f, indent=1, sort_keys=True, allow_nan=False)
-            f.write("\n")
+        root.mkdir(parents=True, exist_ok=True)
+        current = tmp
+        if tmp.exists():  # left by a crashed process that had our pid
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        current = tmp / "model.safetensors"
+        save_file(model_t, current)
+        current = tmp / "optimizer.safetensors"
+        save_file(optim_t, current)
+        current = tmp / "state.json"
+        _write_file(current, state_bytes)
         files = {}
         for fname in CHECKPOINT_FILES:
-            _fsync_file(tmp / fname)
-            files[fname] = file_digest(tmp / fname)
-        with open(tmp / "checkpoint.json", "w") as f:
-            json.dump({"name": name, "step": step, "files": files}, f, indent=2, sort_keys=True)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
+            current = tmp / fname
+            _fsync_file(current)
+            files[fname] = file_digest(current)
+        current = tmp / "checkpoint.json"
+        index = {"name": name, "step": step, "files": files}
+        _write_file(current, (json.dumps(index, indent=2, sort_keys=True) + "\n").encode())
+        current = tmp
         fsync_dir(tmp)
+        current = final
         os.rename(tmp, final)
+        # From here the checkpoint is complete under its real name; only the rename's
+        # durability is still at stake.
+        current = root
         fsync_dir(root)
+    except (OSError, SafetensorError) as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise _storage_error(current, exc) from exc
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return final
 
 
+def remove_checkpoint(path: Path) -> None:
+    """Delete checkpoint ``path`` atomically as far as any reader can tell.
+
+    The directory is first renamed to ``.pruned-step_XXXXXXXX-<pid>`` in the same parent and the
+    parent fsynced, so it leaves the listed namespace in one step; only then is it deleted. A
+    crash at any point leaves either the complete checkpoint under its name or a ``.pruned-…``
+    leftover (see :func:`crash_leftovers`), never a half-deleted ``step_XXXXXXXX``.
+
+    Raises ``CheckpointError`` if ``path`` is not named like a checkpoint, ``StorageError``
+    (naming ``path``) if the rename or the fsync fails. A failure while deleting the renamed
+    directory is not raised: it only leaves a leftover, which verify reports as a note.
+    """
+    path = Path(path)
+    checkpoint_step(path)
+    doomed = path.parent / f".pruned-{path.name}-{os.getpid()}"
+    try:
+        if doomed.exists():  # left by a crashed process that had our pid
+            shutil.rmtree(doomed)
+        os.rename(path, doomed)
+        fsync_dir(path.parent)
+    except OSError as exc:
+        raise StorageError(f"{path}: cannot prune: {exc.strerror or exc}") from exc
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def crash_leftovers(root: Path) -> list[Path]:
+    """What a crash left in ``root`` (a checkpoints or an attempt directory), sorted by name.
+
+    Checkpoints being written (``.tmp-step_…``), being pruned (``.pruned-step_…``) and JSON files
+    being replaced (``.NAME.tmp-<pid>``). None of them is ever listed or referenced; they are
+    notes for verify, not failures. A missing or unreadable ``root`` has none.
+    """
+    try:
+        found = [p for p in Path(root).iterdir() if _LEFTOVER.match(p.name)]
+    except OSError:
+        return []
+    return sorted(found, key=lambda p: p.name)
+
+
 def verify_checkpoint(path: Path) -> list[str]:
-    """Re-hash every file ``checkpoint.json`` lists; returns the mismatches (empty = valid)."""
+    """Everything wrong with checkpoint ``path`` (empty = valid); never raises.
+
+    Re-hashes every file ``checkpoint.json`` lists and checks that the step agrees three ways:
+    the directory name, ``checkpoint.json``'s ``step`` and ``state.json``'s ``step``.
+    """
+    path = Path(path)
     index = path / "checkpoint.json"
     try:
         listing = json.loads(index.read_text())
-        files = listing["files"]
     except FileNotFoundError:
         return [f"{index}: missing (checkpoint incomplete)"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError) as exc:
         return [f"{index}: unreadable: {exc}"]
+    files = listing.get("files") if isinstance(listing, dict) else None
+    if not isinstance(files, dict):
+        return [f"{index}: unreadable: no 'files' table"]
     problems = []
     for fname in CHECKPOINT_FILES:
         if fname not in files:
             problems.append(f"{index}: does not list {fname}")
     for fname, want in files.items():
-        p = path / fname
+        p = path / str(fname)
         if not p.is_file():
             problems.append(f"{p}: missing")
             continue
-        got = file_digest(p)
+        try:
+            got = file_digest(p)
+        except OSError as exc:
+            problems.append(f"{p}: unreadable: {exc.strerror or exc}")
+            continue
         if got != want:
+            if isinstance(want, dict):
+                recorded = f"{want.get('bytes')} bytes sha256 {str(want.get('sha256'))[:16]}…"
+            else:
+                recorded = repr(want)
             problems.append(
                 f"{p}: {got['bytes']} bytes sha256 {got['sha256'][:16]}… but checkpoint.json "
-                f"records {want['bytes']} bytes sha256 {want['sha256'][:16]}…"
+                f"records {recorded}"
             )
+    problems.extend(_step_problems(path, listing))
+    return problems
+
+
+def _step_problems(path: Path, listing: dict[str, Any]) -> list[str]:
+    """The step in the directory name, checkpoint.json and state.json must be one number."""
+    m = _NAME.match(path.name)
+    if not m:
+        return [f"{path}: not a checkpoint directory name (step_NNNNNNNN)"]
+    step = int(m.group(1))
+    problems = []
+    index = path / "checkpoint.json"
+    recorded = listing.get("step")
+    if type(recorded) is not int:
+        problems.append(f"{index}: no integer 'step'")
+    elif recorded != step:
+        problems.append(f"{index}: records step {recorded}, but the directory is {path.name}")
+    state_path = path / "state.json"
+    if not state_path.is_file():
+        return problems  # reported as missing above
+    try:
+        state = json.loads(state_path.read_text())
+    except (OSError, ValueError) as exc:
+        return [*problems, f"{state_path}: unreadable: {exc}"]
+    state_step = state.get("step") if isinstance(state, dict) else None
+    if type(state_step) is not int:
+        problems.append(f"{state_path}: no integer 'step'")
+    elif state_step != step:
+        problems.append(
+            f"{state_path}: records step {state_step}, but the directory is {path.name}"
+        )
     return problems
 
 
 def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any]]:
     """Verify, then load ``(model_state, optimizer_state, state)`` from a checkpoint."""
+    from safetensors.torch import load_file
+
     problems = verify_checkpoint(path)
     if problems:
         raise CheckpointError("; ".join(problems))
@@ -257,12 +437,19 @@ def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]
         state = json.loads((path / "state.json").read_text())
     except (OSError, ValueError, SafetensorError) as exc:
         raise CheckpointError(f"{path}: cannot load: {exc}") from None
+    if not isinstance(state, dict) or "optimizer" not in state:
+        raise CheckpointError(f"{path / 'state.json'}: no 'optimizer' table")
     optim_meta = state.pop("optimizer")
     return model_state, _join_optimizer(optim_tensors, optim_meta), state
 
 
 def list_checkpoints(root: Path) -> list[Path]:
-    """Completed checkpoints (named ``step_NNNNNNNN``), oldest first."""
+    """Checkpoints named ``step_NNNNNNNN``, oldest first.
+
+    A checkpoint gets that name only by the final rename of :func:`save_checkpoint` and loses it
+    first thing in :func:`remove_checkpoint`, so these are the complete ones; temporaries and
+    half-pruned directories (:func:`crash_leftovers`) are never listed.
+    """
     if not root.is_dir():
         return []
     found = [p for p in root.iterdir() if p.is_dir() and _NAME.match(p.name)]

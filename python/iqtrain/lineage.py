@@ -309,7 +309,7 @@ def checkpoint_problems(ckpt: Path) -> list[str]:
     Its files against checkpoint.json, its state's step against its name, and the config and
     metric prefix of the attempt that wrote it against the hashes its state records.
     """
-    from iqtrain.checkpoint import checkpoint_step, verify_checkpoint
+    from iqtrain.checkpoint import verify_checkpoint
     from iqtrain.metrics import MetricCursor, verify_prefix
 
     found = verify_checkpoint(ckpt)
@@ -317,9 +317,7 @@ def checkpoint_problems(ckpt: Path) -> list[str]:
         return found
     owner = ckpt.parent.parent
     try:
-        state = json.loads((ckpt / "state.json").read_text())
-        if state["step"] != checkpoint_step(ckpt):
-            return [f"{ckpt / 'state.json'}: records step {state['step']}"]
+        state = json.loads((ckpt / "state.json").read_text())  # its step: verify_checkpoint
         config_sha = _sha256_file(owner / "config.toml")["sha256"]
         if state["config_sha256"] != config_sha:
             return [f"{owner / 'config.toml'}: does not match {ckpt.name}"]
@@ -341,6 +339,24 @@ def _verify_checkpoints_only(attempt: Path, check: AttemptCheck) -> None:
         check.problems.extend(checkpoint_problems(ckpt))
 
 
+def _note_torn_tail(attempt: Path, check: AttemptCheck) -> None:
+    """A stream cut mid-record by a kill: a note (no checkpoint's cursor covers the tail)."""
+    from iqtrain.metrics import read_metric_stream
+
+    path = attempt / "metrics.jsonl"
+    if not path.exists():
+        return
+    try:
+        stream = read_metric_stream(path)
+    except CheckpointError as exc:
+        check.problems.append(str(exc))
+        return
+    if stream.torn:
+        check.notes.append(
+            f"{path}: ends in a torn record ({stream.torn_bytes} bytes, ignored by resume)"
+        )
+
+
 def check_attempt(attempt: Path) -> AttemptCheck:
     """Verify an attempt: its manifest (every field, against the files) or its checkpoints.
 
@@ -360,7 +376,7 @@ def check_attempt(attempt: Path) -> AttemptCheck:
         check.problems.append(f"{attempt / 'attempt.json'}: unreadable: {exc}")
         return check
     check = AttemptCheck(attempt, status)
-    for left in crash_leftovers(attempt / "checkpoints"):
+    for left in [*crash_leftovers(attempt), *crash_leftovers(attempt / "checkpoints")]:
         check.notes.append(f"{left}: leftover of an interrupted write or prune (ignored)")
     if status == "crashed":
         check.notes.append(
@@ -372,6 +388,7 @@ def check_attempt(attempt: Path) -> AttemptCheck:
         if status == "completed":
             check.problems.append(f"{manifest_path}: missing, but attempt.json says completed")
         _verify_checkpoints_only(attempt, check)
+        _note_torn_tail(attempt, check)
         return check
     if status != "completed":
         check.notes.append(f"{attempt}: manifest.json exists but attempt.json says {status}")

@@ -1,51 +1,158 @@
-"""``iqtrain report DIR``: a plain-text summary of an attempt's metric stream."""
+"""``iqtrain report DIR``: a plain-text summary of an attempt and its metric stream.
+
+Never a traceback: a directory that is not an attempt (no ``attempt.json``, unreadable JSON, not
+an object, no ``id``/``status``) or a metric stream damaged before its last line raises
+``CheckpointError`` with one line naming the file. Everything else is shown as far as it is
+there: a torn trailing record (a writer killed mid-record) becomes a note, a crashed attempt is
+shown as ``crashed``, and missing optional fields (device name, samples/s, baselines, …) are
+left out. This module imports no torch.
+"""
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
+from typing import Any
 
 from iqtrain.errors import CheckpointError
-from iqtrain.metrics import read_metrics
+from iqtrain.lineage import attempt_status, read_attempt_info
+from iqtrain.metrics import read_metric_stream
 
 __all__ = ["report"]
 
+REQUIRED_KEYS = ("id", "status")
 
-def report(attempt: Path) -> str:
-    metrics = attempt / "metrics.jsonl"
-    if not metrics.is_file():
-        raise CheckpointError(f"{attempt}: no metrics.jsonl (not an attempt directory?)")
-    info = json.loads((attempt / "attempt.json").read_text())
-    records = read_metrics(metrics)
-    train = [r for r in records if r["kind"] == "train"]
-    val = [r for r in records if r["kind"] == "val"]
-    lines = [f"attempt {attempt} ({info.get('status')}), device {info['device']['name']}"]
-    if info.get("parent"):
-        lines.append(f"  resumed from {info['parent']['attempt']} at step {info['parent']['step']}")
-    if train:
-        last = train[-1]
-        sps = [r["samples_per_s"] for r in train[len(train) // 10 :]]
-        lines.append(
-            f"  {len(train)} train steps, last loss {last['loss']:.5f}, "
-            f"clipped {sum(r['clipped'] for r in train)}, spikes {sum(r['spike'] for r in train)}, "
-            f"median samples/s {sorted(sps)[len(sps) // 2]:.0f}"
+
+def _num(record: dict[str, Any], key: str) -> float | None:
+    """``record[key]`` if it is a finite number (bools are not numbers here), else None."""
+    value = record.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "?" if value is None else format(value, spec)
+
+
+def _db(loss: float | None) -> str:
+    """A normalised MSE as SNR in dB (``-10 log10 loss``); ``?`` when undefined."""
+    return "?" if loss is None or loss <= 0 else f"{-10 * math.log10(loss):.2f} dB"
+
+
+def _load_info(attempt: Path) -> dict[str, Any]:
+    path = attempt / "attempt.json"
+    if not attempt.is_dir():
+        raise CheckpointError(f"{attempt}: not a directory")
+    try:
+        info = read_attempt_info(attempt)
+    except FileNotFoundError:
+        raise CheckpointError(f"{attempt}: not an attempt directory (no attempt.json)") from None
+    except OSError as exc:
+        raise CheckpointError(f"{path}: unreadable: {exc.strerror or exc}") from None
+    except ValueError as exc:  # bad JSON, bad UTF-8, not an object
+        raise CheckpointError(f"{path}: unreadable: {' '.join(str(exc).split())}") from None
+    missing = [k for k in REQUIRED_KEYS if not isinstance(info.get(k), str)]
+    if missing:
+        raise CheckpointError(
+            f"{path}: not an attempt record (no {', '.join(repr(k) for k in missing)})"
         )
+    return info
+
+
+def _header(attempt: Path, info: dict[str, Any], status: str) -> list[str]:
+    device = info.get("device")
+    device = device if isinstance(device, dict) else {}
+    parts = [str(device[k]) for k in ("name", "precision") if device.get(k)]
+    lines = [f"attempt {attempt} ({status})" + (f", device {', '.join(parts)}" if parts else "")]
+    parent = info.get("parent")
+    if isinstance(parent, dict):
+        lines.append(
+            f"  resumed from {parent.get('attempt', '?')} at step {parent.get('step', '?')}"
+        )
+    times = [f"{k} {info[k]}" for k in ("started", "finished") if isinstance(info.get(k), str)]
+    if times:
+        lines.append("  " + ", ".join(times))
+    if status == "crashed":
+        lines.append(
+            "  note: attempt.json says running but no process holds its lock: the process was "
+            f"killed; resume with: iqtrain resume --attempt {attempt}"
+        )
+    if info.get("error"):
+        lines.append(f"  error: {' '.join(str(info['error']).split())}")
+    return lines
+
+
+def _train_lines(train: list[dict[str, Any]]) -> list[str]:
+    if not train:
+        return []
+    last = train[-1]
+    line = (
+        f"  {len(train)} train steps, last step {last.get('step', '?')} "
+        f"loss {_fmt(_num(last, 'loss'), '.5f')}, "
+        f"clipped {sum(r.get('clipped') is True for r in train)}, "
+        f"spikes {sum(r.get('spike') is True for r in train)}"
+    )
+    # The first 10% are warm-up (compilation, caches): the median of the rest.
+    sps = sorted(
+        v for r in train[len(train) // 10 :] if (v := _num(r, "samples_per_s")) is not None
+    )
+    if sps:
+        line += f", median samples/s {sps[len(sps) // 2]:.0f}"
+    return [line]
+
+
+def _val_lines(val: list[dict[str, Any]]) -> list[str]:
+    lines = []
     base = next((r for r in val if "baseline_zero_loss" in r), None)
     if base:
         lines.append(
-            f"  baselines: zero-prediction {base['baseline_zero_loss']:.5f}, "
-            f"copy-last-patch {base['baseline_copy_last_loss']:.5f}"
+            f"  baselines: zero-prediction {_fmt(_num(base, 'baseline_zero_loss'), '.5f')}, "
+            f"copy-last-patch {_fmt(_num(base, 'baseline_copy_last_loss'), '.5f')}"
         )
     for r in val:
+        snr = _num(r, "pred_snr_db")
         lines.append(
-            f"  val step {r['step']:>7}: loss {r['loss']:.5f} ({r['pred_snr_db']:.2f} dB)"
-            + ("  best" if r["best"] else "")
+            f"  val step {str(r.get('step', '?')):>7}: loss {_fmt(_num(r, 'loss'), '.5f')}"
+            + ("" if snr is None else f" ({snr:.2f} dB)")
+            + ("  best" if r.get("best") is True else "")
         )
-    if val:
-        best = min(val, key=lambda r: r["loss"])
+    scored = [r for r in val if _num(r, "loss") is not None]
+    if scored:
+        best = min(scored, key=lambda r: _num(r, "loss"))
+        loss = _num(best, "loss")
+        lines.append(f"  best val loss {loss:.5f} at step {best.get('step', '?')} ({_db(loss)})")
+    return lines
+
+
+def report(attempt: Path) -> str:
+    """The summary of attempt directory ``attempt``; ``CheckpointError`` if it is not one."""
+    attempt = Path(attempt)
+    info = _load_info(attempt)
+    try:
+        status = attempt_status(attempt, info)
+    except OSError as exc:  # the lock file cannot be opened: say so, report the rest
+        status = f"{info['status']}? lock {exc.strerror or exc}"
+    lines = _header(attempt, info, status)
+    metrics = attempt / "metrics.jsonl"
+    if not metrics.exists():
+        lines.append("  no metric records (metrics.jsonl was never created)")
+        return "\n".join(lines)
+    stream = read_metric_stream(metrics)  # CheckpointError if damaged before the last line
+    train = [r for r in stream.records if r.get("kind") == "train"]
+    val = [r for r in stream.records if r.get("kind") == "val"]
+    if not stream.records:
+        lines.append("  no metric records")
+    lines += _train_lines(train)
+    lines += _val_lines(val)
+    if stream.torn:
+        why = (
+            "a record still being written"
+            if status == "running"
+            else "the writer was stopped in the middle of a record"
+        )
         lines.append(
-            f"  best val loss {best['loss']:.5f} at step {best['step']} "
-            f"({-10 * math.log10(best['loss']):.2f} dB)"
+            f"  note: {metrics} ends in a torn record ({stream.torn_bytes} bytes after the last "
+            f"complete one, ignored): {why}"
         )
     return "\n".join(lines)
