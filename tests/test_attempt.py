@@ -432,7 +432,7 @@ def test_data_changed_anywhere_refuses_resume_naming_the_recording(tmp_path):
     data = tmp_path / "data"
     synthesize(data / "train", recordings=2, samples=65536, seed=1)
     synthesize(data / "val", recordings=1, samples=4096, seed=2)
-    tables = tiny_tables(tmp_path / "run", tmp_path / "unused", max_steps=4, keep_last=0)
+    tables = tiny_tables(tmp_path / "run", tmp_path / "unused", max_steps=6, keep_last=0)
     tables["data"]["train"] = [os.fspath(data / "train" / "*.sigmf-meta")]
     tables["data"]["val"] = [os.fspath(data / "val" / "*.sigmf-meta")]
     parent = run_pretraining_attempt(build_config(tables)).attempt

@@ -86,10 +86,14 @@ MALFORMED = [
     ({"run": {"dir": 3}}, "run.dir"),
     ({"data": {"train": ["a"], "val": [""]}}, "data.val[0]"),
     ({"data": {"synthetic": {"cache_dir": ""}}}, "data.synthetic.cache_dir"),
-    ({"schedule": {"kind": "constant", "warmup_steps": 60}, "training": {"max_steps": 50}},
-     "schedule.warmup_steps"),
-    ({"schedule": {"kind": "cosine", "warmup_steps": 50}, "training": {"max_steps": 50}},
-     "schedule.warmup_steps"),
+    (
+        {"schedule": {"kind": "constant", "warmup_steps": 60}, "training": {"max_steps": 50}},
+        "schedule.warmup_steps",
+    ),
+    (
+        {"schedule": {"kind": "cosine", "warmup_steps": 50}, "training": {"max_steps": 50}},
+        "schedule.warmup_steps",
+    ),
     ({"run": "x"}, "run"),
 ]
 

@@ -8,11 +8,13 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import COMPONENT_DTYPES, write_sigmf
+from conftest import COMPONENT_DTYPES, random_iq, write_sigmf
 
+from iqtrain._native import digest_files
 from iqtrain.data import IQDataset, TrainStream
 from iqtrain.errors import ConfigError, CursorMismatchError, DataError, IQTrainError
 
@@ -376,3 +378,304 @@ def test_cursor_mismatch(ds, make_recording, tmp_path):
     with pytest.raises(CursorMismatchError, match="missing keys"):
         TrainStream(ds, batch_size=8, seed=1).load_state_dict({"seed": 1})
     assert issubclass(CursorMismatchError, DataError)
+
+
+# --- capture segments ------------------------------------------------------------------------
+
+
+def _write_captures(directory, name, iq, datatype, captures):
+    """A SigMF recording written with the sigmf package; ``captures`` = [(start, fields), ...]."""
+    from sigmf import SigMFFile
+
+    directory.mkdir(parents=True, exist_ok=True)
+    data = directory / f"{name}.sigmf-data"
+    np.ascontiguousarray(iq, dtype=COMPONENT_DTYPES[datatype]).tofile(data)
+    meta = SigMFFile(data_file=data, global_info={"core:datatype": datatype})
+    for start, fields in captures:
+        meta.add_capture(start, metadata=dict(fields))
+    meta.tofile(directory / f"{name}.sigmf-meta")
+    return directory / f"{name}.sigmf-meta"
+
+
+def _ramp(n):
+    """ci16 samples whose I is the sample index and Q its negation (n < 2**15)."""
+    k = np.arange(n, dtype=np.int16)
+    return np.stack([k, -k], axis=-1)
+
+
+def test_two_captures_are_windowed_separately(tmp_path):
+    # 915 MHz for 1000 samples, then a retune to 2.4 GHz after 5000 dropped samples.
+    captures = [
+        (0, {"core:frequency": 915e6, "core:global_index": 0}),
+        (1000, {"core:frequency": 2.4e9, "core:global_index": 6000}),
+    ]
+    meta = _write_captures(tmp_path, "retune", _ramp(2500), "ci16_le", captures)
+    ds = IQDataset([meta], window=128)
+    assert ds.recordings[0].capture_starts == (0, 1000)
+    assert ds.recordings[0].segments == [(0, 1000), (1000, 1500)]
+    # 7 windows in the first capture, 11 in the second; straight across would be 19, with
+    # window 7 (samples 896..1024) mixing both frequencies.
+    assert ds.num_windows == 7 + 11
+    starts = [int(ds.window(i)[0, 0]) for i in range(ds.num_windows)]
+    assert starts == [128 * k for k in range(7)] + [1000 + 128 * k for k in range(11)]
+    assert ds.skipped == []
+
+
+@pytest.mark.parametrize("datatype", ["ci16_le", "cf32_be", "ci8"])
+def test_every_window_of_a_multi_capture_file_equals_sigmf_per_capture(tmp_path, datatype):
+    from sigmf.sigmffile import fromfile
+
+    iq = random_iq(np.random.default_rng(5), 3000, datatype)
+    starts = [0, 700, 760, 1900]  # the 60-sample capture is too short for a window
+    captures = [(s, {"core:frequency": 1e8 * (i + 1)}) for i, s in enumerate(starts)]
+    meta = _write_captures(tmp_path, "multi", iq, datatype, captures)
+    window, stride = 96, 40
+    ds = IQDataset([meta], window=window, stride=stride)
+    ref = fromfile(str(meta), autoscale=False)
+    expected = []
+    for c in range(len(starts)):
+        samples = ref.read_samples_in_capture(c)
+        seg = np.stack([samples.real, samples.imag], axis=-1)
+        expected += [seg[k : k + window] for k in range(0, len(seg) - window + 1, stride)]
+    assert ds.num_windows == len(expected)
+    got = ds.windows(np.arange(ds.num_windows))
+    np.testing.assert_array_equal(got.astype(np.float64), np.array(expected, dtype=np.float64))
+
+
+def test_no_window_crosses_a_capture_boundary(tmp_path):
+    # First capture at 100: samples 0..100 are a leading segment of their own.
+    bounds = [0, 100, 450, 470, 1200, 2047, 3000]
+    captures = [(s, {}) for s in bounds[1:-1]]
+    meta = _write_captures(tmp_path, "many", _ramp(3000), "ci16_le", captures)
+    other = _write_captures(tmp_path, "plain", _ramp(500), "ci16_le", [(0, {})])
+    for window, stride in [(64, 64), (64, 7), (100, 100), (5, 1)]:
+        ds = IQDataset([meta, other], window=window, stride=stride)
+        seen = []
+        for i in range(ds.num_windows):
+            w = ds.window(i)
+            first = int(w[0, 0])
+            np.testing.assert_array_equal(w[:, 0], np.arange(first, first + window))
+            seen.append(first)
+        n_many = sum((n - window) // stride + 1 for n in np.diff(bounds) if n >= window)
+        assert len(seen) == n_many + (500 - window) // stride + 1
+        for first in seen[:n_many]:
+            seg = np.searchsorted(bounds, first, side="right") - 1
+            assert first + window <= bounds[seg + 1], (window, stride, first)
+            assert (first - bounds[seg]) % stride == 0
+        # ids: segments in order, windows in order, then the next recording from sample 0
+        assert seen[:n_many] == sorted(seen[:n_many]) and seen[n_many] == 0
+
+
+def _meta_with_captures(path, captures, datatype="ci16_le"):
+    meta = {
+        "global": {"core:datatype": datatype, "core:version": "1.2.0"},
+        "captures": captures,
+        "annotations": [],
+    }
+    path.write_text(json.dumps(meta))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("starts", "bad"),
+    [
+        ([0, 10, 10], 2),  # not strictly increasing
+        ([0, 10, 5], 2),
+        ([0, -3], 1),
+        ([0, 1.5], 1),
+        ([0, "8"], 1),
+        ([True], 0),
+        ([0, 17], 1),  # beyond the 16 samples of the data (16 itself is allowed: see below)
+    ],
+)
+def test_bad_capture_starts_name_file_and_field(tmp_path, starts, bad):
+    meta = _meta_with_captures(
+        tmp_path / "x.sigmf-meta", [{"core:sample_start": s} for s in starts]
+    )
+    (tmp_path / "x.sigmf-data").write_bytes(bytes(4 * 16))
+    with pytest.raises(DataError) as err:
+        IQDataset([meta], window=4)
+    assert str(meta) in str(err.value)
+    assert f"captures[{bad}].core:sample_start" in str(err.value)
+
+
+def test_a_capture_at_the_end_of_the_data_is_empty(tmp_path):
+    meta = _meta_with_captures(
+        tmp_path / "x.sigmf-meta", [{"core:sample_start": 0}, {"core:sample_start": 16}]
+    )
+    (tmp_path / "x.sigmf-data").write_bytes(bytes(4 * 16))
+    ds = IQDataset([meta], window=4)
+    assert ds.recordings[0].segments == [(0, 16), (16, 0)]
+    assert ds.num_windows == 4
+
+
+def test_recordings_without_a_window_are_listed(tmp_path):
+    rec = tmp_path / "rec"
+    _write_captures(rec, "a_long", _ramp(1000), "ci16_le", [(0, {})])
+    _write_captures(rec, "b_short", _ramp(50), "ci16_le", [(0, {})])
+    # 300 samples, but every capture segment is shorter than the window.
+    _write_captures(rec, "c_chopped", _ramp(300), "ci16_le", [(s, {}) for s in (0, 80, 160, 240)])
+    (rec / "d_empty.sigmf-data").write_bytes(b"")  # the sigmf package cannot write this one
+    _meta_with_captures(rec / "d_empty.sigmf-meta", [{"core:sample_start": 0}])
+    ds = IQDataset(str(rec / "*.sigmf-meta"), window=100)
+    data = {r.meta_path.stem: os.fspath(r.data_path) for r in ds.recordings}
+    assert ds.skipped == [(data["b_short"], 50), (data["c_chopped"], 300), (data["d_empty"], 0)]
+    assert ds.num_windows == 10
+    with pytest.raises(DataError, match="shorter than the window"):
+        IQDataset(str(rec / "[bcd]*.sigmf-meta"), window=100)
+
+
+# --- content identity: digests and core:sha512 -----------------------------------------------
+
+# Official BLAKE3 test vectors: input byte i is i % 251.
+_BLAKE3 = {
+    1024: "42214739f095a406f3fc83deb889744ac00df831c10daa55189b5d121c855af7",
+    102400: "bc3e3d41a1146b069abffad3c0d44860cf664390afce4d9661f7902e7943e085",
+}
+
+
+def _vector_recording(directory, name, nbytes):
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"{name}.sigmf-data").write_bytes((np.arange(nbytes) % 251).astype(np.uint8))
+    return _meta_with_captures(directory / f"{name}.sigmf-meta", [{"core:sample_start": 0}], "ci8")
+
+
+def test_content_digests_are_blake3_of_every_data_byte(tmp_path):
+    b = _vector_recording(tmp_path, "b", 102400)
+    a = _vector_recording(tmp_path, "a", 1024)
+    ds = IQDataset([b, a], window=4)
+    digests = ds.content_digests()
+    a_data, b_data = (os.fspath(m.with_suffix(".sigmf-data").resolve()) for m in (a, b))
+    assert list(digests) == [a_data, b_data]  # sorted, absolute: the window id order
+    assert digests == {a_data: _BLAKE3[1024], b_data: _BLAKE3[102400]}
+    assert digest_files([b_data, a_data]) == [_BLAKE3[102400], _BLAKE3[1024]]
+
+    # A byte between the fingerprint's sampled blocks: the quick check misses it, the digest not.
+    fingerprint = ds.fingerprint
+    raw = bytearray(Path(b_data).read_bytes())
+    raw[5000] ^= 0xFF
+    Path(b_data).write_bytes(raw)
+    again = IQDataset([a, b], window=4)
+    assert again.fingerprint == fingerprint
+    assert again.content_digests()[b_data] != _BLAKE3[102400]
+    assert again.content_digests()[a_data] == _BLAKE3[1024]
+
+
+def test_content_digests_report_a_changed_or_missing_file(tmp_path):
+    a = _vector_recording(tmp_path, "a", 1024)
+    data = a.with_suffix(".sigmf-data").resolve()
+    ds = IQDataset([a], window=4)
+    with open(data, "r+b") as f:
+        f.truncate(512)
+    with pytest.raises(DataError, match=rf"{data}: data file changed length .*expected 1024"):
+        ds.content_digests()
+    with pytest.raises(DataError, match=str(tmp_path / "missing")):
+        digest_files([os.fspath(data), os.fspath(tmp_path / "missing")])
+
+
+def test_verify_content_lists_sha512_problems(make_recording, tmp_path):
+    good, _ = make_recording(2000, "ci16_le", name="good")  # sigmf writes core:sha512
+    bad, _ = make_recording(2000, "ci16_le", name="bad")
+    assert json.loads(bad.read_text())["global"]["core:sha512"]
+    plain = _vector_recording(tmp_path / "rec", "plain", 1024)  # no core:sha512: not checked
+    ds = IQDataset([good, bad, plain], window=16)
+    assert ds.verify_content() == []
+
+    bad_data = bad.with_suffix(".sigmf-data").resolve()
+    raw = bytearray(bad_data.read_bytes())
+    raw[1234] ^= 1
+    bad_data.write_bytes(raw)
+    problems = ds.verify_content()
+    assert len(problems) == 1
+    assert problems[0].startswith(f"{bad_data}: core:sha512 does not match the data")
+
+    with open(bad_data, "r+b") as f:
+        f.truncate(4000)
+    problems = ds.verify_content()
+    assert problems == [
+        f"{bad_data}: data file changed length while being read (expected 8000 bytes, found 4000)"
+    ]
+
+
+# --- a data file that changes length while a run reads it ------------------------------------
+
+_TRUNCATE_SCRIPT = r"""
+import json, os, sys
+import numpy as np
+from iqtrain.data import IQDataset, TrainStream
+from iqtrain.errors import DataError
+
+meta, data = sys.argv[1], sys.argv[2]
+full = open(data, "rb").read()
+ds = IQDataset([meta], window=64)
+ids = np.arange(ds.num_windows)
+before = ds.windows(ids).copy()
+reference = TrainStream(ds, batch_size=8, seed=3, prefetch=0)
+want = [next(reference).copy() for _ in range(12)]
+stream = TrainStream(ds, batch_size=8, seed=3, prefetch=2)
+next(stream), next(stream)  # the prefetch thread is running with batches queued
+os.truncate(data, len(full) // 2)
+out = {}
+try:
+    ds.windows(ids)
+except DataError as exc:
+    out["windows"] = str(exc)
+for _ in range(4):  # batches assembled before the truncation may still arrive first
+    pos = stream.samples_consumed
+    try:
+        next(stream)
+    except DataError as exc:
+        out["next"] = str(exc)
+        out["consumed_unchanged"] = stream.samples_consumed == pos
+        break
+with open(data, "r+b") as f:  # restored in place: the same open dataset reads again
+    f.write(full)
+out["windows_again"] = bool(np.array_equal(ds.windows(ids), before))
+k = stream.samples_consumed // 8
+out["next_again"] = bool(np.array_equal(next(stream), want[k]))
+print(json.dumps(out))
+"""
+
+
+def test_truncated_data_file_is_a_data_error_not_a_crash(make_recording):
+    meta, _ = make_recording(4096, "ci16_le")  # 16 KiB, 64 windows of 64
+    data = meta.with_suffix(".sigmf-data").resolve()
+    # In a child process: a SIGBUS there fails this test instead of killing the test session.
+    proc = subprocess.run(
+        [sys.executable, "-c", _TRUNCATE_SCRIPT, str(meta), str(data)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, f"child died with {proc.returncode}: {proc.stderr[-2000:]}"
+    out = json.loads(proc.stdout)
+    message = (
+        f"{data}: data file changed length while being read (expected 16384 bytes, found 8192)"
+    )
+    assert out["windows"] == message
+    assert out["next"] == message
+    assert out["consumed_unchanged"] and out["windows_again"] and out["next_again"]
+
+
+def test_many_recordings_fit_a_low_open_file_limit(tmp_path):
+    # Every usable recording keeps a descriptor open for positioned reads; opening raises the
+    # soft limit (up to the hard one) instead of failing at a low default.
+    for i in range(150):
+        _vector_recording(tmp_path / "rec", f"r{i:03d}", 64)
+    code = (
+        "import resource, sys\n"
+        "from iqtrain.data import IQDataset\n"
+        "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (100, hard))\n"
+        "ds = IQDataset(sys.argv[1], window=4)\n"
+        "assert ds.num_windows == 150 * 8, ds.num_windows\n"
+        "print(ds.windows(list(range(0, 1200, 8))).shape)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "rec" / "*.sigmf-meta")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "(150, 4, 2)"

@@ -7,7 +7,12 @@ import numpy.typing as npt
 
 class NativeDataset:
     def __init__(
-        self, data_paths: list[str], kinds: list[str], window: int, stride: int
+        self,
+        data_paths: list[str],
+        kinds: list[str],
+        window: int,
+        stride: int,
+        captures: list[list[int]] | None = None,
     ) -> None: ...
     @property
     def num_windows(self) -> int: ...
@@ -50,3 +55,4 @@ class NativeStream:
     def seek(self, samples_consumed: int) -> None: ...
 
 def feistel_index(n: int, seed: int, epoch: int, pos: int) -> int: ...
+def digest_files(paths: list[str], expected_lengths: list[int] | None = None) -> list[str]: ...

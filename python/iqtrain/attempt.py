@@ -60,6 +60,7 @@ from iqtrain.errors import (
     NonFiniteError,
     StorageError,
     TrainingError,
+    WindowTooLongError,
 )
 from iqtrain.lineage import (
     AttemptLock,
@@ -244,25 +245,22 @@ def ensure_synthetic(config: Config) -> tuple[list[str], list[str]]:
     return [os.fspath(root / "train" / "*.sigmf-meta")], [os.fspath(root / "val" / "*.sigmf-meta")]
 
 
-def open_datasets(config: Config, base: Path | None = None) -> tuple[IQDataset, IQDataset]:
-    """The train and validation datasets of ``config`` (synthetic when data.train is empty)."""
+def open_datasets(config: Config) -> tuple[IQDataset, IQDataset]:
+    """The train and validation datasets of ``config`` (synthetic when data.train is empty).
+
+    The config's paths are absolute already (resolved when it was built).
+    """
     d = config.data
-    if d.is_synthetic:
-        train, val = ensure_synthetic(config)
-    else:
-        train = [expand_path(p, base) for p in d.train]
-        val = [expand_path(p, base) for p in d.val]
+    train, val = ensure_synthetic(config) if d.is_synthetic else (d.train, d.val)
     out = []
     for key, paths in (("data.train", train), ("data.val", val)):
         try:
             ds = IQDataset(paths, window=d.window, stride=d.stride)
-        except DataError as exc:
-            if "shorter than the window" in str(exc):
-                raise ConfigError(
-                    f"data.seq_patches: a window of {d.window} samples "
-                    f"(seq_patches x patch_len) is longer than every recording in {key}"
-                ) from None
-            raise
+        except WindowTooLongError:
+            raise ConfigError(
+                f"data.seq_patches: a window of {d.window} samples "
+                f"(seq_patches x patch_len) is longer than every recording in {key}"
+            ) from None
         out.append(ds)
     return out[0], out[1]
 
@@ -628,7 +626,7 @@ def _check_digests(parent_state: dict, digests: dict, ckpt: Path) -> None:
 
 
 def _report_skipped(key: str, ds: IQDataset, window: int) -> None:
-    skipped = getattr(ds, "skipped", [])
+    skipped = ds.skipped
     if skipped:
         names = [os.path.basename(p) for p, _ in skipped]
         shown = ", ".join(names[:8]) + (f" (+{len(names) - 8} more)" if len(names) > 8 else "")

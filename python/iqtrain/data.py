@@ -1,27 +1,33 @@
 """SigMF recordings, windows and the deterministic training stream.
 
 Python reads and validates each ``.sigmf-meta`` with the ``sigmf`` package and decides how its
-bytes are to be read; the Rust extension (``iqtrain._native``) memory-maps the ``.sigmf-data``
-files and owns every byte after that: window lookup, the seeded epoch permutation, parallel
-batch assembly and the background prefetch.
+bytes are to be read (datatype, capture segments); the Rust extension (``iqtrain._native``)
+opens the ``.sigmf-data`` files and owns every byte after that: window lookup, the seeded epoch
+permutation, parallel batch assembly, the background prefetch and full-content digests.
+
+Samples are read with positioned reads (``pread``), not a memory map, so a data file truncated
+while a run reads it raises :class:`~iqtrain.errors.DataError` naming the file ("data file
+changed length while being read") instead of killing the process with SIGBUS.
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import json
 import os
 import warnings
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from iqtrain._native import NativeDataset, NativeStream
-from iqtrain.errors import ConfigError, CursorMismatchError, DataError
+from iqtrain._native import NativeDataset, NativeStream, digest_files
+from iqtrain.errors import ConfigError, CursorMismatchError, DataError, WindowTooLongError
 
 __all__ = ["IQDataset", "Recording", "TrainStream", "SUPPORTED_DATATYPES"]
 
@@ -37,9 +43,9 @@ SUPPORTED_DATATYPES = {
 }
 _BYTES_PER_SAMPLE = {"ci8": 2, "cu8": 2, "ci16_le": 4, "ci16_be": 4, "cf32_le": 8, "cf32_be": 8}
 
-# Content digest: FINGERPRINT_BLOCKS blocks of FINGERPRINT_BLOCK bytes at fixed, evenly spaced
-# offsets (first and last block included), so fingerprinting costs O(1) per recording however
-# large the file is. A full-content check is IQDataset.verify_content().
+# Quick identity (the cursor's check): FINGERPRINT_BLOCKS blocks of FINGERPRINT_BLOCK bytes at
+# fixed, evenly spaced offsets (first and last block included), so fingerprinting costs O(1) per
+# recording however large the file is. Every byte is covered by IQDataset.content_digests().
 FINGERPRINT_BLOCK = 4096
 FINGERPRINT_BLOCKS = 16
 CURSOR_VERSION = 1
@@ -55,6 +61,18 @@ class Recording:
     num_samples: int
     sample_rate: float | None
     sha512: str | None
+    # Each capture's core:sample_start, in metadata order (validated: strictly increasing,
+    # within the data). Empty when the metadata has no captures.
+    capture_starts: tuple[int, ...] = ()
+
+    @property
+    def segments(self) -> list[tuple[int, int]]:
+        """``(first sample, samples)`` of each run windowed on its own (see :class:`IQDataset`)."""
+        starts = list(self.capture_starts) or [0]
+        if starts[0] > 0:
+            starts.insert(0, 0)  # samples before the first capture: a leading segment
+        ends = starts[1:] + [self.num_samples]
+        return [(a, b - a) for a, b in zip(starts, ends, strict=True)]
 
 
 def _expand(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> list[Path]:
@@ -85,6 +103,35 @@ def _field_error(meta: Path, field: str, msg: str) -> DataError:
     return DataError(f"{meta}: {field}: {msg}")
 
 
+def _capture_starts(meta_path: Path, metadata: dict) -> tuple[int, ...]:
+    """Each capture's ``core:sample_start``: integers >= 0, strictly increasing.
+
+    Checked before the schema so the error names ``captures[i].core:sample_start``.
+    """
+    captures = metadata.get("captures", [])
+    if not isinstance(captures, list):
+        raise _field_error(meta_path, "captures", "must be an array of capture objects")
+    starts: list[int] = []
+    for i, capture in enumerate(captures):
+        field = f"captures[{i}].core:sample_start"
+        if not isinstance(capture, dict):
+            raise _field_error(meta_path, f"captures[{i}]", "must be an object")
+        if "core:sample_start" not in capture:
+            raise _field_error(meta_path, field, "missing")
+        start = capture["core:sample_start"]
+        if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+            raise _field_error(meta_path, field, f"must be an integer >= 0, got {start!r}")
+        if starts and start <= starts[-1]:
+            raise _field_error(
+                meta_path,
+                field,
+                f"{start} is not after the previous capture's {starts[-1]} "
+                "(captures must start at strictly increasing samples)",
+            )
+        starts.append(start)
+    return tuple(starts)
+
+
 def _read_recording(meta_path: Path) -> tuple[Recording, bytes]:
     """Parse and validate one recording; return it with its raw metadata bytes."""
     from sigmf import validate as sigmf_validate
@@ -104,6 +151,7 @@ def _read_recording(meta_path: Path) -> tuple[Recording, bytes]:
     datatype = glob_.get("core:datatype")
     if datatype is None:
         raise _field_error(meta_path, "core:datatype", "missing")
+    capture_starts = _capture_starts(meta_path, metadata)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -151,14 +199,24 @@ def _read_recording(meta_path: Path) -> tuple[Recording, bytes]:
             f"{data_path}: data length {nbytes} bytes is not a whole number of "
             f"{datatype} samples ({per} bytes each)"
         )
+    num_samples = nbytes // per
+    for i, start in enumerate(capture_starts):
+        if start > num_samples:
+            raise _field_error(
+                meta_path,
+                f"captures[{i}].core:sample_start",
+                f"{start} is beyond the end of the data "
+                f"({num_samples} samples in {data_path.name})",
+            )
     rate = glob_.get("core:sample_rate")
     rec = Recording(
         meta_path=meta_path,
         data_path=data_path,
         datatype=datatype,
-        num_samples=nbytes // per,
+        num_samples=num_samples,
         sample_rate=float(rate) if rate is not None else None,
         sha512=glob_.get("core:sha512"),
+        capture_starts=capture_starts,
     )
     return rec, meta_bytes
 
@@ -176,12 +234,73 @@ def _sampled_digest(path: Path, nbytes: int) -> bytes:
     return h.digest()
 
 
+def _sha512_problem(rec: Recording) -> str | None:
+    """Why ``rec``'s data does not match its ``core:sha512``, or None when it does."""
+    expected = rec.num_samples * _BYTES_PER_SAMPLE[rec.datatype]
+    h = hashlib.sha512()
+    got = 0
+    view = memoryview(bytearray(1 << 22))
+    try:
+        # Plain reads to the end (no map): a truncated file reads short instead of faulting.
+        with open(rec.data_path, "rb", buffering=0) as f:
+            while n := f.readinto(view):
+                h.update(view[:n])  # hashlib releases the GIL for large updates
+                got += n
+    except OSError as exc:
+        return f"{rec.data_path}: cannot be read ({exc.strerror or exc})"
+    if got != expected:
+        return (
+            f"{rec.data_path}: data file changed length while being read "
+            f"(expected {expected} bytes, found {got})"
+        )
+    digest = h.hexdigest()
+    if digest != str(rec.sha512).lower():
+        return (
+            f"{rec.data_path}: core:sha512 does not match the data "
+            f"(metadata {str(rec.sha512)[:16]}…, data {digest[:16]}…)"
+        )
+    return None
+
+
+def _reserve_open_files(n: int) -> None:
+    """Raise the soft open-file limit, up to the hard limit, to fit ``n`` more descriptors.
+
+    Every recording that yields a window stays open for positioned reads (a memory map needed
+    none after opening), and 1024, a common default soft limit, is a plausible recording count.
+    """
+    try:
+        import resource
+    except ImportError:  # not POSIX: nothing to raise
+        return
+    try:
+        in_use = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        in_use = 64
+    want = in_use + n + 64  # headroom for the rest of the process
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or want <= soft:
+        return
+    target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    if target > soft:
+        # On failure, opening fails later naming the file ("Too many open files").
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+
+
 class IQDataset:
     """Fixed-length windows over a sorted set of SigMF recordings.
 
-    A window is ``window`` consecutive complex samples of one recording, starting at a multiple
-    of ``stride`` (default: ``window``, i.e. non-overlapping); windows never cross recordings.
-    Global window ids enumerate recordings in sorted path order. Opening costs O(recordings).
+    A window is ``window`` consecutive complex samples starting at a multiple of ``stride``
+    (default: ``window``, i.e. non-overlapping) inside one capture segment of one recording, so
+    windows never cross a recording or a capture boundary (a retune, or a ``core:global_index``
+    jump marking dropped samples). Each SigMF capture is a segment from its ``core:sample_start``
+    to the next capture's (or the end of the data); samples before the first capture, when it
+    does not start at 0, are a leading segment of their own. Global window ids enumerate
+    recordings in sorted path order, then segments in order, then windows. A recording with one
+    capture at sample 0 is a single segment. Opening costs O(recordings + captures).
+
+    ``skipped`` lists ``(data file, samples)`` of every recording that yields no window at all
+    (shorter than the window, or only capture segments that are); they are read by nothing.
     """
 
     def __init__(
@@ -200,17 +319,25 @@ class IQDataset:
         records = [_read_recording(m) for m in metas]
         self.recordings: list[Recording] = [r for r, _ in records]
         self.stride = stride
-        if all(r.num_samples < window for r in self.recordings):
-            raise DataError(
+        longest = max(n for r in self.recordings for _, n in r.segments)
+        if longest < window:
+            raise WindowTooLongError(
                 f"{self.recordings[0].meta_path.parent}: every recording is shorter than the "
-                f"window ({window} samples)"
+                f"window ({window} samples; longest capture segment: {longest})"
             )
+        _reserve_open_files(len(self.recordings))
         self._native = NativeDataset(
             [os.fspath(r.data_path) for r in self.recordings],
             [SUPPORTED_DATATYPES[r.datatype] for r in self.recordings],
             window,
             stride,
+            [list(r.capture_starts) for r in self.recordings],
         )
+        self.skipped: list[tuple[str, int]] = [
+            (os.fspath(r.data_path), r.num_samples)
+            for r, n in zip(self.recordings, self._native.recording_windows, strict=True)
+            if n == 0
+        ]
         h = hashlib.sha256(b"iqtrain-dataset-v1\0")
         for rec, meta_bytes in records:
             nbytes = rec.num_samples * _BYTES_PER_SAMPLE[rec.datatype]
@@ -218,6 +345,11 @@ class IQDataset:
             h.update(len(meta_bytes).to_bytes(8, "little") + meta_bytes)
             h.update(nbytes.to_bytes(8, "little"))
             h.update(_sampled_digest(rec.data_path, nbytes))
+            if len(rec.segments) > 1:
+                # Window ids of a recording cut into several capture segments differ from those
+                # of iqtrain before segmenting (windows then ran across captures), so a cursor
+                # saved by it must not match; one segment keeps its fingerprint and ids.
+                h.update(b"segments\0" + json.dumps(rec.segments).encode())
         self.fingerprint: str = h.hexdigest()
 
     @property
@@ -260,17 +392,32 @@ class IQDataset:
         for start in range(0, n, batch_size):
             yield self.windows(np.arange(start, min(start + batch_size, n), dtype=np.uint64))
 
-    def verify_content(self) -> None:
-        """Full-content check against each recording's ``core:sha512`` (reads every byte)."""
-        for rec in self.recordings:
-            if rec.sha512 is None:
-                continue
-            h = hashlib.sha512()
-            with open(rec.data_path, "rb") as f:
-                while chunk := f.read(1 << 22):
-                    h.update(chunk)
-            if h.hexdigest() != rec.sha512:
-                raise DataError(f"{rec.data_path}: core:sha512 does not match the data")
+    def content_digests(self) -> dict[str, str]:
+        """BLAKE3 of every byte of each recording's data file: ``{data file: lowercase hex}``.
+
+        Keys are the absolute ``.sigmf-data`` paths in sorted (window id) order, every recording
+        included (also those in ``skipped``). Covers the data files only: each ``.sigmf-meta`` is
+        hashed whole by :attr:`fingerprint`. Reads every byte on every call (multi-threaded, in
+        Rust, without the GIL; no cache). A data file whose length is not what this dataset
+        opened, or changes while being read, or cannot be read is a DataError naming it.
+        """
+        paths = [os.fspath(r.data_path) for r in self.recordings]
+        lengths = [r.num_samples * _BYTES_PER_SAMPLE[r.datatype] for r in self.recordings]
+        return dict(zip(paths, digest_files(paths, lengths), strict=True))
+
+    def verify_content(self) -> list[str]:
+        """Check each recording's data against its SigMF ``core:sha512`` (reads every byte).
+
+        Returns one line per problem, each naming the data file: a hash mismatch, a length other
+        than this dataset opened (or one that changes while being read), an unreadable file.
+        Empty: every recording that declares ``core:sha512`` matches; recordings without it are
+        not checked. Files are hashed in parallel threads (hashlib releases the GIL).
+        """
+        todo = [r for r in self.recordings if r.sha512 is not None]
+        if not todo:
+            return []
+        with ThreadPoolExecutor(max_workers=min(len(todo), os.cpu_count() or 1)) as pool:
+            return [p for p in pool.map(_sha512_problem, todo) if p is not None]
 
 
 class TrainStream:

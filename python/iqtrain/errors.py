@@ -12,6 +12,7 @@ __all__ = [
     "ConfigError",
     "DataError",
     "CursorMismatchError",
+    "WindowTooLongError",
     "NonFiniteError",
     "CheckpointError",
     "TrainingError",
@@ -33,6 +34,10 @@ class DataError(IQTrainError):
 
 class CursorMismatchError(DataError):
     """A loader cursor does not belong to this dataset, window or stride."""
+
+
+class WindowTooLongError(DataError):
+    """No recording (or capture segment) of a dataset is as long as one window."""
 
 
 class NonFiniteError(IQTrainError, ArithmeticError):

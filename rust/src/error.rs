@@ -13,6 +13,15 @@ pub enum Error {
         field: String,
         msg: String,
     },
+    /// A data file no longer has the length it had when it was opened: it was truncated (or
+    /// extended) while being read. Reported by the positioned reads instead of the SIGBUS a
+    /// memory map would raise, so a run ends with one line naming the file.
+    #[error("{file}: data file changed length while being read (expected {expected} bytes, found {found})")]
+    LengthChanged {
+        file: String,
+        expected: u64,
+        found: u64,
+    },
     /// The recordings are readable but together yield no window at all.
     #[error("dataset: no window of {window} samples fits in any of the {recordings} recordings (longest: {longest} samples)")]
     NoWindows {

@@ -1,7 +1,10 @@
-//! Native data path of iqtrain: memory-mapped recordings, the seeded epoch permutation, the
-//! global sample stream and parallel batch assembly. Pure Rust; the Python bindings live in
-//! `python.rs` behind the `python` feature so `cargo test` needs no interpreter.
+//! Native data path of iqtrain: recordings read with positioned reads, full-content digests,
+//! the seeded epoch permutation, the global sample stream and parallel batch assembly. Pure
+//! Rust; the Python bindings live in `python.rs` behind the `python` feature so `cargo test`
+//! needs no interpreter.
 
+pub mod aligned;
+pub mod digest;
 pub mod error;
 pub mod permutation;
 pub mod recordings;
@@ -10,9 +13,10 @@ pub mod stream;
 #[cfg(feature = "python")]
 mod python;
 
+pub use digest::{digest_file, digest_files};
 pub use error::{Error, Result};
 pub use permutation::{feistel_index, Permutation};
-pub use recordings::{Dataset, Kind, Storage};
+pub use recordings::{capture_segments, window_count, Dataset, Kind, Segment, Storage};
 pub use stream::{Batch, Buffer, Stream, StreamSpec};
 
 #[cfg(test)]
@@ -40,6 +44,17 @@ pub(crate) mod testutil {
             std::fs::write(&p, bytes).unwrap();
             p.to_str().unwrap().to_owned()
         }
+    }
+
+    /// `Dataset::open` with one capture at sample 0 per recording (no capture boundaries).
+    pub fn open_plain<P: AsRef<str>, K: AsRef<str>>(
+        paths: &[P],
+        kinds: &[K],
+        window: u64,
+        stride: u64,
+    ) -> crate::Result<crate::Dataset> {
+        let captures = vec![[0u64]; paths.len()];
+        crate::Dataset::open(paths, kinds, &captures, window, stride)
     }
 
     impl Drop for TempDir {

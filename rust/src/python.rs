@@ -3,7 +3,7 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use numpy::ndarray::{Array3, ArrayView3};
+use numpy::ndarray::ArrayView3;
 use numpy::{Element, PyArray1, PyArray3, PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::exceptions::{PyIndexError, PyMemoryError};
 use pyo3::prelude::*;
@@ -11,7 +11,7 @@ use pyo3::types::PyCapsule;
 
 use crate::error::Error;
 use crate::recordings::{Dataset, Storage};
-use crate::stream::{bytes_mut, Buffer, BufferPool, Plain, Stream};
+use crate::stream::{bytes_mut, AlignedVec, Buffer, BufferPool, Plain, Stream};
 
 pyo3::import_exception!(iqtrain.errors, IQTrainError);
 pyo3::import_exception!(iqtrain.errors, ConfigError);
@@ -22,7 +22,9 @@ impl From<Error> for PyErr {
     fn from(e: Error) -> PyErr {
         let msg = e.to_string();
         match e {
-            Error::Data { .. } | Error::NoWindows { .. } => DataError::new_err(msg),
+            Error::Data { .. } | Error::LengthChanged { .. } | Error::NoWindows { .. } => {
+                DataError::new_err(msg)
+            }
             Error::CursorMismatch(_) => CursorMismatchError::new_err(msg),
             Error::Config { .. } => ConfigError::new_err(msg),
             Error::Index { .. } => PyIndexError::new_err(msg),
@@ -117,54 +119,58 @@ fn ids_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
     .into())
 }
 
-fn to_numpy<T: Element>(
+/// Hands a batch buffer to numpy without copying; when numpy frees the array, `release` gets
+/// the buffer back (to return it to a stream's pool, or to drop it).
+fn aligned_to_numpy<T, F>(
     py: Python<'_>,
-    v: Vec<T>,
-    rows: usize,
+    v: AlignedVec<T>,
     window: usize,
-) -> PyResult<Bound<'_, PyAny>> {
-    let a = Array3::from_shape_vec((rows, window, 2), v)
-        .map_err(|e| Error::Internal(format!("batch shape: {e}")))?;
-    // Takes ownership of the Vec: numpy sees the buffer without a copy.
-    Ok(PyArray3::from_owned_array(py, a).into_any())
-}
-
-fn buffer_to_numpy(py: Python<'_>, buf: Buffer, window: usize) -> PyResult<Bound<'_, PyAny>> {
-    let rows = buf.len().checked_div(2 * window).unwrap_or(0);
-    match buf {
-        Buffer::I8(v) => to_numpy(py, v, rows, window),
-        Buffer::I16(v) => to_numpy(py, v, rows, window),
-        Buffer::F32(v) => to_numpy(py, v, rows, window),
-    }
-}
-
-/// Hands a pooled batch buffer to numpy without copying; when numpy frees the array, the
-/// buffer goes back to `pool` for a later batch.
-fn pooled_to_numpy<T: Element + Send + 'static>(
-    py: Python<'_>,
-    v: Vec<T>,
-    window: usize,
-    pool: Arc<BufferPool>,
-    wrap: fn(Vec<T>) -> Buffer,
-) -> PyResult<Bound<'_, PyAny>> {
+    release: F,
+) -> PyResult<Bound<'_, PyAny>>
+where
+    T: Element + Plain + Send + 'static,
+    F: FnOnce(AlignedVec<T>) + Send + 'static,
+{
     let shape = (v.len().checked_div(2 * window).unwrap_or(0), window, 2);
     if shape.0 * window * 2 != v.len() {
         return Err(
             Error::Internal(format!("batch of {} elements is not {shape:?}", v.len())).into(),
         );
     }
-    // The heap block does not move when the Vec moves into the capsule.
+    // The heap block does not move when the buffer moves into the capsule.
     let ptr = v.as_ptr();
     let owner =
         PyCapsule::new_with_value_and_destructor(py, v, c"iqtrain._native.batch", move |v, _| {
-            pool.give(wrap(v))
+            release(v)
         })?;
     // SAFETY: `ptr` points at shape.0 * window * 2 initialised elements owned by `owner`, which
     // becomes the array's base object, so the memory lives until numpy drops the array; the
-    // Vec is never touched again until the capsule destructor runs.
+    // buffer is never touched again until the capsule destructor runs.
     unsafe {
         let view = ArrayView3::from_shape_ptr(shape, ptr);
         Ok(PyArray3::borrow_from_array(&view, owner.into_any()).into_any())
+    }
+}
+
+fn buffer_to_numpy(py: Python<'_>, buf: Buffer, window: usize) -> PyResult<Bound<'_, PyAny>> {
+    match buf {
+        Buffer::I8(v) => aligned_to_numpy(py, v, window, drop),
+        Buffer::I16(v) => aligned_to_numpy(py, v, window, drop),
+        Buffer::F32(v) => aligned_to_numpy(py, v, window, drop),
+    }
+}
+
+/// As buffer_to_numpy, but the buffer goes back to `pool` for a later batch.
+fn pooled_to_numpy(
+    py: Python<'_>,
+    buf: Buffer,
+    window: usize,
+    pool: Arc<BufferPool>,
+) -> PyResult<Bound<'_, PyAny>> {
+    match buf {
+        Buffer::I8(v) => aligned_to_numpy(py, v, window, move |v| pool.give(Buffer::I8(v))),
+        Buffer::I16(v) => aligned_to_numpy(py, v, window, move |v| pool.give(Buffer::I16(v))),
+        Buffer::F32(v) => aligned_to_numpy(py, v, window, move |v| pool.give(Buffer::F32(v))),
     }
 }
 
@@ -204,7 +210,30 @@ fn gather_into<T: Element + Plain>(
     Ok(())
 }
 
-/// Memory-mapped recordings cut into windows; see DESIGN.md §1.
+/// Capture starts as u64, a negative one named like the metadata field it came from.
+fn capture_starts(paths: &[String], captures: Vec<Vec<i128>>) -> Result<Vec<Vec<u64>>, Error> {
+    captures
+        .into_iter()
+        .enumerate()
+        .map(|(r, starts)| {
+            starts
+                .into_iter()
+                .enumerate()
+                .map(|(i, s)| {
+                    u64::try_from(s).map_err(|_| {
+                        Error::data(
+                            paths.get(r).map_or("captures", String::as_str),
+                            &format!("captures[{i}].core:sample_start"),
+                            format!("must be a non-negative integer below 2^64, got {s}"),
+                        )
+                    })
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Recordings cut into windows, one capture segment at a time; see DESIGN.md §1.
 #[pyclass(module = "iqtrain._native", frozen)]
 pub struct NativeDataset {
     ds: Arc<Dataset>,
@@ -212,17 +241,25 @@ pub struct NativeDataset {
 
 #[pymethods]
 impl NativeDataset {
+    /// `captures[r]`: recording `r`'s capture starts (`core:sample_start`, metadata order);
+    /// omitted or empty means one segment covering the file.
     #[new]
+    #[pyo3(signature = (data_paths, kinds, window, stride, captures = None))]
     fn new(
         py: Python<'_>,
         data_paths: Vec<String>,
         kinds: Vec<String>,
         window: i128,
         stride: i128,
+        captures: Option<Vec<Vec<i128>>>,
     ) -> PyResult<Self> {
         let window = positive("window", window)?;
         let stride = positive("stride", stride)?;
-        let ds = py.detach(|| Dataset::open(&data_paths, &kinds, window, stride))?;
+        let captures = match captures {
+            None => vec![Vec::new(); data_paths.len()],
+            Some(c) => capture_starts(&data_paths, c)?,
+        };
+        let ds = py.detach(|| Dataset::open(&data_paths, &kinds, &captures, window, stride))?;
         Ok(NativeDataset { ds: Arc::new(ds) })
     }
 
@@ -388,11 +425,7 @@ impl NativeStream {
             let mut s = self.lock()?;
             s.next_batch().map(|b| (b, s.pool().clone()))
         })?;
-        match buf {
-            Buffer::I8(v) => pooled_to_numpy(py, v, self.window, pool, Buffer::I8),
-            Buffer::I16(v) => pooled_to_numpy(py, v, self.window, pool, Buffer::I16),
-            Buffer::F32(v) => pooled_to_numpy(py, v, self.window, pool, Buffer::F32),
-        }
+        pooled_to_numpy(py, buf, self.window, pool)
     }
 
     /// Global window ids of the rows last returned by `next()` (empty before it / after seek).
@@ -434,10 +467,26 @@ impl NativeStream {
     }
 }
 
+/// Lowercase hex BLAKE3 of the full content of each file, in the order given, computed in
+/// parallel without the GIL. `expected_lengths[i]`, when given, is the length `paths[i]` must
+/// have (what a dataset opened); any other length, or one that changes while being read, is a
+/// DataError naming the file, as is a file that cannot be read.
+#[pyfunction]
+#[pyo3(signature = (paths, expected_lengths = None))]
+fn digest_files(
+    py: Python<'_>,
+    paths: Vec<String>,
+    expected_lengths: Option<Vec<u64>>,
+) -> PyResult<Vec<String>> {
+    let hashes = py.detach(|| crate::digest::digest_files(&paths, expected_lengths.as_deref()))?;
+    Ok(hashes.iter().map(|h| h.to_hex().to_string()).collect())
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeDataset>()?;
     m.add_class::<NativeStream>()?;
     m.add_function(wrap_pyfunction!(feistel_index, m)?)?;
+    m.add_function(wrap_pyfunction!(digest_files, m)?)?;
     Ok(())
 }

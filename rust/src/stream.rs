@@ -6,12 +6,13 @@
 //! global sample count, so resuming with another world size or batch size continues at the next
 //! unseen sample.
 
-use std::alloc::Layout;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
+pub(crate) use crate::aligned::bytes_mut;
+pub use crate::aligned::{AlignedVec, Plain};
 use crate::error::{Error, Result};
 use crate::permutation::Permutation;
 use crate::recordings::{Dataset, Storage};
@@ -115,50 +116,17 @@ impl StreamSpec {
 /// An owned batch buffer in the storage dtype; handed to numpy without a copy.
 #[derive(Debug, PartialEq)]
 pub enum Buffer {
-    I8(Vec<i8>),
-    I16(Vec<i16>),
-    F32(Vec<f32>),
-}
-
-/// Element types whose every bit pattern is valid, so a byte view of them is sound.
-pub(crate) trait Plain: Copy {}
-impl Plain for i8 {}
-impl Plain for i16 {}
-impl Plain for f32 {}
-
-fn zeroed_vec<T: Plain>(n: usize) -> Result<Vec<T>> {
-    let err = || Error::Alloc {
-        what: "batch buffer",
-        bytes: n as u128 * std::mem::size_of::<T>() as u128,
-    };
-    if n == 0 {
-        return Ok(Vec::new());
-    }
-    let layout = Layout::array::<T>(n).map_err(|_| err())?;
-    // alloc_zeroed (calloc) gets fresh pages already zeroed, avoiding a memset pass that the
-    // gather overwrites anyway; failure is reported instead of aborting the interpreter.
-    // SAFETY: layout has non-zero size; all-zero bytes are a valid T (Plain); Vec takes
-    // ownership of a global-allocator block with exactly this layout, capacity n.
-    unsafe {
-        let ptr = std::alloc::alloc_zeroed(layout) as *mut T;
-        if ptr.is_null() {
-            return Err(err());
-        }
-        Ok(Vec::from_raw_parts(ptr, n, n))
-    }
-}
-
-pub(crate) fn bytes_mut<T: Plain>(v: &mut [T]) -> &mut [u8] {
-    // SAFETY: T is Plain (no padding, every bit pattern valid); u8 has alignment 1.
-    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, std::mem::size_of_val(v)) }
+    I8(AlignedVec<i8>),
+    I16(AlignedVec<i16>),
+    F32(AlignedVec<f32>),
 }
 
 impl Buffer {
     pub fn zeroed(storage: Storage, elems: usize) -> Result<Buffer> {
         Ok(match storage {
-            Storage::Int8 => Buffer::I8(zeroed_vec(elems)?),
-            Storage::Int16 => Buffer::I16(zeroed_vec(elems)?),
-            Storage::Float32 => Buffer::F32(zeroed_vec(elems)?),
+            Storage::Int8 => Buffer::I8(AlignedVec::zeroed(elems)?),
+            Storage::Int16 => Buffer::I16(AlignedVec::zeroed(elems)?),
+            Storage::Float32 => Buffer::F32(AlignedVec::zeroed(elems)?),
         })
     }
 
@@ -432,7 +400,7 @@ impl Stream {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testutil::TempDir;
+    use crate::testutil::{open_plain, TempDir};
 
     /// ci16_le dataset whose sample k of recording r is (r*1000 + k, -(r*1000 + k)).
     fn dataset(t: &TempDir, lens: &[i32], window: u64, stride: u64) -> Arc<Dataset> {
@@ -449,7 +417,7 @@ mod tests {
                 t.file(&format!("r{r}.sigmf-data"), &bytes)
             })
             .collect();
-        Arc::new(Dataset::open(&paths, &vec!["ci16_le"; paths.len()], window, stride).unwrap())
+        Arc::new(open_plain(&paths, &vec!["ci16_le"; paths.len()], window, stride).unwrap())
     }
 
     fn take(s: &mut Stream, k: usize) -> Vec<(Vec<u64>, Buffer)> {
@@ -565,10 +533,13 @@ mod tests {
                         panic!("dtype")
                     };
                     cat_ids.extend_from_slice(s.last_ids());
-                    cat.extend(v);
+                    cat.extend_from_slice(&v);
                 }
                 assert_eq!(&cat_ids, ids, "W={w} batch {k}");
-                assert_eq!(Buffer::I16(cat), *buf, "W={w} batch {k}");
+                let Buffer::I16(want) = buf else {
+                    panic!("dtype")
+                };
+                assert_eq!(&cat[..], &want[..], "W={w} batch {k}");
             }
         }
         // A cursor saved at W=4 resumes at W=2 (and at another batch size) on the next sample.
@@ -604,7 +575,7 @@ mod tests {
         let f = std::fs::File::create(&p).unwrap();
         f.set_len(1u64 << 32).unwrap();
         let start = std::time::Instant::now();
-        let ds = Arc::new(Dataset::open(&[p.to_str().unwrap()], &["ci8"], 2, 2).unwrap());
+        let ds = Arc::new(open_plain(&[p.to_str().unwrap()], &["ci8"], 2, 2).unwrap());
         assert_eq!(ds.num_windows(), 1 << 30);
         let mut s = Stream::new(ds, 256, 1, 0, 1, 2).unwrap();
         let Buffer::I8(v) = s.next_batch().unwrap() else {
@@ -613,5 +584,53 @@ mod tests {
         assert_eq!(v.len(), 256 * 4);
         assert!(s.last_ids().iter().all(|&i| i < 1 << 30));
         assert!(start.elapsed().as_secs_f64() < 1.0, "{:?}", start.elapsed());
+    }
+
+    #[test]
+    fn a_truncated_file_fails_the_batch_from_the_prefetch_thread_and_recovers() {
+        let t = TempDir::new("stream-trunc");
+        let ds = dataset(&t, &[400], 4, 4); // one ci16 recording, 100 windows
+        let path = ds.recordings()[0].path.clone();
+        let full = std::fs::read(&path).unwrap();
+        let mut reference = Stream::new(ds.clone(), 8, 3, 0, 1, 0).unwrap();
+        let want = take(&mut reference, 12);
+        for depth in [0usize, 1, 3] {
+            std::fs::write(&path, &full).unwrap();
+            let mut s = Stream::new(ds.clone(), 8, 3, 0, 1, depth).unwrap();
+            take(&mut s, 2); // the prefetch thread is running and has batches queued
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .unwrap()
+                .set_len(0)
+                .unwrap();
+            // Batches assembled before the truncation may still arrive; then the error does.
+            let mut failed_at = None;
+            for _ in 0..=depth + 1 {
+                let pos = s.samples_consumed();
+                match s.next_batch() {
+                    Ok(_) => {}
+                    Err(e) => {
+                        let Error::LengthChanged { file, found, .. } = &e else {
+                            panic!("depth {depth}: {e}")
+                        };
+                        assert_eq!((file, *found), (&path, 0));
+                        assert_eq!(s.samples_consumed(), pos, "a failed batch is not consumed");
+                        failed_at = Some(pos);
+                        break;
+                    }
+                }
+            }
+            let pos = failed_at.unwrap_or_else(|| panic!("depth {depth}: no error"));
+            std::fs::write(&path, &full).unwrap();
+            // The same stream continues with exactly the batch that failed.
+            let k = (pos / 8) as usize;
+            let got = s.next_batch().unwrap();
+            assert_eq!(
+                (s.last_ids(), &got),
+                (&want[k].0[..], &want[k].1),
+                "depth {depth}"
+            );
+        }
     }
 }
