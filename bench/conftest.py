@@ -7,6 +7,12 @@ import pytest
 SUMMARY: list[str] = []
 
 
+def median(benchmark) -> float | None:
+    """Median seconds per round of a finished benchmark (None under --benchmark-disable)."""
+    stats = getattr(benchmark, "stats", None)
+    return None if stats is None else stats.stats.median
+
+
 @pytest.fixture
 def bench_summary():
     """Append a line to the end-of-run summary (ratios against the peer baselines)."""

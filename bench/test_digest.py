@@ -16,6 +16,7 @@ import hashlib
 
 import numpy as np
 import pytest
+from conftest import median
 
 from iqtrain._native import digest_files
 
@@ -25,11 +26,6 @@ TOTAL = FILES * FILE_BYTES
 CHUNK = 1 << 20
 
 _medians: dict[str, float] = {}
-
-
-def _median(benchmark) -> float | None:
-    stats = getattr(benchmark, "stats", None)
-    return None if stats is None else stats.stats.median
 
 
 @pytest.fixture(scope="module")
@@ -82,21 +78,21 @@ def test_digest_files(benchmark, bench_summary, files):
     out = benchmark.pedantic(digest_files, args=(files,), rounds=7, iterations=1, warmup_rounds=1)
     assert len(out) == FILES and all(len(h) == 64 for h in out)
     assert len(set(out)) == FILES
-    _medians["digest"] = _median(benchmark)
+    _medians["digest"] = median(benchmark)
     _report(bench_summary)
 
 
 def test_sequential_read_peer(benchmark, bench_summary, files):
     total = benchmark.pedantic(_read_all, args=(files,), rounds=7, iterations=1, warmup_rounds=1)
     assert total == TOTAL
-    _medians["read"] = _median(benchmark)
+    _medians["read"] = median(benchmark)
     _report(bench_summary)
 
 
 def test_sha512_peer(benchmark, bench_summary, files):
     out = benchmark.pedantic(_sha512_all, args=(files,), rounds=3, iterations=1, warmup_rounds=1)
     assert len(out) == FILES
-    _medians["sha512"] = _median(benchmark)
+    _medians["sha512"] = median(benchmark)
     _report(bench_summary)
 
 

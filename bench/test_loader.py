@@ -22,6 +22,7 @@ import time
 import numpy as np
 import pytest
 import torch
+from conftest import median
 
 from iqtrain.data import IQDataset, TrainStream
 
@@ -31,11 +32,6 @@ NUM_WINDOWS = 16384  # 128 MiB of ci16: larger than any CPU cache
 BATCH_BYTES = BATCH * WINDOW * 2 * 2
 
 _medians: dict[str, float] = {}
-
-
-def _median(benchmark) -> float | None:
-    stats = getattr(benchmark, "stats", None)
-    return None if stats is None else stats.stats.median
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +63,7 @@ def test_trainstream_next(benchmark, bench_summary, recording):
         next(stream)  # page cache and buffer pool warm, prefetch filled
     out = benchmark(stream.next)
     assert out.shape == (BATCH, WINDOW, 2) and out.dtype == np.int16
-    _medians["trainstream"] = _median(benchmark)
+    _medians["trainstream"] = median(benchmark)
     _report(bench_summary)
 
 
@@ -76,7 +72,7 @@ def test_memcpy_peer(benchmark, bench_summary):
     dst = np.empty_like(src)
     benchmark(np.copyto, dst, src)
     np.testing.assert_array_equal(dst, src)
-    _medians["memcpy"] = _median(benchmark)
+    _medians["memcpy"] = median(benchmark)
     _report(bench_summary)
 
 
@@ -93,7 +89,7 @@ def test_numpy_memmap_gather_peer(benchmark, bench_summary, recording, batches_o
         gather()
     out = benchmark(gather)
     assert out.shape == (BATCH, WINDOW, 2)
-    _medians["numpy_gather"] = _median(benchmark)
+    _medians["numpy_gather"] = median(benchmark)
     _report(bench_summary)
 
 
@@ -130,7 +126,7 @@ def test_torch_dataloader_peer(benchmark, bench_summary, recording):
         next(it)
     out = benchmark(next, it)
     assert out.shape == (BATCH, WINDOW, 2)
-    _medians["dataloader"] = _median(benchmark)
+    _medians["dataloader"] = median(benchmark)
     _report(bench_summary)
     del it
 

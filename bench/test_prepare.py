@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import median
 
 from iqtrain.prepare import prepare_iq_input, prepare_iq_input_reference
 
@@ -38,12 +39,6 @@ GPU_BUFFERS = 16
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 _medians: dict[str, float] = {}  # test key -> median seconds per round
-
-
-def _median(benchmark) -> float | None:
-    # None when benchmarking is disabled (--benchmark-disable runs the function once, untimed).
-    stats = getattr(benchmark, "stats", None)
-    return None if stats is None else stats.stats.median
 
 
 def _report(capsys: pytest.CaptureFixture[str], lines: list[str]) -> None:
@@ -70,7 +65,7 @@ def cpu_raw() -> torch.Tensor:
 def test_cpu_reference_eager(benchmark, cpu_raw: torch.Tensor) -> None:
     benchmark.group = f"prepare cpu B={CPU_BATCH} L={LENGTH} int16->fp32"
     benchmark(prepare_iq_input_reference, cpu_raw, PATCH_LEN)
-    _medians["cpu_eager"] = _median(benchmark)
+    _medians["cpu_eager"] = median(benchmark)
 
 
 def test_cpu_reference_compiled(benchmark, cpu_raw: torch.Tensor, capsys) -> None:
@@ -83,7 +78,7 @@ def test_cpu_reference_compiled(benchmark, cpu_raw: torch.Tensor, capsys) -> Non
     torch.testing.assert_close(got[1], want[1], rtol=2e-6, atol=0)
 
     benchmark(compiled, cpu_raw, PATCH_LEN)
-    compiled_s, eager_s = _median(benchmark), _medians.get("cpu_eager")
+    compiled_s, eager_s = median(benchmark), _medians.get("cpu_eager")
     if compiled_s and eager_s:
         ratio = eager_s / compiled_s
         benchmark.extra_info["speedup_vs_eager"] = ratio
@@ -130,11 +125,11 @@ def _bench_gpu(benchmark, key: str, fn, inputs: list[torch.Tensor], bytes_per_op
     benchmark.group = GPU_GROUP
     _round(fn, inputs)  # warm-up: Triton JIT / inductor compile, allocator caching
     benchmark(_round, fn, inputs)
-    median = _median(benchmark)
-    if median:
-        _medians[key] = median
-        benchmark.extra_info["us_per_op"] = median / len(inputs) * 1e6
-        benchmark.extra_info["GB_per_s"] = bytes_per_op * len(inputs) / median / 1e9
+    seconds = median(benchmark)
+    if seconds:
+        _medians[key] = seconds
+        benchmark.extra_info["us_per_op"] = seconds / len(inputs) * 1e6
+        benchmark.extra_info["GB_per_s"] = bytes_per_op * len(inputs) / seconds / 1e9
 
 
 @needs_cuda

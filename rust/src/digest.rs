@@ -7,13 +7,11 @@
 //! piece is hashed (with blake3's multi-threaded `update_rayon`) while the next one is read;
 //! files are digested in parallel on rayon's pool. Memory: two chunk buffers per file in flight.
 
-use std::fs::File;
-
 use rayon::prelude::*;
 
 use crate::aligned::AlignedVec;
 use crate::error::{Error, Result};
-use crate::recordings::{read_error, read_exact_at};
+use crate::recordings::{open_regular, read_error, read_exact_at};
 
 /// Bytes read per positioned read and hashed per `update_rayon` call.
 pub const CHUNK: usize = 1 << 20;
@@ -26,15 +24,7 @@ const RAYON_MIN: usize = 128 << 10;
 /// [`Error::LengthChanged`] before anything is read; without it the length at open is expected.
 /// A file that shrinks or grows while being read is [`Error::LengthChanged`] too.
 pub fn digest_file(path: &str, expected_len: Option<u64>) -> Result<blake3::Hash> {
-    let file = File::open(path)
-        .map_err(|e| Error::data(path, "data file", format!("cannot be opened ({e})")))?;
-    let meta = file
-        .metadata()
-        .map_err(|e| Error::data(path, "data file", format!("cannot be inspected ({e})")))?;
-    if !meta.is_file() {
-        return Err(Error::data(path, "data file", "is not a regular file"));
-    }
-    let len = meta.len();
+    let (file, len) = open_regular(path)?;
     if let Some(expected) = expected_len.filter(|&e| e != len) {
         return Err(Error::LengthChanged {
             file: path.to_owned(),

@@ -419,8 +419,8 @@ impl Dataset {
     }
 }
 
-/// Opens a data file and returns it with its length in samples of `kind`.
-fn open_data(path: &str, kind: Kind) -> Result<(File, u64)> {
+/// Opens a regular file for reading and returns it with its length in bytes.
+pub(crate) fn open_regular(path: &str) -> Result<(File, u64)> {
     let file = File::open(path)
         .map_err(|e| Error::data(path, "data file", format!("cannot be opened ({e})")))?;
     let meta = file
@@ -429,7 +429,12 @@ fn open_data(path: &str, kind: Kind) -> Result<(File, u64)> {
     if !meta.is_file() {
         return Err(Error::data(path, "data file", "is not a regular file"));
     }
-    let len = meta.len();
+    Ok((file, meta.len()))
+}
+
+/// Opens a data file and returns it with its length in samples of `kind`.
+fn open_data(path: &str, kind: Kind) -> Result<(File, u64)> {
+    let (file, len) = open_regular(path)?;
     let sb = kind.sample_bytes() as u64;
     if len % sb != 0 {
         return Err(Error::data(
