@@ -211,3 +211,51 @@ def test_load_config_resolves_against_the_cwd_not_the_file(tmp_path, monkeypatch
     assert cfg.run.dir == os.fspath(tmp_path / "runs/r")
     assert cfg.data.train == [os.fspath(tmp_path / "d/*")]
     assert cfg.data.val == [os.fspath(tmp_path / "w/*")]  # --set values follow the same rule
+
+
+# --------------------------------------------------------------------------- the shared names
+
+
+def test_one_datatype_table_for_reader_synth_and_config():
+    from conftest import COMPONENT_DTYPES
+
+    from iqtrain.config import SIGMF_DATATYPES, SYNTH_DATATYPES, SynthConfig
+    from iqtrain.data import SUPPORTED_DATATYPES
+
+    # The reader takes every datatype in the table, and nothing else.
+    assert list(SUPPORTED_DATATYPES) == list(SIGMF_DATATYPES)
+    assert set(COMPONENT_DTYPES) == set(SIGMF_DATATYPES)
+    for name, dt in SIGMF_DATATYPES.items():
+        assert dt.bytes_per_sample == 2 * COMPONENT_DTYPES[name].itemsize, name
+    # Synth writes the little-endian and byte-wide ones, its default first.
+    assert SYNTH_DATATYPES == ("ci16_le", "cf32_le", "ci8", "cu8")
+    assert SynthConfig.__dataclass_fields__["datatype"].default == SYNTH_DATATYPES[0]
+    for name in SYNTH_DATATYPES:
+        assert build_config({"data": {"synthetic": {"datatype": name}}}).data.synthetic.datatype
+    with pytest.raises(ConfigError, match=r"^data\.synthetic\.datatype: .*'cu8', got 'ci16_be'"):
+        build_config({"data": {"synthetic": {"datatype": "ci16_be"}}})  # read, never written
+
+
+def test_device_and_precision_names_are_defined_once():
+    from iqtrain.config import DEVICES, PRECISIONS
+
+    for device in DEVICES:
+        precision = "bf16" if device == "cuda" else "fp32"
+        cfg = build_config({"training": {"device": device, "precision": precision}})
+        assert (cfg.training.device, cfg.training.precision) == (device, precision)
+    with pytest.raises(ConfigError, match=r"^training\.device: must be one of 'cpu', 'cuda'"):
+        build_config({"training": {"device": "tpu"}})
+    with pytest.raises(ConfigError, match=r"^training\.precision: must be one of 'fp32', 'bf16'"):
+        build_config({"training": {"precision": "fp16"}})
+    assert PRECISIONS == ("fp32", "bf16")
+
+
+def test_every_section_is_defined_here():
+    import dataclasses
+
+    from iqtrain import config
+
+    sections = (config.ModelConfig, config.OptimizerConfig, config.ScheduleConfig)
+    for cls in sections:
+        assert dataclasses.is_dataclass(cls) and cls.__module__ == "iqtrain.config", cls
+    assert set(config._SECTIONS.values()) >= set(sections)

@@ -21,7 +21,7 @@ from test_attempt import tiny_tables
 
 from iqtrain.checkpoint import list_checkpoints
 from iqtrain.config import dumps_toml
-from iqtrain.lineage import attempt_status, check_attempt, checkpoint_problems
+from iqtrain.evidence import attempt_status, check_attempt, checkpoint_problems
 from iqtrain.metrics import read_metrics, strip_timing
 from iqtrain.synth import synthesize
 

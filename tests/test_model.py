@@ -134,6 +134,66 @@ def test_dropout_inactive_in_eval() -> None:
         assert torch.equal(model(x), model(x))
 
 
+# --------------------------------------------------------------------------- FLOPs
+
+
+@pytest.mark.parametrize(
+    ("cfg", "batch", "n"),
+    [
+        # odd widths everywhere: dim, heads, patch_len, an explicit non-multiple-of-64 MLP
+        ({"dim": 48, "layers": 3, "heads": 3, "patch_len": 5, "mlp_hidden": 70}, 3, 11),
+        ({"dim": 20, "layers": 1, "heads": 5, "patch_len": 3}, 2, 7),
+        ({"dim": 36, "layers": 2, "heads": 2, "patch_len": 1, "mlp_hidden": 100}, 1, 13),
+    ],
+    ids=["d48-L3-P5", "d20-L1-P3", "d36-L2-P1"],
+)
+def test_flops_formula_matches_torch_flop_counter(cfg: dict, batch: int, n: int) -> None:
+    """The stated formula against an independent count: torch's FlopCounterMode on the real
+    forward and backward, which counts every matmul (and the attention kernels) by shape."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torch.manual_seed(0)
+    model = NextPatchModel(ModelConfig(**cfg, max_patches=16))
+    x = torch.randn(batch, n, 2 * cfg["patch_len"])
+    positions = batch * n
+    forward = model.forward_flops_per_patch(n)
+    assert model.train_flops_per_patch(n) == 3 * forward
+
+    with FlopCounterMode(display=False) as counter:
+        model(x)
+    assert counter.get_total_flops() == forward * positions
+
+    # Forward + backward. The input needs a gradient so the patch embedding's input-gradient
+    # matmul runs too, as the 3x convention counts it. The counter charges the attention
+    # backward 5 matmuls (flash attention recomputes the scores) where the model-FLOPs
+    # convention counts 4: the reconciliation is half the forward attention count.
+    x.requires_grad_(True)
+    with FlopCounterMode(display=False) as counter:
+        next_patch_loss(model(x), x.detach())[0].backward()
+    by_op = {str(k): v for k, v in counter.get_flop_counts()["Global"].items()}
+    attn_forward = sum(v for k, v in by_op.items() if "attention" in k and "backward" not in k)
+    attn_backward = sum(v for k, v in by_op.items() if "attention" in k and "backward" in k)
+    assert attn_forward > 0 and attn_backward == 5 * attn_forward // 2
+    # The full N x N score matrix, as the formula states: 2 matmuls x 2 N d per position.
+    assert attn_forward == cfg["layers"] * 4 * n * cfg["dim"] * positions
+    measured = counter.get_total_flops() - attn_forward // 2
+    assert measured == model.train_flops_per_patch(n) * positions
+
+
+def test_flops_hand_count_and_argument() -> None:
+    model = NextPatchModel(ModelConfig(dim=128, layers=4, heads=4, patch_len=16))
+    d, h, w, n = 128, 384, 32, 64
+    per_block = 6 * d * d + 4 * n * d + 2 * d * d + 4 * d * h + 2 * h * d
+    assert model.forward_flops_per_patch(n) == 4 * w * d + 4 * per_block
+    # With attention small, ~6 x parameters per patch (the 6N rule) within the bias/norm terms.
+    params = model.param_counts()[0]
+    ratio = model.train_flops_per_patch(n) / (6 * params)
+    assert 1.0 < ratio < 1.1
+    for bad in (0, -1, 2.0, True, None):
+        with pytest.raises(ValueError, match="seq_patches"):
+            model.forward_flops_per_patch(bad)
+
+
 # --------------------------------------------------------------------------- loss
 
 

@@ -137,6 +137,22 @@ def test_reference_int8_and_int16_agree_exactly() -> None:
     assert torch.equal(scale8 * 256, scale16)
 
 
+def test_reference_scale_is_exact_for_integer_input() -> None:
+    # The power is an exact integer sum in float64, so the scale does not depend on the order
+    # of summation (what makes the compiled reference bit-identical to the eager one): a
+    # permutation of the samples leaves it bit-identical, and it equals the exact value
+    # computed with Python integers, rounded once.
+    raw = make_raw(4, 4096, torch.int16, seed=3)
+    perm = torch.randperm(4096, generator=torch.Generator().manual_seed(0))
+    _, scale = prepare_iq_input_reference(raw, 16)
+    _, scale_perm = prepare_iq_input_reference(raw[:, perm], 16)
+    assert torch.equal(scale, scale_perm)
+    for b in range(4):
+        power = sum(int(v) ** 2 for v in raw[b].flatten().tolist())
+        exact = math.sqrt(power / 4096 + 1e-12)  # fp64 of the exact integer sum
+        assert scale[b].item() == torch.tensor(exact, dtype=torch.float32).item()
+
+
 def test_reference_prefix_ignores_later_samples() -> None:
     raw = make_raw(2, 64, torch.float32, seed=3)
     patch_len, prefix = 4, 3

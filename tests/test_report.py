@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from iqtrain.errors import CheckpointError
-from iqtrain.lineage import AttemptLock
+from iqtrain.evidence import AttemptLock
 from iqtrain.report import report
 
 

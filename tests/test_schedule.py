@@ -95,3 +95,11 @@ def test_decay_steps_belongs_to_wsd_only(kind):
     assert lrs[-1] == pytest.approx(1e-4 if kind == "cosine" else 1e-3)
     assert plan.extend(40, completed_steps=5).max_steps == 40  # no phantom decay in the way
     assert ScheduleConfig(kind=kind, decay_steps=0).decay_steps == 0  # 0 is fine off wsd
+
+
+def test_schedule_names_live_in_the_torch_free_config():
+    from iqtrain import config, schedule
+
+    assert schedule.ScheduleConfig is config.ScheduleConfig
+    assert schedule.KINDS == config.KINDS == ("wsd", "cosine", "constant")
+    assert schedule.SHAPES == config.SHAPES == ("linear", "cosine", "sqrt")

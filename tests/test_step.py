@@ -14,6 +14,7 @@ import torch
 
 from iqtrain.errors import ConfigError, NonFiniteError
 from iqtrain.model import ModelConfig, NextPatchModel, next_patch_loss
+from iqtrain.prepare import prepare_iq_input_reference
 from iqtrain.step import OptimizerConfig, StepResult, TrainStep, split_parameters
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -297,6 +298,37 @@ def test_eval_step_is_exact_sum_in_eval_mode() -> None:
     assert not ts.model.training  # the previous mode, whichever it was, is restored
 
 
+def test_eval_loss_sum_is_eval_step_without_the_sync() -> None:
+    ts = make_step(model_kw={"dropout": 0.5})
+    x = sinusoid_batch(b=3)
+    total, count = ts.eval_loss_sum(x)
+    assert isinstance(total, torch.Tensor) and total.ndim == 0 and total.dtype == torch.float32
+    assert not total.requires_grad and ts.model.training
+    assert (float(total), count) == ts.eval_step(x)
+
+
+# --------------------------------------------------------------------------- prepare
+
+
+def raw_batch(b: int, n: int = 16, p: int = 8, seed: int = 0):
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    return rng.integers(-32768, 32768, size=(b, n * p, 2), dtype=np.int16)
+
+
+def test_prepare_eager_is_the_reference_on_numpy_batches() -> None:
+    ts = make_step()
+    raw = raw_batch(4)
+    patches, scale = ts.prepare(raw, 8, norm="prefix", prefix_patches=3)
+    want = prepare_iq_input_reference(torch.from_numpy(raw), 8, norm="prefix", prefix_patches=3)
+    assert patches.dtype == torch.float32 and patches.shape == (4, 16, 16)
+    assert torch.equal(patches, want[0]) and torch.equal(scale, want[1])
+    assert ts.train_step([patches], 1e-3).loss > 0  # the model takes what prepare gives
+    with pytest.raises(ValueError, match="patch_len"):
+        ts.prepare(raw, 7)
+
+
 # --------------------------------------------------------------------------- configuration
 
 
@@ -386,3 +418,42 @@ def test_compiled_step_matches_eager() -> None:
         assert abs(e.loss - c.loss) <= 1e-5, (e, c)
         assert c.grad_norm == pytest.approx(e.grad_norm, rel=1e-4)
     assert not any(k.startswith("_orig_mod.") for k in compiled.model_state_dict())
+
+    # Evaluation: at most one more graph (eval mode, no grad; none if an earlier test in this
+    # process compiled it) with a dynamic batch dimension, shared by a validation batch size
+    # and a partial last batch; training afterwards reuses its own.
+    for i, b in enumerate((4, 3, 2)):
+        got, count = compiled.eval_step(x[:b])
+        want, _ = eager.eval_step(x[:b])
+        assert got == pytest.approx(want, rel=1e-5) and count == b * 15 * 8
+        if i == 0:
+            with_eval = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+            assert with_eval <= graphs + 1
+    compiled.train_step([x[:2], x[2:]], 1e-3)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == with_eval
+
+
+def test_compiled_prepare_is_bit_identical_without_recompiles() -> None:
+    """CPU + compile: prepare runs inductor code, equal bit for bit to the eager reference,
+    with one graph for the training batch, a validation batch and a partial last batch."""
+    ts = make_step(compile=True)
+    eager = make_step(compile=False)
+    assert ts._prepare_fn is not prepare_iq_input_reference  # the compiled path is taken
+    torch._dynamo.utils.counters.clear()
+    for i, b in enumerate((8, 8, 24, 5, 8)):  # train, train, val, partial val, train
+        raw = raw_batch(b, seed=i)
+        got, want = ts.prepare(raw, 8), eager.prepare(raw, 8)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), b
+        if i == 0:  # one graph (none if an earlier test in this process compiled it)
+            first = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+            assert first <= 1
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == first
+    # int8 extremes and a NaN in float32 input: exact, and NaN is not hidden.
+    raw8 = torch.tensor([[[-128, 127], [127, -128], [0, 1], [-1, 0]]] * 2, dtype=torch.int8)
+    assert torch.equal(ts.prepare(raw8, 2)[0], eager.prepare(raw8, 2)[0])
+    bad = torch.randn(3, 32, 2)
+    bad[1, 5, 0] = float("nan")
+    patches, scale = ts.prepare(bad, 8)
+    assert scale[1].isnan() and patches[1].isnan().all() and not patches[0].isnan().any()
+    with pytest.raises(ValueError, match="patch_len"):  # checks run before the compiled part
+        ts.prepare(bad, 5)

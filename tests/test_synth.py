@@ -258,3 +258,28 @@ def test_out_dir_must_be_a_directory(tmp_path):
 def test_numpy_integer_arguments_are_accepted(tmp_path):
     paths = synthesize(tmp_path, recordings=np.int64(1), samples=np.int32(2048), seed=np.uint8(3))
     assert len(paths) == 1
+
+
+def test_datatypes_come_from_the_one_table():
+    from iqtrain.config import SIGMF_DATATYPES, SYNTH_DATATYPES
+
+    assert list(DATATYPES) == list(SYNTH_DATATYPES)
+    assert {k: SIGMF_DATATYPES[k].full_scale for k in SYNTH_DATATYPES} == DATATYPES
+    assert DATATYPES == {"ci16_le": 32767.0, "cf32_le": 1.0, "ci8": 127.0, "cu8": 127.0}
+    with pytest.raises(ConfigError, match="datatype"):
+        synthesize("unused", recordings=1, samples=1024, datatype="ci16_be")
+
+
+def test_cli_datatype_choices_are_the_table(capsys):
+    from iqtrain.cli import build_parser
+    from iqtrain.config import SIGMF_DATATYPES, SYNTH_DATATYPES
+
+    parser = build_parser()
+    assert parser.parse_args(["synth", "out"]).datatype == SYNTH_DATATYPES[0]
+    for name in SIGMF_DATATYPES:
+        if name in SYNTH_DATATYPES:
+            assert parser.parse_args(["synth", "out", "--datatype", name]).datatype == name
+        else:
+            with pytest.raises(SystemExit) as exc:
+                parser.parse_args(["synth", "out", "--datatype", name])
+            assert exc.value.code == 2 and name in capsys.readouterr().err

@@ -1,33 +1,51 @@
 """iqtrain: compiled next-patch-prediction pretraining on IQ radio recordings.
 
 The Rust extension (``iqtrain._native``) is private; this module re-exports the public API.
+
+The re-exports are lazy (PEP 562): ``import iqtrain`` loads no submodule, so neither torch nor
+the extension; ``iqtrain.X`` or ``from iqtrain import X`` imports the module that defines ``X``
+on first use, and ``__version__`` reads the package metadata on first use. ``iqtrain.config``,
+``iqtrain.errors`` and the evidence readers (``lineage``, ``metrics``, ``report``,
+``checkpoint``) import no torch either, so the commands that only read or check
+(``iqtrain --help``, ``verify``, ``report``, ``synth``) start without it.
 """
 
-from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
-from importlib.metadata import version as _version
+import typing as _typing
+from importlib import import_module as _import_module
+from importlib.util import find_spec as _find_spec
 
-from iqtrain.attempt import AttemptResult, ParentRef, run_pretraining_attempt, verify_attempt
-from iqtrain.config import Config, build_config, load_config
-from iqtrain.data import IQDataset, Recording, TrainStream
-from iqtrain.errors import (
-    CheckpointError,
-    ConfigError,
-    CursorMismatchError,
-    DataError,
-    IQTrainError,
-    NonFiniteError,
-    TrainingError,
-)
-from iqtrain.model import ModelConfig, NextPatchModel, next_patch_loss
-from iqtrain.prepare import prepare_iq_input, prepare_iq_input_reference
-from iqtrain.schedule import Plan, ScheduleConfig, lr_at
-from iqtrain.step import OptimizerConfig, StepResult, TrainStep
-from iqtrain.synth import synthesize
-
-try:
-    __version__ = _version("iqtrain")
-except _PackageNotFoundError:  # running from a source tree without an install
-    __version__ = "0.0.0+source"
+# Public name -> the submodule that defines it.
+_EXPORTS: dict[str, str] = {
+    "AttemptResult": "iqtrain.attempt",
+    "ParentRef": "iqtrain.attempt",
+    "run_pretraining_attempt": "iqtrain.attempt",
+    "verify_attempt": "iqtrain.attempt",
+    "Config": "iqtrain.config",
+    "ModelConfig": "iqtrain.config",
+    "OptimizerConfig": "iqtrain.config",
+    "ScheduleConfig": "iqtrain.config",
+    "build_config": "iqtrain.config",
+    "load_config": "iqtrain.config",
+    "IQDataset": "iqtrain.data",
+    "Recording": "iqtrain.data",
+    "TrainStream": "iqtrain.data",
+    "CheckpointError": "iqtrain.errors",
+    "ConfigError": "iqtrain.errors",
+    "CursorMismatchError": "iqtrain.errors",
+    "DataError": "iqtrain.errors",
+    "IQTrainError": "iqtrain.errors",
+    "NonFiniteError": "iqtrain.errors",
+    "TrainingError": "iqtrain.errors",
+    "NextPatchModel": "iqtrain.model",
+    "next_patch_loss": "iqtrain.model",
+    "prepare_iq_input": "iqtrain.prepare",
+    "prepare_iq_input_reference": "iqtrain.prepare",
+    "Plan": "iqtrain.schedule",
+    "lr_at": "iqtrain.schedule",
+    "StepResult": "iqtrain.step",
+    "TrainStep": "iqtrain.step",
+    "synthesize": "iqtrain.synth",
+}
 
 __all__ = [
     "AttemptResult",
@@ -61,3 +79,61 @@ __all__ = [
     "synthesize",
     "verify_attempt",
 ]
+
+
+def _package_version() -> str:
+    # importlib.metadata costs more to import than the rest of `iqtrain --help`: only on use.
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("iqtrain")
+    except PackageNotFoundError:  # running from a source tree without an install
+        return "0.0.0+source"
+
+
+def __getattr__(name: str) -> object:
+    if name == "__version__":
+        globals()[name] = value = _package_version()
+        return value
+    module = _EXPORTS.get(name)
+    if module is not None:
+        value = getattr(_import_module(module), name)
+        globals()[name] = value  # later lookups skip __getattr__
+        return value
+    # A submodule (``iqtrain.config`` after a bare ``import iqtrain``), as when every one was
+    # imported eagerly; importing it binds it as an attribute of this package.
+    if not name.startswith("__") and _find_spec(f"iqtrain.{name}") is not None:
+        return _import_module(f"iqtrain.{name}")
+    raise AttributeError(f"module 'iqtrain' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
+# What type checkers and IDEs see: the eager imports this module used to run.
+if _typing.TYPE_CHECKING:
+    from iqtrain.attempt import AttemptResult, ParentRef, run_pretraining_attempt, verify_attempt
+    from iqtrain.config import (
+        Config,
+        ModelConfig,
+        OptimizerConfig,
+        ScheduleConfig,
+        build_config,
+        load_config,
+    )
+    from iqtrain.data import IQDataset, Recording, TrainStream
+    from iqtrain.errors import (
+        CheckpointError,
+        ConfigError,
+        CursorMismatchError,
+        DataError,
+        IQTrainError,
+        NonFiniteError,
+        TrainingError,
+    )
+    from iqtrain.model import NextPatchModel, next_patch_loss
+    from iqtrain.prepare import prepare_iq_input, prepare_iq_input_reference
+    from iqtrain.schedule import Plan, lr_at
+    from iqtrain.step import StepResult, TrainStep
+    from iqtrain.synth import synthesize

@@ -25,8 +25,6 @@ listed name and is found by :func:`crash_leftovers`.
 from __future__ import annotations
 
 import base64
-import contextlib
-import hashlib
 import json
 import os
 import re
@@ -37,6 +35,14 @@ from typing import TYPE_CHECKING, Any
 from safetensors import SafetensorError
 
 from iqtrain.errors import CheckpointError, NonFiniteError, StorageError
+from iqtrain.storage import (
+    file_digest,
+    fsync_dir,
+    fsync_file,
+    storage_error,
+    write_file,
+    write_json_atomic,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -46,6 +52,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CHECKPOINT_FILES",
+    "CheckpointManager",
     "checkpoint_name",
     "checkpoint_step",
     "crash_leftovers",
@@ -68,84 +75,8 @@ _NAME = re.compile(r"^step_(\d{8})$")
 _LEFTOVER = re.compile(r"^(\.tmp-step_\d{8}-\d+|\.pruned-step_\d{8}-\d+|\..+\.tmp-\d+)$")
 
 
-def _storage_error(path: Path, exc: BaseException) -> StorageError:
-    """One line naming the file: ``<path>: cannot write: <reason>``."""
-    if isinstance(exc, OSError) and exc.strerror:
-        reason = exc.strerror
-    else:
-        reason = " ".join(str(exc).split()) or type(exc).__name__
-    return StorageError(f"{path}: cannot write: {reason}")
-
-
 def checkpoint_name(step: int) -> str:
     return f"step_{step:08d}"
-
-
-def file_digest(path: Path) -> dict[str, Any]:
-    """``{"bytes": n, "sha256": hex}`` of a file."""
-    h = hashlib.sha256()
-    n = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-            n += len(chunk)
-    return {"bytes": n, "sha256": h.hexdigest()}
-
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write JSON to ``path`` through a fsynced temporary file and a rename.
-
-    Raises ``StorageError`` naming ``path`` if any write, fsync or rename fails; the temporary
-    file is removed and ``path`` keeps its previous content (or stays absent). ``ValueError`` /
-    ``TypeError`` (``obj`` not JSON-able, non-finite floats) are raised before anything is
-    written.
-    """
-    path = Path(path)
-    data = (json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n").encode()
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        _write_file(tmp, data)
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
-    except OSError as exc:
-        _unlink_quietly(tmp)
-        raise _storage_error(path, exc) from exc
-    except BaseException:
-        _unlink_quietly(tmp)
-        raise
-
-
-def _write_file(path: Path, data: bytes) -> None:
-    """Create ``path`` (replacing a stale one) holding ``data``, fsynced."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _unlink_quietly(path: Path) -> None:
-    with contextlib.suppress(OSError):
-        os.unlink(path)
 
 
 # ------------------------------------------------------------------------------- RNG state
@@ -285,15 +216,15 @@ def save_checkpoint(
         current = tmp / "optimizer.safetensors"
         save_file(optim_t, current)
         current = tmp / "state.json"
-        _write_file(current, state_bytes)
+        write_file(current, state_bytes)
         files = {}
         for fname in CHECKPOINT_FILES:
             current = tmp / fname
-            _fsync_file(current)
+            fsync_file(current)
             files[fname] = file_digest(current)
         current = tmp / "checkpoint.json"
         index = {"name": name, "step": step, "files": files}
-        _write_file(current, (json.dumps(index, indent=2, sort_keys=True) + "\n").encode())
+        write_file(current, (json.dumps(index, indent=2, sort_keys=True) + "\n").encode())
         current = tmp
         fsync_dir(tmp)
         current = final
@@ -304,7 +235,7 @@ def save_checkpoint(
         fsync_dir(root)
     except (OSError, SafetensorError) as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise _storage_error(current, exc) from exc
+        raise storage_error(current, exc) from exc
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -461,3 +392,54 @@ def checkpoint_step(path: Path) -> int:
     if not m:
         raise CheckpointError(f"{path}: not a checkpoint directory name")
     return int(m.group(1))
+
+
+class CheckpointManager:
+    """The checkpoint policy of one attempt: when to save and what to keep.
+
+    Saves every ``every`` steps, at the final step, on each validation improvement (that one
+    is ``best``) and, when a signal arrives, at the step the loop stops on. Keeps the newest
+    ``keep_last`` checkpoints of this attempt (0 keeps all), the latest and the best always;
+    pruning is atomic (:func:`remove_checkpoint`).
+    """
+
+    def __init__(self, root: Path, run_dir: Path, *, every: int, keep_last: int) -> None:
+        self.root, self.run_dir = Path(root), Path(run_dir)
+        self.every, self.keep_last = every, keep_last
+        self.saved: list[Path] = []  # this attempt's checkpoints, oldest first
+
+    def due(self, step: int, *, final: bool, improved: bool) -> bool:
+        return step % self.every == 0 or improved or final
+
+    def saved_at(self, step: int) -> bool:
+        return bool(self.saved) and checkpoint_step(self.saved[-1]) == step
+
+    @property
+    def latest(self) -> Path | None:
+        return self.saved[-1] if self.saved else None
+
+    def save(
+        self,
+        step: int,
+        model_state: dict[str, torch.Tensor],
+        optimizer_state: dict[str, Any],
+        state: dict[str, Any],
+        *,
+        protect: str | None = None,
+    ) -> Path:
+        """Write the checkpoint of ``step``, then prune; ``protect`` (the best, relative to the
+        run directory, possibly in an ancestor attempt) is never pruned."""
+        path = save_checkpoint(self.root, step, model_state, optimizer_state, state)
+        self.saved.append(path)
+        self._prune(None if protect is None else (self.run_dir / protect).resolve())
+        return path
+
+    def _prune(self, protect: Path | None) -> None:
+        if self.keep_last <= 0:
+            return
+        keep = set(self.saved[-self.keep_last :]) | {self.saved[-1]}
+        for path in list(self.saved):
+            if path in keep or path.resolve() == protect:
+                continue
+            remove_checkpoint(path)
+            self.saved.remove(path)

@@ -12,6 +12,7 @@ import math
 import sys
 from pathlib import Path
 
+from iqtrain.config import SYNTH_DATATYPES
 from iqtrain.errors import (
     CheckpointError,
     ConfigError,
@@ -64,7 +65,7 @@ def _finish(result) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from iqtrain.lineage import check_attempt, verify_data
+    from iqtrain.evidence import check_attempt, verify_data
 
     check = check_attempt(Path(args.dir))  # CheckpointError (exit 2) if not an attempt at all
     problems = list(check.problems)
@@ -155,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("out_dir")
     sp.add_argument("--recordings", type=int, default=8)
     sp.add_argument("--samples", type=int, default=1 << 18)
-    sp.add_argument("--datatype", default="ci16_le", choices=["ci16_le", "cf32_le", "ci8", "cu8"])
+    sp.add_argument("--datatype", default=SYNTH_DATATYPES[0], choices=SYNTH_DATATYPES)
     sp.add_argument("--seed", type=int, default=0)
     sp.set_defaults(func=cmd_synth)
 
@@ -171,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from iqtrain.attempt import Interrupted
+    from iqtrain.console import Interrupted
 
     args = build_parser().parse_args(argv)
     try:

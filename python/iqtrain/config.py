@@ -5,6 +5,13 @@ Sections validate their own values in ``__post_init__`` and name the dotted key 
 across sections. The resolved config (every default filled in) is what an attempt writes and
 hashes, so ``config.toml`` in an attempt is the complete record of what ran.
 
+This module imports no torch (nor numpy): every section (``ModelConfig``, ``OptimizerConfig``
+and ``ScheduleConfig`` included, which :mod:`iqtrain.model`, :mod:`iqtrain.step` and
+:mod:`iqtrain.schedule` re-export), the shared validators and the closed sets of names
+(:data:`DEVICES`, :data:`PRECISIONS`, :data:`KINDS`, :data:`SHAPES`, the datatype table
+:data:`SIGMF_DATATYPES`) live here, so reading, checking and writing a config, and the commands
+that only do that, never pay for torch.
+
 Paths (``run.dir``, ``data.train``, ``data.val``, ``data.synthetic.cache_dir``) are resolved when
 a section is built: ``~`` is expanded, then a relative path is taken relative to the current
 working directory at that moment (glob characters are kept as they are). The resolved config
@@ -23,22 +30,105 @@ from pathlib import Path
 from typing import Any
 
 from iqtrain.errors import ConfigError
-from iqtrain.model import ModelConfig, _require_int
-from iqtrain.schedule import ScheduleConfig
-from iqtrain.step import DEVICES, PRECISIONS, OptimizerConfig
 
 __all__ = [
+    "DEVICES",
+    "KINDS",
+    "PRECISIONS",
+    "SHAPES",
+    "SIGMF_DATATYPES",
+    "SYNTH_DATATYPES",
     "Config",
     "DataConfig",
+    "Datatype",
+    "ModelConfig",
+    "OptimizerConfig",
     "RunConfig",
+    "ScheduleConfig",
     "SynthConfig",
     "TrainingConfig",
     "apply_overrides",
     "build_config",
     "config_to_dict",
+    "default_mlp_hidden",
     "dumps_toml",
     "load_config",
 ]
+
+# --------------------------------------------------------------------------- closed sets of names
+
+#: ``training.device``: exactly these ("cuda:1" or "CPU" are mistakes we name, not guess at).
+DEVICES = ("cpu", "cuda")
+#: ``training.precision``; bf16 requires cuda.
+PRECISIONS = ("fp32", "bf16")
+#: ``schedule.kind`` and ``schedule.decay_shape`` (DESIGN.md section 5).
+KINDS = ("wsd", "cosine", "constant")
+SHAPES = ("linear", "cosine", "sqrt")
+
+
+@dataclass(frozen=True)
+class Datatype:
+    """One SigMF complex datatype iqtrain reads (DESIGN.md section 1)."""
+
+    bytes_per_sample: int  # one complex sample: I and Q
+    full_scale: float | None  # the code a float 1.0 is written as by synth; None: read only
+
+
+#: Every SigMF datatype iqtrain reads (the one table: the reader in :mod:`iqtrain.data`,
+#: :mod:`iqtrain.synth`, ``data.synthetic.datatype`` and ``iqtrain synth --datatype`` all take
+#: theirs from it). ``cu8`` is offset binary (sample - 128). The ``_be`` variants are read and
+#: converted but never written; real-valued and multi-channel data are rejected by the reader.
+SIGMF_DATATYPES: dict[str, Datatype] = {
+    "ci16_le": Datatype(bytes_per_sample=4, full_scale=32767.0),
+    "cf32_le": Datatype(bytes_per_sample=8, full_scale=1.0),
+    "ci8": Datatype(bytes_per_sample=2, full_scale=127.0),
+    "cu8": Datatype(bytes_per_sample=2, full_scale=127.0),
+    "ci16_be": Datatype(bytes_per_sample=4, full_scale=None),
+    "cf32_be": Datatype(bytes_per_sample=8, full_scale=None),
+}
+#: The datatypes ``iqtrain synth`` writes, its default first.
+SYNTH_DATATYPES = tuple(k for k, v in SIGMF_DATATYPES.items() if v.full_scale is not None)
+
+
+# --------------------------------------------------------------------------- shared validators
+# Every message starts with the dotted key so a user can find the offending line of the TOML
+# file without reading a traceback.
+
+
+def _require_int(key: str, value: object, *, minimum: int) -> int:
+    # bool is an int subclass; `layers = true` in a config file is a mistake, not 1.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{key}: must be an integer, got {value!r}")
+    if value < minimum:
+        raise ConfigError(f"{key}: must be >= {minimum}, got {value}")
+    return value
+
+
+def _require_float(
+    key: str,
+    value: object,
+    *,
+    gt: float | None = None,
+    ge: float | None = None,
+    lt: float | None = None,
+    le: float | None = None,
+) -> float:
+    # TOML writes `rope_theta = 10000` as an integer; accept it and store the float so the
+    # resolved config has one type per field.
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{key}: must be a number, got {value!r}")
+    v = float(value)
+    if not math.isfinite(v):
+        raise ConfigError(f"{key}: must be finite, got {value!r}")
+    if gt is not None and not v > gt:
+        raise ConfigError(f"{key}: must be > {gt}, got {value!r}")
+    if ge is not None and not v >= ge:
+        raise ConfigError(f"{key}: must be >= {ge}, got {value!r}")
+    if lt is not None and not v < lt:
+        raise ConfigError(f"{key}: must be < {lt}, got {value!r}")
+    if le is not None and not v <= le:
+        raise ConfigError(f"{key}: must be <= {le}, got {value!r}")
+    return v
 
 
 def _require_str(key: str, value: object, choices: tuple[str, ...] | None = None) -> str:
@@ -88,9 +178,6 @@ class RunConfig:
         _require_int("run.seed", self.seed, minimum=0)
         if self.seed >= 1 << 63:
             raise ConfigError(f"run.seed: must be below 2**63, got {self.seed}")
-
-
-SYNTH_DATATYPES = ("ci16_le", "cf32_le", "ci8", "cu8")
 
 
 @dataclass(kw_only=True)
@@ -181,6 +268,113 @@ class DataConfig:
         return not self.train
 
 
+def default_mlp_hidden(dim: int) -> int:
+    """SwiGLU hidden width for ``dim``: round(8/3 * dim), rounded up to a multiple of 64.
+
+    8/3 keeps the three SwiGLU matrices at the parameter count of a 4x two-matrix MLP; the
+    multiple of 64 keeps matmul shapes aligned to vector units and tensor-core tiles.
+    """
+    return -(-round(8 * dim / 3) // 64) * 64
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    """The ``[model]`` table. Validated on construction; ``mlp_hidden=None`` is resolved."""
+
+    dim: int = 128
+    layers: int = 4
+    heads: int = 4
+    mlp_hidden: int | None = None
+    rope_theta: float = 10000.0
+    dropout: float = 0.0
+    init_std: float = 0.02
+    patch_len: int = 16
+    max_patches: int = 256
+
+    def __post_init__(self) -> None:
+        _require_int("model.dim", self.dim, minimum=1)
+        _require_int("model.layers", self.layers, minimum=1)
+        _require_int("model.heads", self.heads, minimum=1)
+        if self.dim % self.heads:
+            raise ConfigError(f"model.heads: must divide model.dim ({self.dim}), got {self.heads}")
+        # RoPE rotates pairs of channels, so every head needs an even width.
+        if (self.dim // self.heads) % 2:
+            raise ConfigError(
+                f"model.heads: model.dim / model.heads must be even for rotary embeddings, "
+                f"got {self.dim} / {self.heads} = {self.dim // self.heads}"
+            )
+        if self.mlp_hidden is None:
+            # Resolved here, not at build time, so the resolved config records the width used.
+            self.mlp_hidden = default_mlp_hidden(self.dim)
+        else:
+            _require_int("model.mlp_hidden", self.mlp_hidden, minimum=1)
+        self.rope_theta = _require_float("model.rope_theta", self.rope_theta, gt=1.0)
+        self.dropout = _require_float("model.dropout", self.dropout, ge=0.0, lt=1.0)
+        self.init_std = _require_float("model.init_std", self.init_std, gt=0.0)
+        _require_int("model.patch_len", self.patch_len, minimum=1)
+        # One patch has no successor to predict, so a usable window has at least two.
+        _require_int("model.max_patches", self.max_patches, minimum=2)
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.heads
+
+
+@dataclass(kw_only=True)
+class OptimizerConfig:
+    """The ``[optimizer]`` table: AdamW hyperparameters, the schedule's peak and floor, clipping."""
+
+    lr: float = 1e-3
+    min_lr: float = 1e-4
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0  # <= 0 turns clipping off
+
+    def __post_init__(self) -> None:
+        self.lr = _require_float("optimizer.lr", self.lr, gt=0.0)
+        self.min_lr = _require_float("optimizer.min_lr", self.min_lr, ge=0.0)
+        if self.min_lr > self.lr:
+            raise ConfigError(
+                f"optimizer.min_lr: must be <= optimizer.lr ({self.lr}), got {self.min_lr}"
+            )
+        # TOML has arrays, not tuples: accept a two-element list and store the tuple.
+        if not isinstance(self.betas, tuple | list) or len(self.betas) != 2:
+            raise ConfigError(f"optimizer.betas: must be two numbers, got {self.betas!r}")
+        self.betas = (
+            _require_float("optimizer.betas[0]", self.betas[0], ge=0.0, lt=1.0),
+            _require_float("optimizer.betas[1]", self.betas[1], ge=0.0, lt=1.0),
+        )
+        self.eps = _require_float("optimizer.eps", self.eps, gt=0.0)
+        self.weight_decay = _require_float("optimizer.weight_decay", self.weight_decay, ge=0.0)
+        self.grad_clip = _require_float("optimizer.grad_clip", self.grad_clip)
+
+
+@dataclass(kw_only=True)
+class ScheduleConfig:
+    """``[schedule]``: the shape of the learning rate over training.max_steps."""
+
+    kind: str = "wsd"
+    warmup_steps: int = 100
+    decay_steps: int = 200  # wsd only
+    decay_shape: str = "linear"  # wsd only
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ConfigError(
+                f"schedule.kind: must be one of {', '.join(KINDS)}, got {self.kind!r}"
+            )
+        _require_int("schedule.warmup_steps", self.warmup_steps, minimum=0)
+        _require_int("schedule.decay_steps", self.decay_steps, minimum=0)
+        if self.decay_shape not in SHAPES:
+            raise ConfigError(
+                f"schedule.decay_shape: must be one of {', '.join(SHAPES)}, "
+                f"got {self.decay_shape!r}"
+            )
+        if self.kind == "wsd" and self.decay_steps < 1:
+            raise ConfigError("schedule.decay_steps: wsd needs at least 1 decay step")
+
+
 @dataclass(kw_only=True)
 class TrainingConfig:
     """``[training]``: device, precision, the step budget and the loop's cadences."""
@@ -196,7 +390,6 @@ class TrainingConfig:
     log_every: int = 10
 
     def __post_init__(self) -> None:
-        # Exactly "cpu" or "cuda": "cuda:1" or "CPU" are mistakes we name, not guess at.
         _require_str("training.device", self.device, DEVICES)
         _require_str("training.precision", self.precision, PRECISIONS)
         if self.precision == "bf16" and self.device != "cuda":

@@ -27,21 +27,16 @@ from typing import Any
 import numpy as np
 
 from iqtrain._native import NativeDataset, NativeStream, digest_files
+from iqtrain.config import SIGMF_DATATYPES
 from iqtrain.errors import ConfigError, CursorMismatchError, DataError, WindowTooLongError
 
 __all__ = ["IQDataset", "Recording", "TrainStream", "SUPPORTED_DATATYPES"]
 
-# SigMF datatype -> the kind the native reader understands. Only complex, single-channel data of
-# these types is accepted; everything else is rejected with the file and field named.
-SUPPORTED_DATATYPES = {
-    "ci8": "ci8",
-    "cu8": "cu8",
-    "ci16_le": "ci16_le",
-    "ci16_be": "ci16_be",
-    "cf32_le": "cf32_le",
-    "cf32_be": "cf32_be",
-}
-_BYTES_PER_SAMPLE = {"ci8": 2, "cu8": 2, "ci16_le": 4, "ci16_be": 4, "cf32_le": 8, "cf32_be": 8}
+# SigMF datatype -> the kind the native reader understands (the same name), from the one table
+# in iqtrain.config. Only complex, single-channel data of these types is accepted; everything
+# else is rejected with the file and field named.
+SUPPORTED_DATATYPES = {name: name for name in SIGMF_DATATYPES}
+_BYTES_PER_SAMPLE = {name: d.bytes_per_sample for name, d in SIGMF_DATATYPES.items()}
 
 # Quick identity (the cursor's check): FINGERPRINT_BLOCKS blocks of FINGERPRINT_BLOCK bytes at
 # fixed, evenly spaced offsets (first and last block included), so fingerprinting costs O(1) per

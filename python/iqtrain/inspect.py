@@ -13,11 +13,12 @@ import os
 
 import torch
 
-from iqtrain.attempt import _prepare, _to_device, open_datasets
+from iqtrain.attempt import open_datasets
 from iqtrain.config import config_to_dict, dumps_toml, load_config
 from iqtrain.model import NextPatchModel
 from iqtrain.schedule import Plan, lr_at
 from iqtrain.step import TrainStep
+from iqtrain.trainer import prepare_batch, to_device
 
 __all__ = ["inspect_config"]
 
@@ -53,9 +54,9 @@ def inspect_config(path: str | os.PathLike, overrides: list[str] | None = None) 
         precision=t.precision,
         compile=False,
     )
-    dev = _to_device(raw, stepper.device)
+    dev = to_device(raw, stepper.device)
     print(f"2 on device: {_t(dev)}")
-    patches, scale = _prepare(raw, stepper, config)
+    patches, scale = prepare_batch(raw, stepper, config)
     print(f"3 prepare_iq_input patches: {_t(patches)}")
     print(f"  scale: {_t(scale)} min {scale.min().item():.4g} max {scale.max().item():.4g}")
     print(

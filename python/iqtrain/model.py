@@ -10,108 +10,15 @@ and maps back with ``Linear(dim, 2P)``: the output at position t is the predicti
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from iqtrain.errors import ConfigError
+# The [model] table lives in the torch-free config module; re-exported here, as before.
+from iqtrain.config import ModelConfig, default_mlp_hidden
 
 __all__ = ["ModelConfig", "NextPatchModel", "default_mlp_hidden", "next_patch_loss"]
-
-
-# --------------------------------------------------------------------------- config validation
-# Shared with step.py's OptimizerConfig: every message starts with the dotted key so a user can
-# find the offending line of the TOML file without reading a traceback.
-
-
-def _require_int(key: str, value: object, *, minimum: int) -> int:
-    # bool is an int subclass; `layers = true` in a config file is a mistake, not 1.
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{key}: must be an integer, got {value!r}")
-    if value < minimum:
-        raise ConfigError(f"{key}: must be >= {minimum}, got {value}")
-    return value
-
-
-def _require_float(
-    key: str,
-    value: object,
-    *,
-    gt: float | None = None,
-    ge: float | None = None,
-    lt: float | None = None,
-    le: float | None = None,
-) -> float:
-    # TOML writes `rope_theta = 10000` as an integer; accept it and store the float so the
-    # resolved config has one type per field.
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(f"{key}: must be a number, got {value!r}")
-    v = float(value)
-    if not math.isfinite(v):
-        raise ConfigError(f"{key}: must be finite, got {value!r}")
-    if gt is not None and not v > gt:
-        raise ConfigError(f"{key}: must be > {gt}, got {value!r}")
-    if ge is not None and not v >= ge:
-        raise ConfigError(f"{key}: must be >= {ge}, got {value!r}")
-    if lt is not None and not v < lt:
-        raise ConfigError(f"{key}: must be < {lt}, got {value!r}")
-    if le is not None and not v <= le:
-        raise ConfigError(f"{key}: must be <= {le}, got {value!r}")
-    return v
-
-
-def default_mlp_hidden(dim: int) -> int:
-    """SwiGLU hidden width for ``dim``: round(8/3 * dim), rounded up to a multiple of 64.
-
-    8/3 keeps the three SwiGLU matrices at the parameter count of a 4x two-matrix MLP; the
-    multiple of 64 keeps matmul shapes aligned to vector units and tensor-core tiles.
-    """
-    return -(-round(8 * dim / 3) // 64) * 64
-
-
-@dataclass(kw_only=True)
-class ModelConfig:
-    """The ``[model]`` table. Validated on construction; ``mlp_hidden=None`` is resolved."""
-
-    dim: int = 128
-    layers: int = 4
-    heads: int = 4
-    mlp_hidden: int | None = None
-    rope_theta: float = 10000.0
-    dropout: float = 0.0
-    init_std: float = 0.02
-    patch_len: int = 16
-    max_patches: int = 256
-
-    def __post_init__(self) -> None:
-        _require_int("model.dim", self.dim, minimum=1)
-        _require_int("model.layers", self.layers, minimum=1)
-        _require_int("model.heads", self.heads, minimum=1)
-        if self.dim % self.heads:
-            raise ConfigError(f"model.heads: must divide model.dim ({self.dim}), got {self.heads}")
-        # RoPE rotates pairs of channels, so every head needs an even width.
-        if (self.dim // self.heads) % 2:
-            raise ConfigError(
-                f"model.heads: model.dim / model.heads must be even for rotary embeddings, "
-                f"got {self.dim} / {self.heads} = {self.dim // self.heads}"
-            )
-        if self.mlp_hidden is None:
-            # Resolved here, not at build time, so the resolved config records the width used.
-            self.mlp_hidden = default_mlp_hidden(self.dim)
-        else:
-            _require_int("model.mlp_hidden", self.mlp_hidden, minimum=1)
-        self.rope_theta = _require_float("model.rope_theta", self.rope_theta, gt=1.0)
-        self.dropout = _require_float("model.dropout", self.dropout, ge=0.0, lt=1.0)
-        self.init_std = _require_float("model.init_std", self.init_std, gt=0.0)
-        _require_int("model.patch_len", self.patch_len, minimum=1)
-        # One patch has no successor to predict, so a usable window has at least two.
-        _require_int("model.max_patches", self.max_patches, minimum=2)
-
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.heads
 
 
 # --------------------------------------------------------------------------- building blocks
@@ -268,6 +175,48 @@ class NextPatchModel(nn.Module):
         total = sum(p.numel() for p in self.parameters())
         trainable = sum(p.numel() for p in self.parameters() if p.requires_grad)
         return total, trainable
+
+    def forward_flops_per_patch(self, seq_patches: int) -> int:
+        """Model FLOPs of one forward pass per patch position, in windows of ``seq_patches``.
+
+        Every matmul counts ``2 * m * k * n`` (one multiply and one add per term). Per patch,
+        with d = ``dim``, h = ``mlp_hidden``, w = ``2 * patch_len``, N = ``seq_patches``:
+
+        - patch embedding ``Linear(w, d)`` and output head ``Linear(d, w)``: ``2wd`` each;
+        - per block: QKV ``2 * d * 3d``; attention scores ``q k^T`` and the weighted sum
+          ``p v``: ``2Nd`` each, over all N keys; output projection ``2d^2``; SwiGLU gate and
+          up ``2 * d * 2h`` and down ``2hd``.
+
+        Attention counts the full N x N score matrix although the mask is causal: the PaLM
+        (appendix B) and nanoGPT convention, and what ``torch.utils.flop_counter`` counts, so
+        MFU figures compare across code bases. A causal kernel does about half the attention
+        work, so for attention-heavy shapes (N comparable to 6d) achieved figures flatter.
+        Excluded: norms, RoPE, softmax, SiLU and the gating product, residual adds, biases,
+        dropout and the loss: elementwise work, O(d) per patch against O(d^2) for the matmuls.
+        """
+        if isinstance(seq_patches, bool) or not isinstance(seq_patches, int) or seq_patches < 1:
+            raise ValueError(f"seq_patches: expected an integer >= 1, got {seq_patches!r}")
+        cfg = self.config
+        d, w, n = cfg.dim, 2 * cfg.patch_len, seq_patches
+        assert cfg.mlp_hidden is not None  # resolved by ModelConfig.__post_init__
+        h = cfg.mlp_hidden
+        embed_and_head = 2 * (2 * w * d)
+        attention = 2 * d * 3 * d + 2 * (2 * n * d) + 2 * d * d
+        mlp = 2 * d * 2 * h + 2 * h * d
+        return embed_and_head + cfg.layers * (attention + mlp)
+
+    def train_flops_per_patch(self, seq_patches: int) -> int:
+        """Model FLOPs of one training step per patch position: 3x the forward.
+
+        Backward costs two matmuls per forward matmul (the input gradient and the weight
+        gradient), the PaLM / nanoGPT ``6 * params + 12 * layers * d * N`` convention. Model
+        FLOPs, not hardware FLOPs: the recomputation a flash-attention backward does (the
+        scores again, ``2Nd`` per block) is not counted, nor the patch embedding's input
+        gradient, which autograd skips because patches need none. A step over ``windows``
+        windows runs ``windows * seq_patches`` patch positions (all N are computed, though only
+        N - 1 have a target), so its FLOPs are ``train_flops_per_patch(N) * windows * N``.
+        """
+        return 3 * self.forward_flops_per_patch(seq_patches)
 
 
 def next_patch_loss(pred: Tensor, patches: Tensor) -> tuple[Tensor, Tensor, int]:

@@ -3,6 +3,8 @@
 DESIGN.md section 3. :func:`prepare_iq_input_reference` is the specification, written in plain
 PyTorch; :func:`prepare_iq_input` dispatches to the fused Triton kernel
 (``iqtrain.kernels.normalize_patch``) for CUDA tensors and to the reference everywhere else.
+:func:`compiled_reference` is the reference under ``torch.compile``, bit-identical to it, for CPU
+runs with ``training.compile = true`` (``TrainStep.prepare`` picks the path for the loop).
 
 triton is imported only on the Triton path, so this module imports on machines without it.
 """
@@ -14,7 +16,7 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["prepare_iq_input", "prepare_iq_input_reference"]
+__all__ = ["compiled_reference", "prepare_iq_input", "prepare_iq_input_reference"]
 
 _IN_DTYPES = (torch.int8, torch.int16, torch.float32)
 _OUT_DTYPES = (torch.float32, torch.bfloat16)
@@ -91,20 +93,62 @@ def prepare_iq_input_reference(
     ``prefix_patches`` patches, and ``patches_b = raw_b / scale_b``.
     """
     norm_samples = _check_args(raw, patch_len, norm, prefix_patches, eps, out_dtype)
-    batch, length, _ = raw.shape
+    return _reference_body(raw, patch_len, norm_samples, eps, out_dtype)
 
-    x = raw.to(torch.float32)  # int16 squares reach 2^30; convert before squaring
-    # sum over the first norm_samples samples of I^2 + Q^2: one power per window, shared by I
-    # and Q (z-scoring I and Q separately would distort constellations).
-    power = x[:, :norm_samples, :].square().sum(dim=(1, 2))
-    scale = torch.sqrt(power / norm_samples + eps)
+
+def _reference_body(
+    raw: torch.Tensor, patch_len: int, norm_samples: int, eps: float, out_dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference after its checks: what :func:`compiled_reference` compiles."""
+    batch, length, _ = raw.shape
+    # The power is summed in float64 from exact squares (an int16 square needs 30 bits, an
+    # fp32 square 48): for int8/int16 input every partial sum is an integer below 2^53, so the
+    # sum is exact and independent of the summation order; the scale is then rounded to fp32
+    # once. That is what makes the compiled reference (inductor's loop order) bit-identical to
+    # this eager one (torch's pairwise reduction). For float32 input the fp64 sums can differ
+    # in the last bits, which survive the rounding to fp32 only when they straddle a rounding
+    # boundary (about 2^-29 of windows).
+    x64 = raw[:, :norm_samples, :].to(torch.float64)
+    power = x64.square().sum(dim=(1, 2))
+    scale = torch.sqrt(power / norm_samples + eps).to(torch.float32)
 
     # Divide by scale as a multiplication by its correctly rounded reciprocal: that is what the
     # kernel does per element, so both round identically whenever their scales agree.
-    normalized = x * torch.reciprocal(scale)[:, None, None]
+    normalized = raw.to(torch.float32) * torch.reciprocal(scale)[:, None, None]
     # [B, L, 2] contiguous is already patch j = samples [jP, (j+1)P) interleaved I0, Q0, I1, ...
     patches = normalized.reshape(batch, length // patch_len, 2 * patch_len)
     return patches.to(out_dtype), scale
+
+
+def compiled_reference() -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """:func:`prepare_iq_input_reference` compiled with inductor, for CPU training runs.
+
+    Same signature and checks (run eagerly, before the compiled part, so a bad argument raises
+    the same ``ValueError``); output bit-identical to the eager reference for int8/int16 input
+    (see :func:`_reference_body`; float32 input agrees but for rare last-bit scale roundings).
+    The batch dimension is marked dynamic, so one graph serves the training batch, the
+    validation batch and a partial last validation batch (batch 1 gets its own: dynamo
+    specialises sizes 0 and 1). Each distinct (window length, patch_len, norm span, eps,
+    out_dtype) compiles once. CPU only: CUDA runs use the Triton kernel.
+    """
+    body = torch.compile(_reference_body, fullgraph=True)
+
+    def prepare(
+        raw: torch.Tensor,
+        patch_len: int,
+        *,
+        norm: str = "window",
+        prefix_patches: int = 4,
+        eps: float = 1e-12,
+        out_dtype: torch.dtype = torch.float32,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        norm_samples = _check_args(raw, patch_len, norm, prefix_patches, eps, out_dtype)
+        if raw.shape[0] == 0:  # nothing to compile for; the eager body handles it exactly
+            return _reference_body(raw, patch_len, norm_samples, eps, out_dtype)
+        torch._dynamo.maybe_mark_dynamic(raw, 0)
+        return body(raw, patch_len, norm_samples, eps, out_dtype)
+
+    return prepare
 
 
 def _triton_launcher(raw: torch.Tensor, backend: str) -> Callable[..., tuple[torch.Tensor, ...]]:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from iqtrain.errors import CheckpointError
-from iqtrain.lineage import attempt_status, read_attempt_info
+from iqtrain.evidence import attempt_status, read_attempt_info
 from iqtrain.metrics import read_metric_stream
 
 __all__ = ["report"]

@@ -13,6 +13,9 @@ step at ``min_lr``). ``constant``: warmup, then ``lr``.
 
 The plan (S, W, D, kind, shape, lr, min_lr) is stored in every checkpoint; a resume keeps it, and
 changing S is an explicit decision allowed only before the new decay start (:meth:`Plan.extend`).
+
+:class:`ScheduleConfig` (the ``[schedule]`` table), :data:`KINDS` and :data:`SHAPES` are defined in
+:mod:`iqtrain.config` and re-exported here.
 """
 
 from __future__ import annotations
@@ -20,38 +23,12 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+# The [schedule] table and the names it accepts live in the torch-free config module;
+# they are re-exported here, where they have always been importable from.
+from iqtrain.config import KINDS, SHAPES, ScheduleConfig
 from iqtrain.errors import ConfigError
-from iqtrain.model import _require_int
 
 __all__ = ["KINDS", "SHAPES", "Plan", "ScheduleConfig", "lr_at"]
-
-KINDS = ("wsd", "cosine", "constant")
-SHAPES = ("linear", "cosine", "sqrt")
-
-
-@dataclass(kw_only=True)
-class ScheduleConfig:
-    """``[schedule]``: the shape of the learning rate over training.max_steps."""
-
-    kind: str = "wsd"
-    warmup_steps: int = 100
-    decay_steps: int = 200  # wsd only
-    decay_shape: str = "linear"  # wsd only
-
-    def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ConfigError(
-                f"schedule.kind: must be one of {', '.join(KINDS)}, got {self.kind!r}"
-            )
-        _require_int("schedule.warmup_steps", self.warmup_steps, minimum=0)
-        _require_int("schedule.decay_steps", self.decay_steps, minimum=0)
-        if self.decay_shape not in SHAPES:
-            raise ConfigError(
-                f"schedule.decay_shape: must be one of {', '.join(SHAPES)}, "
-                f"got {self.decay_shape!r}"
-            )
-        if self.kind == "wsd" and self.decay_steps < 1:
-            raise ConfigError("schedule.decay_steps: wsd needs at least 1 decay step")
 
 
 @dataclass(frozen=True, kw_only=True)

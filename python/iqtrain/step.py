@@ -17,6 +17,25 @@ Learning rate. Every parameter group's ``lr`` is a 0-dim CPU float64 tensor upda
 with ``fill_``. No compiled code reads it, so a changing schedule can never trigger a recompile;
 fused AdamW accepts a tensor lr (and treats a CPU one as a scalar, so CUDA runs need no copy),
 and float64 keeps the value the loop asked for exactly.
+
+Preparation. :meth:`TrainStep.prepare` turns a loader batch into the model's input on the step's
+device: CUDA runs copy it through pinned memory (``non_blocking``: a copy from pageable memory
+would synchronise the stream) and run the Triton kernel; CPU runs with ``compile=True`` run the
+compiled reference (:func:`iqtrain.prepare.compiled_reference`, bit-identical to the eager one),
+CPU runs without it the eager reference. So ``compile`` selects compiled code for the whole step.
+
+Host synchronisations. Every call the loop makes per step queues device work and returns, except:
+
+- ``train_step``: exactly one, the ``.tolist()`` of ``[loss, grad_norm]`` after the backward.
+  The contract needs it: a non-finite loss or norm must be rejected before the update, and
+  whether to clip (``norm > grad_clip``) is decided from the same value; the loop records
+  both numbers anyway. The lr is a CPU tensor (``fill_``, no device work), the norm and the
+  clip stay on the device, and fused AdamW reads a CPU lr as a scalar.
+- ``eval_step``: one per validation batch (its ``float``), for callers that want a number.
+  :meth:`TrainStep.eval_loss_sum` is the same pass without it: it returns the device tensor,
+  so a validation loop can queue every batch and synchronise once at the end.
+- ``prepare`` and ``eval_loss_sum``: none on CUDA (pinned, non-blocking copies; the Triton
+  kernel). On CPU there is no device to wait for.
 """
 
 from __future__ import annotations
@@ -29,8 +48,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+# The [optimizer] table and the device/precision names live in the torch-free config module;
+# re-exported here, as before.
+from iqtrain.config import DEVICES, PRECISIONS, OptimizerConfig
 from iqtrain.errors import ConfigError, NonFiniteError
-from iqtrain.model import _require_float, next_patch_loss
+from iqtrain.model import next_patch_loss
+from iqtrain.prepare import compiled_reference, prepare_iq_input, prepare_iq_input_reference
 
 __all__ = [
     "DEVICES",
@@ -41,41 +64,8 @@ __all__ = [
     "split_parameters",
 ]
 
-DEVICES = ("cpu", "cuda")
-PRECISIONS = ("fp32", "bf16")
-
 # torch.compile wraps modules in OptimizedModule, whose state dict keys carry this prefix.
 _COMPILE_PREFIX = "_orig_mod."
-
-
-@dataclass(kw_only=True)
-class OptimizerConfig:
-    """The ``[optimizer]`` table: AdamW hyperparameters, the schedule's peak and floor, clipping."""
-
-    lr: float = 1e-3
-    min_lr: float = 1e-4
-    betas: tuple[float, float] = (0.9, 0.95)
-    eps: float = 1e-8
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0  # <= 0 turns clipping off
-
-    def __post_init__(self) -> None:
-        self.lr = _require_float("optimizer.lr", self.lr, gt=0.0)
-        self.min_lr = _require_float("optimizer.min_lr", self.min_lr, ge=0.0)
-        if self.min_lr > self.lr:
-            raise ConfigError(
-                f"optimizer.min_lr: must be <= optimizer.lr ({self.lr}), got {self.min_lr}"
-            )
-        # TOML has arrays, not tuples: accept a two-element list and store the tuple.
-        if not isinstance(self.betas, tuple | list) or len(self.betas) != 2:
-            raise ConfigError(f"optimizer.betas: must be two numbers, got {self.betas!r}")
-        self.betas = (
-            _require_float("optimizer.betas[0]", self.betas[0], ge=0.0, lt=1.0),
-            _require_float("optimizer.betas[1]", self.betas[1], ge=0.0, lt=1.0),
-        )
-        self.eps = _require_float("optimizer.eps", self.eps, gt=0.0)
-        self.weight_decay = _require_float("optimizer.weight_decay", self.weight_decay, ge=0.0)
-        self.grad_clip = _require_float("optimizer.grad_clip", self.grad_clip)
 
 
 @dataclass(frozen=True)
@@ -200,6 +190,12 @@ class TrainStep:
         self._forward_loss_fn = (
             torch.compile(self._forward_loss, fullgraph=True) if compile else self._forward_loss
         )
+        # CPU + compile: prepare compiled as well (CUDA always runs the Triton kernel).
+        self._prepare_fn = (
+            compiled_reference() if compile and device == "cpu" else prepare_iq_input_reference
+        )
+        # What prepare hands the model: bf16 patches halve the bytes under bf16 autocast.
+        self.input_dtype = torch.bfloat16 if precision == "bf16" else torch.float32
 
     # ------------------------------------------------------------------ the compiled region
 
@@ -212,6 +208,38 @@ class TrainStep:
         return next_patch_loss(pred, patches)
 
     # ------------------------------------------------------------------ public API
+
+    def prepare(
+        self,
+        raw: Any,
+        patch_len: int,
+        *,
+        norm: str = "window",
+        prefix_patches: int = 4,
+    ) -> tuple[Tensor, Tensor]:
+        """A loader batch ``raw [B, L, 2]`` (numpy array or tensor, int8/int16/float32) ->
+        ``(patches [B, L/P, 2P], scale [B])`` on this step's device, ready for ``train_step``.
+
+        ``prepare_iq_input`` with the step's device, compile mode and precision: patches are
+        bf16 under ``precision="bf16"``, fp32 otherwise. CUDA: pinned non-blocking copy, then
+        the Triton kernel. CPU: the compiled reference when ``compile=True`` (bit-identical to
+        the eager reference, one graph for every batch size >= 2), else the eager reference.
+        Raises ``ValueError`` naming a bad argument, as ``prepare_iq_input`` does.
+        """
+        t = raw if isinstance(raw, Tensor) else torch.from_numpy(raw)
+        if self.device.type == "cuda":
+            if t.device.type == "cpu":
+                t = t.pin_memory().to(self.device, non_blocking=True)
+            return prepare_iq_input(
+                t,
+                patch_len,
+                norm=norm,
+                prefix_patches=prefix_patches,
+                out_dtype=self.input_dtype,
+            )
+        return self._prepare_fn(
+            t, patch_len, norm=norm, prefix_patches=prefix_patches, out_dtype=self.input_dtype
+        )
 
     def train_step(
         self,
@@ -286,18 +314,33 @@ class TrainStep:
         self.optimizer.step()
         return StepResult(loss=loss_v, grad_norm=norm_v, clipped=clipped, lr=float(lr))
 
-    @torch.no_grad()
     def eval_step(self, patches: Tensor) -> tuple[float, int]:
         """(summed loss, target count) of ``patches`` in eval mode without gradients.
 
         Summing lets the caller form the exact mean over a partial last batch. The model's
-        previous mode (train, normally) is restored afterwards.
+        previous mode (train, normally) is restored afterwards. Synchronises with the device
+        to return a float: a validation loop should call :meth:`eval_loss_sum` per batch and
+        convert once at the end.
+        """
+        total, count = self.eval_loss_sum(patches)
+        return float(total), count
+
+    @torch.no_grad()
+    def eval_loss_sum(self, patches: Tensor) -> tuple[Tensor, int]:
+        """:meth:`eval_step` without the synchronisation: ``(0-dim fp32 tensor on the device,
+        target count)``. ``float(tensor)`` is exactly what ``eval_step`` returns.
+
+        Compiled, the batch dimension is marked dynamic, so the training batch size, the
+        validation batch size and a partial last batch share one evaluation graph.
         """
         was_training = self.model.training
         self.model.eval()
         try:
-            _, total, count = self._forward_loss_fn(patches.to(self.device, non_blocking=True))
-            return float(total), int(count)
+            x = patches.to(self.device, non_blocking=True)
+            if self.compiled and x.shape[0] > 1:
+                torch._dynamo.maybe_mark_dynamic(x, 0)
+            _, total, count = self._forward_loss_fn(x)
+            return total, int(count)
         finally:
             self.model.train(was_training)
 

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 from sigmf import SigMFFile
 
+from iqtrain.config import SIGMF_DATATYPES, SYNTH_DATATYPES
 from iqtrain.errors import ConfigError
 
 __all__ = ["CLASSES", "DATATYPES", "SAMPLE_RATE", "SNR_RANGE_DB", "synthesize"]
@@ -54,8 +55,9 @@ SNR_RANGE_DB = (-5.0, 30.0)
 #: Modulation classes, exactly as written to ``core:label``.
 CLASSES = ("BPSK", "QPSK", "8PSK", "16QAM", "64QAM", "GMSK", "CPFSK")
 
-#: Supported output datatypes and the full-scale value a float of 1.0 maps to.
-DATATYPES = {"ci16_le": 32767.0, "cf32_le": 1.0, "ci8": 127.0, "cu8": 127.0}
+#: Supported output datatypes and the full-scale value a float of 1.0 maps to, from the one
+#: datatype table (:data:`iqtrain.config.SIGMF_DATATYPES`); the first is the default.
+DATATYPES = {name: SIGMF_DATATYPES[name].full_scale for name in SYNTH_DATATYPES}
 
 MIN_SAMPLES = 1024
 # The generator holds a few complex128 copies of a recording at once (~100 bytes/sample at

@@ -15,7 +15,7 @@ from test_attempt import tiny_tables
 from iqtrain.attempt import ParentRef, run_pretraining_attempt
 from iqtrain.config import build_config
 from iqtrain.errors import CheckpointError
-from iqtrain.lineage import AttemptLock, attempt_status, check_attempt, verify_attempt
+from iqtrain.evidence import AttemptLock, attempt_status, check_attempt, verify_attempt
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -1,0 +1,109 @@
+"""Durable writes of evidence: fsynced files, atomic replacement, one-line failures.
+
+Every write of an attempt's evidence goes through here, so a failure (disk full, file too large,
+I/O error) is always a :class:`~iqtrain.errors.StorageError` naming the file, and a replaced
+file is either its old content or its new content, never a mix. Imports no torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from iqtrain.errors import StorageError
+
+__all__ = [
+    "file_digest",
+    "fsync_dir",
+    "fsync_file",
+    "storage_error",
+    "unlink_quietly",
+    "write_bytes_atomic",
+    "write_file",
+    "write_json_atomic",
+]
+
+
+def storage_error(path: Path, exc: BaseException) -> StorageError:
+    """One line naming the file: ``<path>: cannot write: <reason>``."""
+    if isinstance(exc, OSError) and exc.strerror:
+        reason = exc.strerror
+    else:
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+    return StorageError(f"{path}: cannot write: {reason}")
+
+
+def file_digest(path: Path) -> dict[str, Any]:
+    """``{"bytes": n, "sha256": hex}`` of a file."""
+    h = hashlib.sha256()
+    n = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+            n += len(chunk)
+    return {"bytes": n, "sha256": h.hexdigest()}
+
+
+def fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Write JSON to ``path`` through a fsynced temporary file and a rename.
+
+    Raises ``StorageError`` naming ``path`` if any write, fsync or rename fails; the temporary
+    file is removed and ``path`` keeps its previous content (or stays absent). ``ValueError`` /
+    ``TypeError`` (``obj`` not JSON-able, non-finite floats) are raised before anything is
+    written.
+    """
+    data = (json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n").encode()
+    write_bytes_atomic(path, data)
+
+
+def write_file(path: Path, data: bytes) -> None:
+    """Create ``path`` (replacing a stale one) holding ``data``, fsynced."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def unlink_quietly(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """``data`` into ``path`` through a fsynced temporary file and a rename (StorageError)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        write_file(tmp, data)
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    except OSError as exc:
+        unlink_quietly(tmp)
+        raise storage_error(path, exc) from exc
+    except BaseException:
+        unlink_quietly(tmp)
+        raise

@@ -1,0 +1,333 @@
+"""The training loop: a short read over components that own their state.
+
+``Trainer.train()`` reads top to bottom: next batch -> prepare -> step -> record -> maybe
+validate -> maybe checkpoint -> stop on signal. Each component owns its state and has
+``state_dict()``/``load_state_dict()``: the step (model and optimizer, in safetensors), the
+stream (the loader cursor), the loop state, the RNG and the metric writer (its cursor); a
+checkpoint is the mapping of component name to state, and a restore is one loop over the same
+mapping. When to save and what to keep is the :class:`~iqtrain.checkpoint.CheckpointManager`'s
+policy; the loop only asks it.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from iqtrain.checkpoint import CheckpointManager, checkpoint_name, restore_rng_state, rng_state
+from iqtrain.config import Config
+from iqtrain.console import Interrupted, Progress, SignalGuard
+from iqtrain.data import IQDataset, TrainStream
+from iqtrain.errors import NonFiniteError
+from iqtrain.lineage import STATE_VERSION, Parent
+from iqtrain.metrics import MetricWriter
+from iqtrain.prepare import prepare_iq_input
+from iqtrain.schedule import Plan, lr_at
+from iqtrain.step import StepResult, TrainStep, format_ids
+
+__all__ = [
+    "DataIdentity",
+    "LoopState",
+    "RNGState",
+    "Trainer",
+    "compute_digests",
+    "prepare_batch",
+    "spike_update",
+    "to_device",
+    "validate",
+]
+
+SPIKE_FACTOR = 3.0  # a train loss above 3x its running average is flagged as a spike
+SPIKE_EMA = 0.9  # weight of the past in that running average
+
+
+@dataclass
+class LoopState:
+    """The loop's counters: best validation, the loss average for spikes, validations run."""
+
+    step: int = 0
+    best_val_loss: float | None = None
+    best_step: int | None = None
+    best_checkpoint: str | None = None  # relative to the run dir: may live in an ancestor
+    loss_ema: float | None = None
+    validations: int = 0
+
+    def record_loss(self, loss: float) -> bool:
+        """Fold a train loss into the running average; True if it is a spike."""
+        spike, self.loss_ema = spike_update(self.loss_ema, loss)
+        return spike
+
+    def record_validation(self, loss: float, attempt: Path) -> bool:
+        """Count a validation; True (and remember it as best) if it improved strictly."""
+        improved = self.best_val_loss is None or loss < self.best_val_loss
+        if improved:
+            self.best_val_loss, self.best_step = loss, self.step
+            name = checkpoint_name(self.step)
+            self.best_checkpoint = f"attempts/{attempt.name}/checkpoints/{name}"
+        self.validations += 1
+        return improved
+
+    def state_dict(self) -> dict[str, Any]:
+        # The step is stored beside the other components (state.json "step"), not in "loop".
+        return {k: v for k, v in asdict(self).items() if k != "step"}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key in ("best_val_loss", "best_step", "best_checkpoint", "loss_ema", "validations"):
+            setattr(self, key, state[key])
+
+
+def spike_update(ema: float | None, loss: float) -> tuple[bool, float]:
+    """``(spike, new_ema)``: a loss above SPIKE_FACTOR x its running average is a spike."""
+    spike = ema is not None and loss > SPIKE_FACTOR * ema
+    new = loss if ema is None else SPIKE_EMA * ema + (1 - SPIKE_EMA) * loss
+    return spike, new
+
+
+class RNGState:
+    """The process's CPU (and CUDA) random generators as a component."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return rng_state()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        restore_rng_state(state)
+
+
+def compute_digests(train: IQDataset, val: IQDataset) -> dict[str, dict[str, str]]:
+    """Full-content digests of every recording (reads every byte)."""
+    return {"train": train.content_digests(), "val": val.content_digests()}
+
+
+class DataIdentity:
+    """What the attempt trained on: sampled fingerprints and full-content digests.
+
+    A fresh run computes the digests in a background thread (the Rust digest releases the GIL),
+    so the first step never waits for them; the first checkpoint does, since it records them.
+    A resume passes the digests it already computed and compared with its parent's.
+    """
+
+    def __init__(self, train: IQDataset, val: IQDataset, digests: dict | None = None):
+        self.fingerprints = {"train": train.fingerprint, "val": val.fingerprint}
+        self._digests = digests
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        if digests is None:
+            self._thread = threading.Thread(
+                target=self._run, args=(train, val), name="iqtrain-digest", daemon=True
+            )
+            self._thread.start()
+
+    def _run(self, train: IQDataset, val: IQDataset) -> None:
+        try:
+            self._digests = compute_digests(train, val)
+        except BaseException as exc:  # re-raised in the loop's thread by digests()
+            self._error = exc
+
+    def digests(self) -> dict[str, dict[str, str]]:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            raise self._error
+        assert self._digests is not None
+        return self._digests
+
+
+def to_device(batch: np.ndarray, device: torch.device) -> torch.Tensor:
+    t = torch.from_numpy(batch)
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t
+
+
+def prepare_batch(
+    raw: np.ndarray, stepper: TrainStep, config: Config
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Loader batch -> device -> ``prepare_iq_input`` with the config's norm and precision."""
+    d = config.data
+    out_dtype = torch.bfloat16 if config.training.precision == "bf16" else torch.float32
+    return prepare_iq_input(
+        to_device(raw, stepper.device),
+        d.patch_len,
+        norm=d.norm,
+        prefix_patches=d.prefix_patches,
+        out_dtype=out_dtype,
+    )
+
+
+def validate(
+    stepper: TrainStep, val: IQDataset, config: Config, step: int, baselines: bool
+) -> dict[str, Any]:
+    """Mean loss over every validation window (exact over the partial last batch).
+
+    A non-finite batch loss raises NonFiniteError naming the step and that batch's window ids,
+    before anything is recorded: the evidence never holds a non-finite number.
+    """
+    d = config.data
+    loss_sum, count, samples = 0.0, 0, 0
+    zero_sum, copy_sum = 0.0, 0.0
+    for raw in val.val_batches(d.val_batch_size):
+        patches, _ = prepare_batch(raw, stepper, config)
+        s, c = stepper.eval_step(patches)
+        if not math.isfinite(s):
+            ids = np.arange(samples, samples + raw.shape[0])
+            raise NonFiniteError(
+                f"step {step}: validation loss is {s} in data.val windows {format_ids(ids)}"
+            )
+        loss_sum, count, samples = loss_sum + s, count + c, samples + raw.shape[0]
+        if baselines:
+            x = patches.float()
+            zero_sum += float(x[:, 1:].square().sum(dtype=torch.float64))
+            copy_sum += float((x[:, 1:] - x[:, :-1]).square().sum(dtype=torch.float64))
+    loss = loss_sum / count
+    rec = {
+        "loss": loss,
+        "pred_snr_db": -10.0 * math.log10(loss) if loss > 0 else float("inf"),
+        "samples": samples,
+        "patches": samples * (d.seq_patches - 1),
+    }
+    if baselines:
+        rec["baseline_zero_loss"] = zero_sum / count
+        rec["baseline_copy_last_loss"] = copy_sum / count
+    if not all(math.isfinite(v) for v in rec.values() if isinstance(v, float)):
+        raise NonFiniteError(f"step {step}: validation produced a non-finite value: {rec}")
+    return rec
+
+
+class Trainer:
+    """One attempt's loop over its components (built by ``run_pretraining_attempt``)."""
+
+    def __init__(
+        self,
+        config: Config,
+        attempt: Path,
+        *,
+        stepper: TrainStep,
+        stream: TrainStream,
+        val: IQDataset,
+        plan: Plan,
+        metrics: MetricWriter,
+        checkpoints: CheckpointManager,
+        identity: DataIdentity,
+        config_sha: str,
+    ) -> None:
+        self.config, self.attempt, self.plan = config, attempt, plan
+        self.stepper, self.stream, self.val = stepper, stream, val
+        self.metrics, self.checkpoints, self.identity = metrics, checkpoints, identity
+        self.config_sha = config_sha
+        self.loop = LoopState()
+        self.rng = RNGState()
+        self.last_val: dict[str, Any] | None = None
+
+    def components(self) -> dict[str, Any]:
+        """The JSON-state components of a checkpoint, by their state.json key."""
+        return {"cursor": self.stream, "loop": self.loop, "rng": self.rng}
+
+    def restore(self, parent: Parent) -> None:
+        """Continue exactly where ``parent``'s checkpoint stopped."""
+        self.stepper.load_model_state_dict(parent.model_state)
+        self.stepper.optimizer.load_state_dict(parent.optimizer_state)
+        for name, component in self.components().items():
+            component.load_state_dict(parent.state[name])
+        self.loop.step = parent.state["step"]
+
+    def train(self) -> None:
+        """Run to ``plan.max_steps``; a signal ends it after a checkpoint (Interrupted)."""
+        t = self.config.training
+        progress = Progress(self.loop.step, self.plan.max_steps, t.log_every)
+        try:
+            with SignalGuard() as guard:
+                while self.loop.step < self.plan.max_steps:
+                    t0 = time.perf_counter()
+                    result = self._step()
+                    self._record(result, time.perf_counter() - t0, progress)
+                    final = self.loop.step == self.plan.max_steps
+                    improved = False
+                    if self.loop.step % t.eval_every == 0 or final:
+                        improved = self._validate(progress)
+                    if self.checkpoints.due(self.loop.step, final=final, improved=improved):
+                        self.checkpoint()
+                    if guard.signum is not None and not final:
+                        if not self.checkpoints.saved_at(self.loop.step):
+                            self.checkpoint()
+                        raise Interrupted(guard.signum, self.attempt)
+        finally:
+            progress.close()
+
+    def _step(self) -> StepResult:
+        """Read A microbatches, prepare them and run one optimizer step."""
+        micro, ids = [], []
+        for _ in range(self.config.training.grad_accum):
+            raw = next(self.stream)
+            ids.append(self.stream.last_ids())
+            micro.append(prepare_batch(raw, self.stepper, self.config)[0])
+        s = self.loop.step  # 0-based index of the step being run
+        lr = lr_at(s, self.plan)
+        result = self.stepper.train_step(micro, lr, step=s + 1, window_ids=np.concatenate(ids))
+        self.loop.step = s + 1
+        return result
+
+    def _record(self, result: StepResult, dt: float, progress: Progress) -> None:
+        d = self.config.data
+        samples = d.batch_size * self.config.training.grad_accum
+        spike = self.loop.record_loss(result.loss)
+        self.metrics.write(
+            {
+                "kind": "train",
+                "step": self.loop.step,
+                "loss": result.loss,
+                "lr": result.lr,
+                "grad_norm": result.grad_norm,
+                "clipped": result.clipped,
+                "samples": samples,
+                "patches": samples * (d.seq_patches - 1),
+                "step_time_s": dt,
+                "samples_per_s": samples / dt if dt > 0 else 0.0,
+                "spike": spike,
+            }
+        )
+        progress.update(self.loop.step, result.loss, result.lr, samples / dt if dt > 0 else 0.0)
+
+    def _validate(self, progress: Progress) -> bool:
+        """Full validation, its record, and whether it improved on the best."""
+        v0 = time.perf_counter()
+        step = self.loop.step
+        rec = validate(self.stepper, self.val, self.config, step, self.loop.validations == 0)
+        improved = self.loop.record_validation(rec["loss"], self.attempt)
+        rec = {"kind": "val", "step": step, **rec, "best": improved}
+        rec["time_s"] = time.perf_counter() - v0
+        self.metrics.write(rec)
+        self.last_val = rec
+        progress.note(
+            f"val step {step}: loss {rec['loss']:.5f} "
+            f"({rec['pred_snr_db']:.2f} dB){'  best' if improved else ''}"
+        )
+        return improved
+
+    def checkpoint(self) -> Path:
+        """Save every component's state; the manager prunes what its policy drops."""
+        state = {
+            "version": STATE_VERSION,
+            "step": self.loop.step,
+            "config_sha256": self.config_sha,
+            "plan": self.plan.to_dict(),
+            "fingerprints": self.identity.fingerprints,
+            "data": self.identity.digests(),
+            "metrics": self.metrics.cursor().to_dict(),
+            **{name: c.state_dict() for name, c in self.components().items()},
+        }
+        self.metrics.sync()  # the cursor must never point past what is on disk
+        return self.checkpoints.save(
+            self.loop.step,
+            self.stepper.model_state_dict(),
+            self.stepper.optimizer.state_dict(),
+            state,
+            protect=self.loop.best_checkpoint,
+        )

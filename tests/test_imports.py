@@ -1,0 +1,208 @@
+"""What loads torch, and what must not.
+
+``import iqtrain`` is lazy (PEP 562), the config and the evidence readers import no torch, and
+the commands that only read or check (``--help``, ``verify``, ``report``, ``synth``) start
+without it: torch costs seconds to import, and ``iqtrain verify`` on a machine without a GPU
+stack should not pay that (or need it). Each check runs in a fresh interpreter under
+``-X importtime``; a failure names the chain of imports that pulled torch in.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import iqtrain
+from iqtrain.config import dumps_toml
+
+TORCH_FREE_MODULES = [
+    "iqtrain",
+    "iqtrain.errors",
+    "iqtrain.config",
+    "iqtrain.schedule",
+    "iqtrain.lineage",
+    "iqtrain.report",
+    "iqtrain.metrics",
+    "iqtrain.checkpoint",
+    "iqtrain.data",
+    "iqtrain.synth",
+    "iqtrain.console",
+    "iqtrain.cli",
+]
+
+
+def _torch_chain(stderr: str) -> list[str] | None:
+    """The chain of imports that loaded torch (``torch <- ... <- the first module outside it``)
+    from ``-X importtime`` output, in which a module is printed after the modules it imported,
+    indented two spaces per level; None if torch was never imported."""
+    rows = []
+    for line in stderr.splitlines():
+        if line.startswith("import time:"):
+            field = line.rsplit("|", 1)[1][1:]  # one space after the bar, then 2 per level
+            name = field.lstrip(" ")
+            rows.append(((len(field) - len(name)) // 2, name))
+    hits = [i for i, (_, name) in enumerate(rows) if name.split(".")[0] == "torch"]
+    if not hits:
+        return None
+    # torch itself when it was imported whole, else the first torch submodule seen.
+    i = next((i for i in hits if rows[i][1] == "torch"), hits[0])
+    depth, name = rows[i]
+    chain = [name]
+    for parent_depth, parent in rows[i + 1 :]:
+        if parent_depth < depth:
+            chain.append(parent)
+            depth = parent_depth
+    return chain
+
+
+def _run(*args: str | os.PathLike, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-X", "importtime", *map(os.fspath, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=300,
+    )
+
+
+def _assert_no_torch(proc: subprocess.CompletedProcess, what: str) -> None:
+    chain = _torch_chain(proc.stderr)
+    assert chain is None, f"{what} imports torch: " + " <- ".join(chain)
+
+
+# ------------------------------------------------------------------------- modules
+
+
+@pytest.mark.parametrize("module", TORCH_FREE_MODULES)
+def test_module_imports_no_torch(module: str) -> None:
+    proc = _run("-c", f"import {module}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    _assert_no_torch(proc, f"import {module}")
+
+
+def test_the_importtime_parser_sees_torch() -> None:
+    # The negative tests above are only as good as this: a chain through iqtrain.model is found.
+    proc = _run("-c", "import iqtrain.model")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    chain = _torch_chain(proc.stderr)
+    assert chain is not None and chain[-1] == "iqtrain.model", chain
+
+
+def test_config_use_and_package_attributes_stay_torch_free() -> None:
+    code = (
+        "import sys, iqtrain\n"
+        "from iqtrain import Config, ConfigError, ModelConfig, OptimizerConfig, ScheduleConfig\n"
+        "from iqtrain.config import build_config, config_to_dict, dumps_toml\n"
+        "dumps_toml(config_to_dict(build_config({'training': {'max_steps': 500}})))\n"
+        "assert iqtrain.config.SYNTH_DATATYPES and isinstance(iqtrain.__version__, str)\n"
+        "assert set(iqtrain.__all__) <= set(dir(iqtrain))\n"
+    )
+    proc = _run("-c", code)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    _assert_no_torch(proc, "building and writing a config")
+
+
+# ------------------------------------------------------------------------- the lazy package
+
+
+def test_every_public_name_imports_and_is_listed() -> None:
+    import importlib
+
+    assert set(iqtrain.__all__) == {*iqtrain._EXPORTS, "__version__"}
+    assert len(iqtrain.__all__) == len(set(iqtrain.__all__))
+    listed = dir(iqtrain)
+    for name in iqtrain.__all__:
+        assert name in listed, name
+        assert getattr(iqtrain, name) is not None, name
+    for name, module in iqtrain._EXPORTS.items():
+        assert getattr(iqtrain, name) is getattr(importlib.import_module(module), name), name
+    ns: dict = {}
+    exec("from iqtrain import *", ns)
+    assert set(iqtrain.__all__) <= set(ns)
+    assert isinstance(iqtrain.__version__, str) and iqtrain.__version__
+
+
+def test_unknown_attribute_is_an_attribute_error() -> None:
+    with pytest.raises(AttributeError, match="no_such_name"):
+        iqtrain.no_such_name  # noqa: B018
+    assert not hasattr(iqtrain, "__wrapped__")
+
+
+def test_old_homes_reexport_the_config_classes() -> None:
+    from iqtrain import config, model, schedule, step
+
+    assert model.ModelConfig is config.ModelConfig
+    assert model.default_mlp_hidden is config.default_mlp_hidden
+    assert step.OptimizerConfig is config.OptimizerConfig
+    assert (step.DEVICES, step.PRECISIONS) == (config.DEVICES, config.PRECISIONS)
+    assert step.DEVICES is config.DEVICES and step.PRECISIONS is config.PRECISIONS
+    assert schedule.ScheduleConfig is config.ScheduleConfig
+    assert (schedule.KINDS, schedule.SHAPES) == (config.KINDS, config.SHAPES)
+
+
+# ------------------------------------------------------------------------- commands
+
+
+@pytest.fixture(scope="module")
+def attempt(tmp_path_factory) -> Path:
+    """A finished three-step attempt, trained by ``iqtrain run`` in a child process."""
+    root = tmp_path_factory.mktemp("imports")
+    tables = {
+        "run": {"dir": os.fspath(root / "run")},
+        "data": {
+            "patch_len": 8,
+            "seq_patches": 8,
+            "batch_size": 4,
+            "synthetic": {
+                "train_recordings": 1,
+                "val_recordings": 1,
+                "samples": 2048,
+                "cache_dir": os.fspath(root / "cache"),
+            },
+        },
+        "model": {"dim": 16, "layers": 1, "heads": 2},
+        "schedule": {"warmup_steps": 1, "decay_steps": 1},
+        "training": {"max_steps": 3, "eval_every": 2, "checkpoint_every": 2},
+    }
+    cfg = root / "cfg.toml"
+    cfg.write_text(dumps_toml(tables))
+    proc = subprocess.run(
+        [sys.executable, "-m", "iqtrain.cli", "run", os.fspath(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return root / "run" / "attempts" / "0001"
+
+
+def test_help_imports_no_torch() -> None:
+    proc = _run("-m", "iqtrain.cli", "--help")
+    assert proc.returncode == 0 and "verify" in proc.stdout, proc.stderr[-2000:]
+    _assert_no_torch(proc, "iqtrain --help")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["verify"], ["verify", "--data"], ["report"]],
+    ids=["verify", "verify-data", "report"],
+)
+def test_reading_commands_import_no_torch(attempt: Path, args: list[str]) -> None:
+    proc = _run("-m", "iqtrain.cli", args[0], attempt, *args[1:])
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
+    _assert_no_torch(proc, f"iqtrain {' '.join(args)}")
+
+
+def test_synth_imports_no_torch(tmp_path: Path) -> None:
+    out = tmp_path / "synth"
+    proc = _run(
+        "-m", "iqtrain.cli", "synth", out, "--recordings", "1", "--samples", "1024", "--datatype",
+        "ci8",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert len(list(out.glob("*.sigmf-meta"))) == 1
+    _assert_no_torch(proc, "iqtrain synth")
