@@ -190,14 +190,8 @@ def _check_checkpoint_ref(attempt: Path, entry: dict, where: str, problems: list
         )
 
 
-def _verify_manifest(attempt: Path, manifest: Any, info: dict, check: AttemptCheck) -> None:
-    """Every manifest field against the files it describes (problems appended to ``check``)."""
-    from iqtrain.checkpoint import list_checkpoints
-    from iqtrain.metrics import MetricCursor, read_metrics, verify_prefix
-
-    problems = check.problems
-    if not isinstance(manifest, dict):
-        raise _Bad("manifest.json: not a JSON object")
+def _check_files(attempt: Path, manifest: dict, info: dict, problems: list[str]) -> bool:
+    """Identity, parent, config and metric stream entries; True if the stream matches."""
     if manifest.get("attempt") != attempt.name:
         problems.append(
             f"manifest.json attempt: {manifest.get('attempt')!r} is not this attempt "
@@ -223,26 +217,25 @@ def _verify_manifest(attempt: Path, manifest: Any, info: dict, check: AttemptChe
             problems.append(
                 f"manifest.json metrics.records: {records}, but metrics.jsonl has {lines} records"
             )
+    return metrics_ok
 
-    # Every checkpoint the manifest names, latest and best included, by hash and by step.
+
+def _check_checkpoints(attempt: Path, manifest: dict, problems: list[str]) -> int:
+    """Every checkpoint named (latest and best too) by hash and step; latest is the newest and
+    the listing is what is on disk. Returns latest's step."""
+    from iqtrain.checkpoint import list_checkpoints
+
     listed = _field(manifest, "checkpoints", list, "manifest.json")
     latest = _field(manifest, "latest", dict, "manifest.json")
     best = manifest.get("best")
     if best is not None and not isinstance(best, dict):
         raise _Bad(f"manifest.json.best: unexpected value {best!r}")
-    seen: dict[Path, int] = {}
     for where, entry in [
         *((f"checkpoints[{i}]", e) for i, e in enumerate(listed)),
         ("latest", latest),
         *([("best", best)] if best is not None else []),
     ]:
-        before = len(problems)
         _check_checkpoint_ref(attempt, entry, where, problems)
-        if len(problems) == before:
-            path, step = _ckpt_ref(attempt, entry, where)
-            seen[path] = step
-
-    # latest is the newest checkpoint of this attempt, and the listing is what is on disk.
     own = [p.resolve() for p in list_checkpoints(attempt / "checkpoints")]
     listed_paths = {(attempt / e["path"]).resolve() for e in listed if isinstance(e, dict)}
     for p in own:
@@ -256,40 +249,50 @@ def _verify_manifest(attempt: Path, manifest: Any, info: dict, check: AttemptChe
         problems.append(
             f"manifest.json latest: {latest['path']} is not the newest checkpoint ({own[-1].name})"
         )
+    return latest_step
 
-    # best equals the first minimum of the validation records, by step and by loss.
+
+def _check_against_records(
+    attempt: Path, manifest: dict, latest_step: int, problems: list[str]
+) -> None:
+    """latest is the last train step; best is the first minimum of the validation records."""
+    from iqtrain.metrics import read_metrics
+
     try:
-        recs = read_metrics(attempt / "metrics.jsonl") if metrics_ok else None
+        recs = read_metrics(attempt / "metrics.jsonl")
     except (OSError, ValueError, CheckpointError) as exc:
         problems.append(f"{attempt / 'metrics.jsonl'}: unreadable: {exc}")
-        recs = None
-    if recs is not None:
-        val = [r for r in recs if isinstance(r, dict) and r.get("kind") == "val"]
-        train = [r for r in recs if isinstance(r, dict) and r.get("kind") == "train"]
-        if train and train[-1].get("step") != latest_step:
+        return
+    val = [r for r in recs if isinstance(r, dict) and r.get("kind") == "val"]
+    train = [r for r in recs if isinstance(r, dict) and r.get("kind") == "train"]
+    if train and train[-1].get("step") != latest_step:
+        problems.append(
+            f"manifest.json latest.step: {latest_step}, but the last train record is step "
+            f"{train[-1].get('step')}"
+        )
+    want = None
+    try:
+        for r in val:
+            if want is None or r["loss"] < want["loss"]:
+                want = r
+    except (KeyError, TypeError) as exc:
+        raise _Bad(f"{attempt / 'metrics.jsonl'}: a val record lacks its loss: {exc}") from None
+    best = manifest.get("best")
+    if want is None and best is not None:
+        problems.append("manifest.json best: set, but no validation record exists")
+    elif want is not None and best is None:
+        problems.append(f"manifest.json best: missing; validation step {want['step']} is best")
+    elif want is not None and best is not None:
+        _, best_step = _ckpt_ref(attempt, best, "best")
+        if best_step != want["step"] or best.get("val_loss") != want["loss"]:
             problems.append(
-                f"manifest.json latest.step: {latest_step}, but the last train record is step "
-                f"{train[-1].get('step')}"
+                f"manifest.json best: step {best_step}, val_loss {best.get('val_loss')!r}, "
+                f"but the best validation record is step {want['step']}, loss {want['loss']!r}"
             )
-        want = None
-        try:
-            for r in val:
-                if want is None or r["loss"] < want["loss"]:
-                    want = r
-        except (KeyError, TypeError) as exc:
-            raise _Bad(f"{attempt / 'metrics.jsonl'}: a val record lacks its loss: {exc}") from None
-        if want is None and best is not None:
-            problems.append("manifest.json best: set, but no validation record exists")
-        elif want is not None and best is None:
-            problems.append(f"manifest.json best: missing; validation step {want['step']} is best")
-        elif want is not None and best is not None:
-            _, best_step = _ckpt_ref(attempt, best, "best")
-            if best_step != want["step"] or best.get("val_loss") != want["loss"]:
-                problems.append(
-                    f"manifest.json best: step {best_step}, val_loss {best.get('val_loss')!r}, "
-                    f"but the best validation record is step {want['step']}, "
-                    f"loss {want['loss']!r}"
-                )
+
+
+def _check_inherited(attempt: Path, manifest: dict, info: dict, problems: list[str]) -> None:
+    from iqtrain.metrics import MetricCursor, verify_prefix
 
     inherited = manifest.get("inherited_metrics")
     if inherited is not None:
@@ -301,6 +304,17 @@ def _verify_manifest(attempt: Path, manifest: Any, info: dict, check: AttemptChe
             problems.append(str(exc))
     elif info.get("parent") is not None:
         problems.append("manifest.json inherited_metrics: missing for a resumed attempt")
+
+
+def _verify_manifest(attempt: Path, manifest: Any, info: dict, check: AttemptCheck) -> None:
+    """Every manifest field against the files it describes (problems appended to ``check``)."""
+    if not isinstance(manifest, dict):
+        raise _Bad("manifest.json: not a JSON object")
+    metrics_ok = _check_files(attempt, manifest, info, check.problems)
+    latest_step = _check_checkpoints(attempt, manifest, check.problems)
+    if metrics_ok:
+        _check_against_records(attempt, manifest, latest_step, check.problems)
+    _check_inherited(attempt, manifest, info, check.problems)
 
 
 def checkpoint_problems(ckpt: Path) -> list[str]:

@@ -80,6 +80,7 @@ def utc_now() -> str:
 def claim_attempt(run_dir: Path, config_text: str, info: dict) -> tuple[Path, AttemptLock]:
     """Create the next attempt directory, complete with config.toml and attempt.json.
 
+    Failing before the rename is a ConfigError on ``run.dir`` (no attempt exists: exit 2).
     The directory is filled under a temporary name, locked, and renamed to its number: the
     rename claims the number atomically (it fails if the number is taken, since a claimed
     attempt is never empty), so a crash at any point leaves either no attempt or one that
@@ -90,8 +91,8 @@ def claim_attempt(run_dir: Path, config_text: str, info: dict) -> tuple[Path, At
     try:
         attempts.mkdir(parents=True, exist_ok=True)
         tmp.mkdir()
-    except OSError as exc:
-        raise StorageError(f"{attempts}: cannot create: {exc.strerror or exc}") from None
+    except OSError as exc:  # nothing exists yet: a bad run.dir (exit 2)
+        raise ConfigError(f"run.dir: cannot create {attempts}: {exc.strerror or exc}") from None
     lock = AttemptLock(tmp).acquire()
     try:
         write_bytes_atomic(tmp / "config.toml", config_text.encode())
@@ -108,6 +109,10 @@ def claim_attempt(run_dir: Path, config_text: str, info: dict) -> tuple[Path, At
                 raise StorageError(f"{path}: cannot create: {exc.strerror or exc}") from None
             fsync_dir(attempts)
             return path, lock
+    except StorageError as exc:  # the attempt was never claimed: still before it exists
+        lock.release()
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ConfigError(f"run.dir: {exc}") from None
     except BaseException:
         lock.release()
         shutil.rmtree(tmp, ignore_errors=True)
