@@ -32,6 +32,9 @@ TORCH_FREE_MODULES = [
     "iqtrain.synth",
     "iqtrain.console",
     "iqtrain.cli",
+    "iqtrain.flops",
+    "iqtrain.evidence",
+    "iqtrain.storage",
 ]
 
 

@@ -388,6 +388,9 @@ class TrainingConfig:
     checkpoint_every: int = 500
     keep_last: int = 3  # 0 keeps every checkpoint
     log_every: int = 10
+    # Peak FLOP/s (in TFLOP/s) for MFU in the train records; 0 = the built-in table
+    # (A100/H100/H200, by precision; none for CPUs, so no MFU there).
+    peak_tflops: float = 0.0
 
     def __post_init__(self) -> None:
         _require_str("training.device", self.device, DEVICES)
@@ -401,6 +404,7 @@ class TrainingConfig:
         _require_int("training.checkpoint_every", self.checkpoint_every, minimum=1)
         _require_int("training.keep_last", self.keep_last, minimum=0)
         _require_int("training.log_every", self.log_every, minimum=1)
+        self.peak_tflops = _require_float("training.peak_tflops", self.peak_tflops, ge=0.0)
 
 
 @dataclass(kw_only=True)

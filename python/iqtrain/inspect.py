@@ -18,7 +18,7 @@ from iqtrain.config import config_to_dict, dumps_toml, load_config
 from iqtrain.model import NextPatchModel
 from iqtrain.schedule import Plan, lr_at
 from iqtrain.step import TrainStep
-from iqtrain.trainer import prepare_batch, to_device
+from iqtrain.trainer import prepare_batch
 
 __all__ = ["inspect_config"]
 
@@ -54,7 +54,7 @@ def inspect_config(path: str | os.PathLike, overrides: list[str] | None = None) 
         precision=t.precision,
         compile=False,
     )
-    dev = to_device(raw, stepper.device)
+    dev = torch.from_numpy(raw).to(stepper.device)
     print(f"2 on device: {_t(dev)}")
     patches, scale = prepare_batch(raw, stepper, config)
     print(f"3 prepare_iq_input patches: {_t(patches)}")

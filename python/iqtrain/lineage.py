@@ -57,6 +57,7 @@ RESUMABLE_KEYS = frozenset(
         "training.max_steps",
         "training.compile",
         "training.log_every",
+        "training.peak_tflops",
         "training.keep_last",
         "training.checkpoint_every",
         "training.eval_every",

@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 # Fields that measure wall-clock time: excluded when streams are compared across runs.
-TIMING_FIELDS = frozenset({"step_time_s", "samples_per_s", "time_s"})
+TIMING_FIELDS = frozenset({"step_time_s", "samples_per_s", "time_s", "tflops", "mfu"})
 
 _COPY_CHUNK = 1 << 20
 

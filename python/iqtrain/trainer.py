@@ -26,9 +26,9 @@ from iqtrain.config import Config
 from iqtrain.console import Interrupted, Progress, SignalGuard
 from iqtrain.data import IQDataset, TrainStream
 from iqtrain.errors import NonFiniteError
+from iqtrain.flops import achieved_tflops, device_peak_tflops, mfu
 from iqtrain.lineage import STATE_VERSION, Parent
 from iqtrain.metrics import MetricWriter
-from iqtrain.prepare import prepare_iq_input
 from iqtrain.schedule import Plan, lr_at
 from iqtrain.step import StepResult, TrainStep, format_ids
 
@@ -40,7 +40,6 @@ __all__ = [
     "compute_digests",
     "prepare_batch",
     "spike_update",
-    "to_device",
     "validate",
 ]
 
@@ -140,26 +139,13 @@ class DataIdentity:
         return self._digests
 
 
-def to_device(batch: np.ndarray, device: torch.device) -> torch.Tensor:
-    t = torch.from_numpy(batch)
-    if device.type == "cuda":
-        return t.pin_memory().to(device, non_blocking=True)
-    return t
-
-
 def prepare_batch(
     raw: np.ndarray, stepper: TrainStep, config: Config
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Loader batch -> device -> ``prepare_iq_input`` with the config's norm and precision."""
+    """Loader batch -> device -> normalised patches, with the config's norm (the step picks
+    the path: Triton on CUDA, compiled on CPU when training.compile, else the reference)."""
     d = config.data
-    out_dtype = torch.bfloat16 if config.training.precision == "bf16" else torch.float32
-    return prepare_iq_input(
-        to_device(raw, stepper.device),
-        d.patch_len,
-        norm=d.norm,
-        prefix_patches=d.prefix_patches,
-        out_dtype=out_dtype,
-    )
+    return stepper.prepare(raw, d.patch_len, norm=d.norm, prefix_patches=d.prefix_patches)
 
 
 def validate(
@@ -171,21 +157,26 @@ def validate(
     before anything is recorded: the evidence never holds a non-finite number.
     """
     d = config.data
-    loss_sum, count, samples = 0.0, 0, 0
-    zero_sum, copy_sum = 0.0, 0.0
+    sums, count, samples, bounds = [], 0, 0, []
+    zero, copy = [], []
     for raw in val.val_batches(d.val_batch_size):
         patches, _ = prepare_batch(raw, stepper, config)
-        s, c = stepper.eval_step(patches)
-        if not math.isfinite(s):
-            ids = np.arange(samples, samples + raw.shape[0])
-            raise NonFiniteError(
-                f"step {step}: validation loss is {s} in data.val windows {format_ids(ids)}"
-            )
-        loss_sum, count, samples = loss_sum + s, count + c, samples + raw.shape[0]
+        total, c = stepper.eval_loss_sum(patches)  # no host sync per batch
+        sums.append(total)
+        bounds.append((samples, samples + raw.shape[0]))
+        count, samples = count + c, samples + raw.shape[0]
         if baselines:
             x = patches.float()
-            zero_sum += float(x[:, 1:].square().sum(dtype=torch.float64))
-            copy_sum += float((x[:, 1:] - x[:, :-1]).square().sum(dtype=torch.float64))
+            zero.append(x[:, 1:].square().sum(dtype=torch.float64))
+            copy.append((x[:, 1:] - x[:, :-1]).square().sum(dtype=torch.float64))
+    values = torch.stack(sums).tolist()  # the one sync of a validation pass
+    for s, (lo, hi) in zip(values, bounds, strict=True):
+        if not math.isfinite(s):
+            raise NonFiniteError(
+                f"step {step}: validation loss is {s} in data.val windows "
+                f"{format_ids(np.arange(lo, hi))}"
+            )
+    loss_sum = sum(values)  # in batch order, in Python floats: exactly as before
     loss = loss_sum / count
     rec = {
         "loss": loss,
@@ -194,8 +185,8 @@ def validate(
         "patches": samples * (d.seq_patches - 1),
     }
     if baselines:
-        rec["baseline_zero_loss"] = zero_sum / count
-        rec["baseline_copy_last_loss"] = copy_sum / count
+        rec["baseline_zero_loss"] = sum(torch.stack(zero).tolist()) / count
+        rec["baseline_copy_last_loss"] = sum(torch.stack(copy).tolist()) / count
     if not all(math.isfinite(v) for v in rec.values() if isinstance(v, float)):
         raise NonFiniteError(f"step {step}: validation produced a non-finite value: {rec}")
     return rec
@@ -224,6 +215,9 @@ class Trainer:
         self.config_sha = config_sha
         self.loop = LoopState()
         self.rng = RNGState()
+        t = config.training
+        self.flops_per_patch = stepper.model.train_flops_per_patch(config.data.seq_patches)
+        self.peak_tflops = device_peak_tflops(t.device, t.precision, t.peak_tflops or None)
         self.last_val: dict[str, Any] | None = None
 
     def components(self) -> dict[str, Any]:
@@ -278,21 +272,26 @@ class Trainer:
         d = self.config.data
         samples = d.batch_size * self.config.training.grad_accum
         spike = self.loop.record_loss(result.loss)
-        self.metrics.write(
-            {
-                "kind": "train",
-                "step": self.loop.step,
-                "loss": result.loss,
-                "lr": result.lr,
-                "grad_norm": result.grad_norm,
-                "clipped": result.clipped,
-                "samples": samples,
-                "patches": samples * (d.seq_patches - 1),
-                "step_time_s": dt,
-                "samples_per_s": samples / dt if dt > 0 else 0.0,
-                "spike": spike,
-            }
-        )
+        # Every position is computed (the last one predicts nothing, but costs the same).
+        tflops = achieved_tflops(self.flops_per_patch, samples * d.seq_patches, dt)
+        record = {
+            "kind": "train",
+            "step": self.loop.step,
+            "loss": result.loss,
+            "lr": result.lr,
+            "grad_norm": result.grad_norm,
+            "clipped": result.clipped,
+            "samples": samples,
+            "patches": samples * (d.seq_patches - 1),
+            "step_time_s": dt,
+            "samples_per_s": samples / dt if dt > 0 else 0.0,
+            "tflops": tflops,
+            "spike": spike,
+        }
+        utilisation = mfu(tflops, self.peak_tflops)
+        if utilisation is not None:
+            record["mfu"] = utilisation
+        self.metrics.write(record)
         progress.update(self.loop.step, result.loss, result.lr, samples / dt if dt > 0 else 0.0)
 
     def _validate(self, progress: Progress) -> bool:
