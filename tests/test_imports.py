@@ -35,6 +35,7 @@ TORCH_FREE_MODULES = [
     "iqtrain.flops",
     "iqtrain.evidence",
     "iqtrain.storage",
+    "iqtrain.sections",
 ]
 
 
