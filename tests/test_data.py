@@ -679,3 +679,165 @@ def test_many_recordings_fit_a_low_open_file_limit(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "(150, 4, 2)"
+
+
+# --- assembly into caller-owned ring buffers -------------------------------------------------
+
+
+def _ring(ds, stream_rows, k, dtype=None):
+    return [np.zeros((stream_rows, ds.window_len, 2), dtype or ds.dtype) for _ in range(k)]
+
+
+@pytest.mark.parametrize(
+    ("seed", "batch", "prefetch", "buffers", "hold"),
+    [(5, 8, 0, 1, 1), (5, 8, 2, 3, 1), (7, 5, 1, 4, 3), (7, 5, 2, 5, 3), (1, 6, 4, 7, 3)],
+)
+def test_ring_batches_equal_next_batches(ds, seed, batch, prefetch, buffers, hold):
+    # hold=3: a grad_accum-like step keeps 3 microbatches until it is done, then releases them
+    # (out of order, scribbled on first: nothing the caller wrote leaks into a later batch).
+    ref = TrainStream(ds, batch_size=batch, seed=seed, prefetch=0)
+    stream = TrainStream(ds, batch_size=batch, seed=seed, prefetch=prefetch)
+    ring = _ring(ds, batch, buffers)
+    stream.use_ring(ring)
+    held = []
+    for k in range(3 * ds.num_windows // batch):
+        want = next(ref)
+        slot = stream.next_slot()
+        np.testing.assert_array_equal(ring[slot], want, err_msg=f"batch {k}")
+        np.testing.assert_array_equal(stream.last_ids(), ref.last_ids())
+        assert stream.samples_consumed == ref.samples_consumed
+        held.append(slot)
+        if len(held) == hold:
+            for s in (held[1:] + held[:1])[::-1]:
+                ring[s].fill(-7)
+                stream.release(s)
+            held.clear()
+
+
+def test_ring_is_a_view_of_caller_storage_and_refuses_next(ds):
+    storage = np.zeros((3, 8, ds.window_len, 2), ds.dtype)  # e.g. torch tensors' numpy views
+    stream = TrainStream(ds, batch_size=8, seed=2)
+    first = next(stream).copy()  # pooled batches before the ring; then the ring continues
+    stream.use_ring(list(storage))
+    assert stream._native.ring_size == 3
+    slot = stream.next_slot()
+    np.testing.assert_array_equal(storage[slot], ds.windows(stream.last_ids()))
+    assert not np.array_equal(storage[slot], first)
+    with pytest.raises(ConfigError, match="next_slot"):
+        next(stream)
+
+
+def test_ring_buffers_are_validated(ds):
+    stream = TrainStream(ds, batch_size=8, seed=0, prefetch=2)
+    good = _ring(ds, 8, 3)
+    with pytest.raises(ConfigError, match=r"need at least prefetch \+ 1 = 3"):
+        stream.use_ring(good[:2])
+    with pytest.raises(ConfigError, match=r"buffers\[1\].*int16.*dtype float32"):
+        stream.use_ring([good[0], good[1].astype(np.float32), good[2]])
+    with pytest.raises(ConfigError, match=r"buffers\[2\].*got shape \[4, 64, 2\]"):
+        stream.use_ring([good[0], good[1], good[2][:4]])
+    wide = np.zeros((8, 128, 2), np.int16)
+    with pytest.raises(ConfigError, match=r"buffers\[0\].*non-contiguous"):
+        stream.use_ring([wide[:, ::2], good[1], good[2]])
+    frozen = good[0].copy()
+    frozen.flags.writeable = False
+    with pytest.raises(ConfigError, match=r"buffers\[0\].*cannot write"):
+        stream.use_ring([frozen, good[1], good[2]])
+    with pytest.raises(ConfigError, match=r"buffers\[0\] and buffers\[2\] share memory"):
+        stream.use_ring([good[0], good[1], good[0]])
+    with pytest.raises(ConfigError, match=r"buffers\[1\].*got a list"):
+        stream.use_ring([good[0], [1, 2], good[2]])
+    with pytest.raises(ConfigError, match="use_ring"):
+        stream.next_slot()
+    # None of the failures above installed a ring or moved the stream.
+    assert stream.samples_consumed == 0 and stream._native.ring_size == 0
+
+
+def test_ring_release_errors_and_no_free_slot_is_an_error_not_a_deadlock(ds):
+    for prefetch in (0, 2):
+        stream = TrainStream(ds, batch_size=8, seed=0, prefetch=prefetch)
+        stream.use_ring(_ring(ds, 8, prefetch + 1))
+        held = [stream.next_slot() for _ in range(prefetch + 1)]
+        assert sorted(held) == list(range(prefetch + 1))
+        with pytest.raises(ConfigError, match="all .* buffers are held"):
+            stream.next_slot()
+        assert stream.samples_consumed == 8 * (prefetch + 1)
+        stream.release(held[-1])
+        with pytest.raises(ConfigError, match="not held"):
+            stream.release(held[-1])
+        with pytest.raises(IndexError):
+            stream.release(prefetch + 1)
+        with pytest.raises(IndexError):
+            stream.release(-1)
+        assert stream.next_slot() == held[-1]
+
+
+def test_ring_seek_and_resume_drop_prefetched_batches(ds):
+    straight = TrainStream(ds, batch_size=8, seed=9, prefetch=0)
+    want = [next(straight).copy() for _ in range(12)]
+    stream = TrainStream(ds, batch_size=8, seed=9, prefetch=2)
+    ring = _ring(ds, 8, 4)
+    stream.use_ring(ring)
+    kept = stream.next_slot()  # held across the seek: never overwritten
+    stream.release(stream.next_slot())  # the prefetch thread is ahead now
+    for k in (7, 2, 7):
+        cursor = {**stream.state_dict(), "samples_consumed": 8 * k}
+        stream.load_state_dict(cursor)
+        for j in range(3):
+            slot = stream.next_slot()
+            assert slot != kept
+            np.testing.assert_array_equal(ring[slot], want[k + j])
+            stream.release(slot)
+    np.testing.assert_array_equal(ring[kept], want[0])
+
+
+def test_ring_truncated_file_error_from_the_prefetch_thread(make_recording):
+    meta, _ = make_recording(4096, "ci16_le")  # 64 windows of 64
+    data = meta.with_suffix(".sigmf-data").resolve()
+    full = data.read_bytes()
+    ds = IQDataset([meta], window=64)
+    ref = TrainStream(ds, batch_size=8, seed=3, prefetch=0)
+    want = [next(ref).copy() for _ in range(12)]
+    stream = TrainStream(ds, batch_size=8, seed=3, prefetch=2)
+    ring = _ring(ds, 8, 3)
+    stream.use_ring(ring)
+    for _ in range(2):
+        stream.release(stream.next_slot())  # the prefetch thread has batches ready
+    os.truncate(data, len(full) // 2)
+    try:
+        for _ in range(4):  # batches assembled before the truncation may still arrive first
+            pos = stream.samples_consumed
+            try:
+                stream.release(stream.next_slot())
+            except DataError as exc:
+                assert "changed length" in str(exc) and str(data) in str(exc)
+                assert stream.samples_consumed == pos, "a failed batch is not consumed"
+                break
+        else:
+            pytest.fail("no DataError")
+    finally:
+        data.write_bytes(full)
+    slot = stream.next_slot()
+    np.testing.assert_array_equal(ring[slot], want[pos // 8])
+
+
+@pytest.mark.parametrize("datatype", ["ci8", "cf32_le"])
+def test_ring_in_every_storage_dtype_and_replacing_the_ring(make_recording, datatype):
+    meta, _ = make_recording(2000, datatype)
+    ds = IQDataset([meta], window=50)
+    ref = TrainStream(ds, batch_size=4, seed=8, prefetch=0)
+    want = [next(ref).copy() for _ in range(6)]
+    stream = TrainStream(ds, batch_size=4, seed=8, prefetch=1)
+    with pytest.raises(ConfigError, match=f"numpy {ds.dtype} array"):
+        stream.use_ring(_ring(ds, 4, 2, np.int16))
+    first = _ring(ds, 4, 2)
+    stream.use_ring(first)
+    old = stream.next_slot()
+    np.testing.assert_array_equal(first[old], want[0])
+    second = _ring(ds, 4, 3)
+    stream.use_ring(second)  # the old ring's prefetched batch is dropped, the cursor kept
+    for k in range(1, 6):
+        slot = stream.next_slot()
+        np.testing.assert_array_equal(second[slot], want[k])
+        stream.release(slot)
+    np.testing.assert_array_equal(first[old], want[0])  # the replaced ring is never written

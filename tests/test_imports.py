@@ -36,6 +36,7 @@ TORCH_FREE_MODULES = [
     "iqtrain.evidence",
     "iqtrain.storage",
     "iqtrain.sections",
+    "iqtrain.sigmf_meta",
 ]
 
 

@@ -17,26 +17,19 @@ import glob
 import hashlib
 import json
 import os
-import warnings
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from iqtrain._native import NativeDataset, NativeStream, digest_files
-from iqtrain.config import SIGMF_DATATYPES
 from iqtrain.errors import ConfigError, CursorMismatchError, DataError, WindowTooLongError
+from iqtrain.sigmf_meta import BYTES_PER_SAMPLE as _BYTES_PER_SAMPLE
+from iqtrain.sigmf_meta import SUPPORTED_DATATYPES, Recording, read_recording
 
 __all__ = ["IQDataset", "Recording", "TrainStream", "SUPPORTED_DATATYPES"]
-
-# SigMF datatype -> the kind the native reader understands (the same name), from the one table
-# in iqtrain.config. Only complex, single-channel data of these types is accepted; everything
-# else is rejected with the file and field named.
-SUPPORTED_DATATYPES = {name: name for name in SIGMF_DATATYPES}
-_BYTES_PER_SAMPLE = {name: d.bytes_per_sample for name, d in SIGMF_DATATYPES.items()}
 
 # Quick identity (the cursor's check): FINGERPRINT_BLOCKS blocks of FINGERPRINT_BLOCK bytes at
 # fixed, evenly spaced offsets (first and last block included), so fingerprinting costs O(1) per
@@ -44,30 +37,6 @@ _BYTES_PER_SAMPLE = {name: d.bytes_per_sample for name, d in SIGMF_DATATYPES.ite
 FINGERPRINT_BLOCK = 4096
 FINGERPRINT_BLOCKS = 16
 CURSOR_VERSION = 1
-
-
-@dataclass(frozen=True)
-class Recording:
-    """One validated SigMF recording."""
-
-    meta_path: Path
-    data_path: Path
-    datatype: str
-    num_samples: int
-    sample_rate: float | None
-    sha512: str | None
-    # Each capture's core:sample_start, in metadata order (validated: strictly increasing,
-    # within the data). Empty when the metadata has no captures.
-    capture_starts: tuple[int, ...] = ()
-
-    @property
-    def segments(self) -> list[tuple[int, int]]:
-        """``(first sample, samples)`` of each run windowed on its own (see :class:`IQDataset`)."""
-        starts = list(self.capture_starts) or [0]
-        if starts[0] > 0:
-            starts.insert(0, 0)  # samples before the first capture: a leading segment
-        ends = starts[1:] + [self.num_samples]
-        return [(a, b - a) for a, b in zip(starts, ends, strict=True)]
 
 
 def _expand(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> list[Path]:
@@ -92,128 +61,6 @@ def _expand(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> list[Path
         raise DataError(f"{', '.join(map(os.fspath, paths))}: no .sigmf-meta files found")
     # Absolute, sorted: window ids enumerate recordings in sorted path order.
     return sorted({p.resolve() for p in found})
-
-
-def _field_error(meta: Path, field: str, msg: str) -> DataError:
-    return DataError(f"{meta}: {field}: {msg}")
-
-
-def _capture_starts(meta_path: Path, metadata: dict) -> tuple[int, ...]:
-    """Each capture's ``core:sample_start``: integers >= 0, strictly increasing.
-
-    Checked before the schema so the error names ``captures[i].core:sample_start``.
-    """
-    captures = metadata.get("captures", [])
-    if not isinstance(captures, list):
-        raise _field_error(meta_path, "captures", "must be an array of capture objects")
-    starts: list[int] = []
-    for i, capture in enumerate(captures):
-        field = f"captures[{i}].core:sample_start"
-        if not isinstance(capture, dict):
-            raise _field_error(meta_path, f"captures[{i}]", "must be an object")
-        if "core:sample_start" not in capture:
-            raise _field_error(meta_path, field, "missing")
-        start = capture["core:sample_start"]
-        if isinstance(start, bool) or not isinstance(start, int) or start < 0:
-            raise _field_error(meta_path, field, f"must be an integer >= 0, got {start!r}")
-        if starts and start <= starts[-1]:
-            raise _field_error(
-                meta_path,
-                field,
-                f"{start} is not after the previous capture's {starts[-1]} "
-                "(captures must start at strictly increasing samples)",
-            )
-        starts.append(start)
-    return tuple(starts)
-
-
-def _read_recording(meta_path: Path) -> tuple[Recording, bytes]:
-    """Parse and validate one recording; return it with its raw metadata bytes."""
-    from sigmf import validate as sigmf_validate
-    from sigmf.sigmffile import SigMFFile
-
-    try:
-        meta_bytes = meta_path.read_bytes()
-    except OSError as exc:
-        raise DataError(f"{meta_path}: cannot read: {exc.strerror or exc}") from None
-    try:
-        metadata = json.loads(meta_bytes)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise DataError(f"{meta_path}: not valid JSON: {exc}") from None
-    if not isinstance(metadata, dict) or not isinstance(metadata.get("global"), dict):
-        raise _field_error(meta_path, "global", "missing or not an object")
-    glob_ = metadata["global"]
-    datatype = glob_.get("core:datatype")
-    if datatype is None:
-        raise _field_error(meta_path, "core:datatype", "missing")
-    capture_starts = _capture_starts(meta_path, metadata)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            sigmf_validate.validate(metadata, SigMFFile(metadata=metadata).get_schema())
-    except Exception as exc:  # jsonschema.ValidationError and sigmf's own errors
-        where = "/".join(str(p) for p in getattr(exc, "absolute_path", [])) or "metadata"
-        msg = getattr(exc, "message", None) or str(exc)
-        raise _field_error(meta_path, where, f"invalid SigMF metadata: {msg}") from None
-
-    if not isinstance(datatype, str) or not datatype.startswith("c"):
-        raise _field_error(
-            meta_path, "core:datatype", f"{datatype!r} is not complex (real-valued data rejected)"
-        )
-    if datatype not in SUPPORTED_DATATYPES:
-        raise _field_error(
-            meta_path,
-            "core:datatype",
-            f"{datatype!r} is not supported (use one of {', '.join(SUPPORTED_DATATYPES)})",
-        )
-    channels = glob_.get("core:num_channels", 1)
-    if channels != 1:
-        raise _field_error(meta_path, "core:num_channels", f"{channels} channels; only 1 supported")
-    if glob_.get("core:offset", 0) not in (0, None):
-        raise _field_error(meta_path, "core:offset", "a non-zero sample offset is not supported")
-    if glob_.get("core:trailing_bytes", 0):
-        raise _field_error(meta_path, "core:trailing_bytes", "trailing bytes are not supported")
-    if glob_.get("core:metadata_only", False):
-        raise _field_error(meta_path, "core:metadata_only", "recording has no samples")
-    if glob_.get("core:dataset"):
-        raise _field_error(meta_path, "core:dataset", "non-conforming datasets are not supported")
-    for i, capture in enumerate(metadata.get("captures", [])):
-        if capture.get("core:header_bytes", 0):
-            raise _field_error(
-                meta_path, f"captures[{i}].core:header_bytes", "header bytes are not supported"
-            )
-
-    data_path = meta_path.with_suffix(".sigmf-data")
-    try:
-        nbytes = data_path.stat().st_size
-    except OSError:
-        raise DataError(f"{data_path}: data file missing (next to {meta_path.name})") from None
-    per = _BYTES_PER_SAMPLE[datatype]
-    if nbytes % per:
-        raise DataError(
-            f"{data_path}: data length {nbytes} bytes is not a whole number of "
-            f"{datatype} samples ({per} bytes each)"
-        )
-    num_samples = nbytes // per
-    for i, start in enumerate(capture_starts):
-        if start > num_samples:
-            raise _field_error(
-                meta_path,
-                f"captures[{i}].core:sample_start",
-                f"{start} is beyond the end of the data "
-                f"({num_samples} samples in {data_path.name})",
-            )
-    rate = glob_.get("core:sample_rate")
-    rec = Recording(
-        meta_path=meta_path,
-        data_path=data_path,
-        datatype=datatype,
-        num_samples=num_samples,
-        sample_rate=float(rate) if rate is not None else None,
-        sha512=glob_.get("core:sha512"),
-        capture_starts=capture_starts,
-    )
-    return rec, meta_bytes
 
 
 def _sampled_digest(path: Path, nbytes: int) -> bytes:
@@ -311,7 +158,7 @@ class IQDataset:
         if isinstance(stride, bool) or not isinstance(stride, int) or stride < 1:
             raise ConfigError(f"stride: must be a positive integer, got {stride!r}")
         metas = _expand(paths)
-        records = [_read_recording(m) for m in metas]
+        records = [read_recording(m) for m in metas]
         self.recordings: list[Recording] = [r for r, _ in records]
         self.stride = stride
         longest = max(n for r in self.recordings for _, n in r.segments)
@@ -460,8 +307,39 @@ class TrainStream:
 
     next = __next__
 
+    def use_ring(self, buffers: Sequence[np.ndarray]) -> None:
+        """Assemble every later batch straight into ``buffers``, caller-owned, instead of a fresh
+        array per batch; :meth:`next_slot` then names the buffer holding the next batch.
+
+        Each buffer: a C-contiguous, aligned, writable ``[batch_size // world_size, window_len,
+        2]`` array of the dataset's storage dtype, none sharing memory with another; at least
+        ``prefetch + 1`` of them (``prefetch`` batches assembled ahead plus the one being read;
+        holding ``k`` batches at once, e.g. grad_accum microbatches, needs ``prefetch + k`` to
+        keep the prefetch full). The stream keeps a reference to each. Contract: between
+        :meth:`release` of a slot and :meth:`next_slot` returning it again, the stream writes
+        that buffer from another thread, so the caller must not touch it (nor resize or free
+        its storage, e.g. ``Tensor.resize_``). Batches prefetched so far are dropped; the
+        cursor does not move. Afterwards :meth:`next` raises ConfigError. Calling it again
+        replaces the ring.
+        """
+        self._native.use_ring(list(buffers))
+
+    def next_slot(self) -> int:
+        """Index into the :meth:`use_ring` buffers of the one now holding the next batch (the
+        batch :meth:`next` would have returned; same cursor, ids and bytes). The caller holds it
+        until :meth:`release`. Raises ConfigError when every buffer is held (rather than wait
+        forever) and DataError as :meth:`next` does, without consuming the batch.
+        """
+        return self._native.next_slot()
+
+    def release(self, slot: int) -> None:
+        """Give buffer ``slot`` back to the stream for a later batch (any order). Releasing a
+        slot not held (twice, or never returned by :meth:`next_slot`) raises ConfigError."""
+        self._native.release(slot)
+
     def last_ids(self) -> np.ndarray:
-        """Global window ids (uint64) of the rows last returned by :meth:`next`."""
+        """Global window ids (uint64) of the rows last returned by :meth:`next` or
+        :meth:`next_slot`."""
         return self._native.last_ids()
 
     @property
@@ -484,7 +362,8 @@ class TrainStream:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue exactly after the batch the cursor was saved behind."""
+        """Continue exactly after the batch the cursor was saved behind (with a ring: batches
+        prefetched into it are dropped; buffers the caller holds stay held)."""
         if not isinstance(state, dict):
             raise CursorMismatchError(f"cursor: expected a dict, got {type(state).__name__}")
         expected = self.state_dict()

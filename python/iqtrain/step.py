@@ -229,7 +229,8 @@ class TrainStep:
         t = raw if isinstance(raw, Tensor) else torch.from_numpy(raw)
         if self.device.type == "cuda":
             if t.device.type == "cpu":
-                t = t.pin_memory().to(self.device, non_blocking=True)
+                # The trainer's ring buffers are pinned already: no staging copy for those.
+                t = (t if t.is_pinned() else t.pin_memory()).to(self.device, non_blocking=True)
             return prepare_iq_input(
                 t,
                 patch_len,

@@ -192,6 +192,26 @@ def validate(
     return rec
 
 
+_TORCH_DTYPES = {"int8": torch.int8, "int16": torch.int16, "float32": torch.float32}
+
+
+def _ring(stream: TrainStream, device: torch.device, config: Config) -> list[torch.Tensor]:
+    """Caller-owned batch buffers the stream assembles into: pinned on CUDA (so the copy to
+    the device needs no staging copy), enough for the prefetch and one step's microbatches."""
+    ds = stream.dataset
+    rows = config.data.batch_size // stream.world_size
+    ring = [
+        torch.empty(
+            (rows, ds.window_len, 2),
+            dtype=_TORCH_DTYPES[ds.dtype.name],
+            pin_memory=device.type == "cuda",
+        )
+        for _ in range(config.data.prefetch + config.training.grad_accum)
+    ]
+    stream.use_ring([t.numpy() for t in ring])
+    return ring
+
+
 class Trainer:
     """One attempt's loop over its components (built by ``run_pretraining_attempt``)."""
 
@@ -216,6 +236,7 @@ class Trainer:
         self.loop = LoopState()
         self.rng = RNGState()
         t = config.training
+        self.ring = _ring(stream, stepper.device, config)
         self.flops_per_patch = stepper.model.train_flops_per_patch(config.data.seq_patches)
         self.peak_tflops = device_peak_tflops(t.device, t.precision, t.peak_tflops or None)
         self.last_val: dict[str, Any] | None = None
@@ -256,15 +277,22 @@ class Trainer:
             progress.close()
 
     def _step(self) -> StepResult:
-        """Read A microbatches, prepare them and run one optimizer step."""
-        micro, ids = [], []
-        for _ in range(self.config.training.grad_accum):
-            raw = next(self.stream)
-            ids.append(self.stream.last_ids())
-            micro.append(prepare_batch(raw, self.stepper, self.config)[0])
-        s = self.loop.step  # 0-based index of the step being run
-        lr = lr_at(s, self.plan)
-        result = self.stepper.train_step(micro, lr, step=s + 1, window_ids=np.concatenate(ids))
+        """Read A microbatches into the ring, prepare them and run one optimizer step."""
+        micro, ids, slots = [], [], []
+        try:
+            for _ in range(self.config.training.grad_accum):
+                slots.append(self.stream.next_slot())
+                ids.append(self.stream.last_ids())
+                micro.append(prepare_batch(self.ring[slots[-1]], self.stepper, self.config)[0])
+            s = self.loop.step  # 0-based index of the step being run
+            lr = lr_at(s, self.plan)
+            ids_all = np.concatenate(ids)
+            result = self.stepper.train_step(micro, lr, step=s + 1, window_ids=ids_all)
+        finally:
+            # train_step has synchronised with the device (its finite check), so every copy out
+            # of these buffers is done and the stream may fill them again.
+            for slot in slots:
+                self.stream.release(slot)
         self.loop.step = s + 1
         return result
 

@@ -1,13 +1,14 @@
 //! Native data path of iqtrain: recordings read with positioned reads, full-content digests,
-//! the seeded epoch permutation, the global sample stream and parallel batch assembly. Pure
-//! Rust; the Python bindings live in `python.rs` behind the `python` feature so `cargo test`
-//! needs no interpreter.
+//! the seeded epoch permutation, the global sample stream and parallel batch assembly (into
+//! pooled buffers, or a ring of caller-owned ones: `ring.rs`). Pure Rust; the Python bindings
+//! live in `python.rs` behind the `python` feature so `cargo test` needs no interpreter.
 
 pub mod aligned;
 pub mod digest;
 pub mod error;
 pub mod permutation;
 pub mod recordings;
+pub mod ring;
 pub mod stream;
 
 #[cfg(feature = "python")]
@@ -17,6 +18,7 @@ pub use digest::{digest_file, digest_files};
 pub use error::{Error, Result};
 pub use permutation::{feistel_index, Permutation};
 pub use recordings::{capture_segments, window_count, Dataset, Kind, Segment, Storage};
+pub use ring::{RawBuf, Ring, Slots};
 pub use stream::{Batch, Buffer, Stream, StreamSpec};
 
 #[cfg(test)]

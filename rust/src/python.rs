@@ -11,6 +11,7 @@ use pyo3::types::PyCapsule;
 
 use crate::error::Error;
 use crate::recordings::{Dataset, Storage};
+use crate::ring::RawBuf;
 use crate::stream::{bytes_mut, AlignedVec, Buffer, BufferPool, Plain, Stream};
 
 pyo3::import_exception!(iqtrain.errors, IQTrainError);
@@ -208,6 +209,47 @@ fn gather_into<T: Element + Plain>(
     let bytes = bytes_mut(slice);
     py.detach(|| ds.gather(ids, bytes))?;
     Ok(())
+}
+
+/// The address of ring buffer `i`: a C-contiguous, aligned, writable `[rows, window, 2]` numpy
+/// array of element type T (checked). Its memory stays valid while the caller keeps a reference
+/// to the array object (the NativeStream does).
+fn ring_buffer<T: Element + Plain>(
+    i: usize,
+    obj: &Bound<'_, PyAny>,
+    want: [usize; 3],
+    dtype: &str,
+) -> PyResult<RawBuf> {
+    let bad = |what: String| -> PyErr {
+        Error::config(
+            &format!("buffers[{i}]"),
+            format!(
+                "must be a C-contiguous, aligned, writable numpy {dtype} array of shape \
+                 {want:?} (the dataset's storage dtype); {what}"
+            ),
+        )
+        .into()
+    };
+    let arr = obj
+        .cast::<PyArray3<T>>()
+        .map_err(|_| bad(format!("got {}", describe(obj))))?;
+    if arr.shape() != want {
+        return Err(bad(format!("got shape {:?}", arr.shape())));
+    }
+    if !arr.is_c_contiguous() {
+        return Err(bad("got a non-contiguous array".into()));
+    }
+    if !arr.is_aligned() {
+        return Err(bad("got an unaligned array".into()));
+    }
+    // The borrow checks writability (and that no Rust code borrows it now); it ends here, the
+    // ring's own slot states govern writes from now on.
+    let mut rw = arr
+        .try_readwrite()
+        .map_err(|e| bad(format!("cannot write to it ({e})")))?;
+    let slice = rw.as_slice_mut().map_err(|e| bad(e.to_string()))?;
+    let bytes = bytes_mut(slice);
+    Ok(RawBuf::new(bytes.as_mut_ptr(), bytes.len())?)
 }
 
 /// Capture starts as u64, a negative one named like the metadata field it came from.
@@ -426,6 +468,60 @@ impl NativeStream {
             s.next_batch().map(|b| (b, s.pool().clone()))
         })?;
         pooled_to_numpy(py, buf, self.window, pool)
+    }
+
+    /// Assemble batches straight into `buffers` from now on (see `ring.rs`): each a C-contiguous,
+    /// aligned, writable `[batch_size // world_size, window_len, 2]` array in the storage dtype,
+    /// pairwise disjoint, at least `prefetch + 1` of them. The stream keeps a reference to each.
+    /// Batches prefetched so far are dropped; the position is unchanged.
+    fn use_ring(&self, py: Python<'_>, buffers: Vec<Bound<'_, PyAny>>) -> PyResult<()> {
+        let (rows, storage) = {
+            let s = self.lock()?;
+            (s.spec().local_rows() as usize, s.dataset().storage())
+        };
+        let want = [rows, self.window, 2];
+        let name = storage.name();
+        let raws = buffers
+            .iter()
+            .enumerate()
+            .map(|(i, b)| match storage {
+                Storage::Int8 => ring_buffer::<i8>(i, b, want, name),
+                Storage::Int16 => ring_buffer::<i16>(i, b, want, name),
+                Storage::Float32 => ring_buffer::<f32>(i, b, want, name),
+            })
+            .collect::<PyResult<Vec<RawBuf>>>()?;
+        let keepalive: Vec<Py<PyAny>> = buffers.into_iter().map(Bound::unbind).collect();
+        py.detach(|| {
+            let mut s = self.lock()?;
+            // SAFETY: each RawBuf is the whole data of a C-contiguous, writable numpy array that
+            // `keepalive` holds a reference to, so its memory lives as long as the ring (which
+            // joins its thread before dropping `keepalive`). The ring writes a buffer only while
+            // the Python caller does not hold its slot; the caller's side of that contract (not
+            // touching a buffer between release() and next_slot() returning it, not resizing
+            // its storage) is documented on TrainStream.use_ring.
+            unsafe { s.use_ring(raws, Box::new(keepalive)) }
+        })?;
+        Ok(())
+    }
+
+    /// The ring slot holding this rank's rows of the next global batch, now held by the caller
+    /// until `release(slot)`. Raises ConfigError when every slot is held (instead of waiting).
+    fn next_slot(&self, py: Python<'_>) -> PyResult<usize> {
+        Ok(py.detach(|| self.lock()?.next_slot())?)
+    }
+
+    /// Gives ring slot `slot` back for a later batch; it must be held (returned by `next_slot`
+    /// and not released since).
+    fn release(&self, py: Python<'_>, slot: i128) -> PyResult<()> {
+        let slot = usize::try_from(slot)
+            .map_err(|_| PyIndexError::new_err(format!("slot {slot} is out of range")))?;
+        Ok(py.detach(|| self.lock()?.release(slot))?)
+    }
+
+    /// Buffers in the ring (0 without one).
+    #[getter]
+    fn ring_size(&self) -> PyResult<usize> {
+        Ok(self.lock()?.ring_len())
     }
 
     /// Global window ids of the rows last returned by `next()` (empty before it / after seek).

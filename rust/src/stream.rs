@@ -16,6 +16,7 @@ pub use crate::aligned::{AlignedVec, Plain};
 use crate::error::{Error, Result};
 use crate::permutation::Permutation;
 use crate::recordings::{Dataset, Storage};
+use crate::ring::{RawBuf, Ring};
 
 /// Validated stream geometry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -214,6 +215,18 @@ pub struct Batch {
     pub data: Buffer,
 }
 
+/// Assembles the batch at `pos` into `out` (exactly one batch of bytes); returns its ids.
+pub(crate) fn assemble_into(
+    ds: &Dataset,
+    spec: &StreamSpec,
+    pos: u64,
+    out: &mut [u8],
+) -> Result<Vec<u64>> {
+    let ids = spec.batch_ids(pos)?;
+    ds.gather(&ids, out)?;
+    Ok(ids)
+}
+
 /// Assembles the batch at `pos` synchronously (rows in parallel on rayon's pool).
 pub fn assemble(ds: &Dataset, spec: &StreamSpec, pos: u64, pool: &BufferPool) -> Result<Batch> {
     let ids = spec.batch_ids(pos)?;
@@ -299,6 +312,8 @@ pub struct Stream {
     last_ids: Vec<u64>,
     worker: Option<Worker>,
     pool: Arc<BufferPool>,
+    /// Set by `use_ring`: batches go into caller-owned buffers (`next_slot`), not the pool.
+    ring: Option<Ring>,
 }
 
 impl Stream {
@@ -333,7 +348,62 @@ impl Stream {
             worker: None,
             // Enough for the batches in flight plus a couple held by the consumer.
             pool: Arc::new(BufferPool::new(prefetch + 2)),
+            ring: None,
         })
+    }
+
+    /// Bytes of one batch of this rank (checked to fit in `new`).
+    pub fn batch_bytes(&self) -> usize {
+        self.spec.local_rows() as usize * self.ds.row_bytes()
+    }
+
+    /// From now on, assemble batches into the caller-owned `bufs` (see `ring.rs`) and hand them
+    /// out with `next_slot`. Batches prefetched so far are dropped (they were not consumed);
+    /// the position is unchanged. A previous ring is stopped (its thread joined) first.
+    ///
+    /// # Safety
+    /// As `Ring::new`: while `keepalive` lives each buffer is valid for writes of its length,
+    /// and nobody else accesses a buffer the ring owns (not yet returned, or released).
+    pub unsafe fn use_ring(
+        &mut self,
+        bufs: Vec<RawBuf>,
+        keepalive: Box<dyn std::any::Any + Send>,
+    ) -> Result<()> {
+        // SAFETY: forwarded to the caller.
+        let ring = unsafe { Ring::new(bufs, self.batch_bytes(), self.prefetch, keepalive)? };
+        self.worker = None;
+        self.ring = None; // joins the old ring's thread before the new one exists
+        self.ring = Some(ring);
+        Ok(())
+    }
+
+    /// Buffers in the ring (0 without one).
+    pub fn ring_len(&self) -> usize {
+        self.ring.as_ref().map_or(0, Ring::len)
+    }
+
+    /// As `next_batch`, into a ring buffer: the slot index, now held by the caller until
+    /// `release(slot)`. Errors when all slots are held instead of waiting forever.
+    pub fn next_slot(&mut self) -> Result<usize> {
+        let ring = self
+            .ring
+            .as_mut()
+            .ok_or_else(|| Error::config("ring", "no buffers: call use_ring(buffers) first"))?;
+        let (slot, ids) = ring.next(&self.ds, &self.spec, self.pos)?;
+        self.pos += self.spec.batch_size;
+        self.last_ids = ids;
+        Ok(slot)
+    }
+
+    /// The caller has finished reading ring buffer `slot`.
+    pub fn release(&self, slot: usize) -> Result<()> {
+        match &self.ring {
+            Some(r) => r.release(slot),
+            None => Err(Error::config(
+                "ring",
+                "no buffers: call use_ring(buffers) first",
+            )),
+        }
     }
 
     pub fn spec(&self) -> &StreamSpec {
@@ -359,6 +429,12 @@ impl Stream {
 
     /// This rank's rows of the global batch at the current position; advances by B.
     pub fn next_batch(&mut self) -> Result<Buffer> {
+        if self.ring.is_some() {
+            return Err(Error::config(
+                "ring",
+                "this stream fills caller buffers: use next_slot() and release()",
+            ));
+        }
         let batch = if self.prefetch == 0 {
             assemble(&self.ds, &self.spec, self.pos, &self.pool)?
         } else {
@@ -391,6 +467,9 @@ impl Stream {
     pub fn seek(&mut self, pos: u64) -> Result<()> {
         self.spec.check_pos(pos)?;
         self.worker = None;
+        if let Some(r) = self.ring.as_mut() {
+            r.reset(); // held slots stay with the caller
+        }
         self.pos = pos;
         self.last_ids.clear();
         Ok(())
@@ -631,6 +710,167 @@ mod tests {
                 (&want[k].0[..], &want[k].1),
                 "depth {depth}"
             );
+        }
+    }
+
+    /// `k` aligned batch buffers for `s` and their RawBufs.
+    fn ring_bufs(s: &Stream, k: usize) -> (Vec<AlignedVec<u8>>, Vec<RawBuf>) {
+        let mut mem: Vec<AlignedVec<u8>> = (0..k)
+            .map(|_| AlignedVec::zeroed(s.batch_bytes()).unwrap())
+            .collect();
+        let raw = mem
+            .iter_mut()
+            .map(|m| RawBuf::new(m.as_mut_ptr(), m.len()).unwrap())
+            .collect();
+        (mem, raw)
+    }
+
+    fn as_i16(bytes: &[u8]) -> Vec<i16> {
+        bytes
+            .chunks_exact(2)
+            .map(|c| i16::from_ne_bytes([c[0], c[1]]))
+            .collect()
+    }
+
+    #[test]
+    fn ring_batches_equal_pooled_batches_while_slots_are_held() {
+        let t = TempDir::new("ring");
+        let ds = dataset(&t, &[50, 3, 71, 20], 8, 5);
+        let mut reference = Stream::new(ds.clone(), 6, 42, 0, 1, 0).unwrap();
+        let want = take(&mut reference, 24);
+        for (depth, nbuf, hold) in [
+            (0usize, 1usize, 1usize),
+            (0, 3, 3),
+            (1, 2, 1),
+            (2, 3, 1),
+            (2, 5, 3),
+            (4, 5, 1),
+        ] {
+            let mut s = Stream::new(ds.clone(), 6, 42, 0, 1, depth).unwrap();
+            let (mut mem, raw) = ring_bufs(&s, nbuf);
+            // SAFETY: `mem` outlives `s` (dropped after it, below); slots are read only while
+            // held and scribbled on just before release.
+            unsafe { s.use_ring(raw, Box::new(())).unwrap() };
+            assert!(s.next_batch().is_err(), "next_batch with a ring");
+            let mut held = Vec::new();
+            for (k, (ids, buf)) in want.iter().enumerate() {
+                let slot = s.next_slot().unwrap();
+                assert_eq!(s.last_ids(), &ids[..], "k={k} depth={depth}");
+                let Buffer::I16(w) = buf else { panic!("dtype") };
+                assert_eq!(as_i16(&mem[slot]), &w[..], "k={k} depth={depth}");
+                held.push(slot);
+                if held.len() == hold {
+                    // Release out of order, scribbling first: nothing leaks into later batches.
+                    for &h in held.iter().rev() {
+                        mem[h].fill(0x55);
+                        s.release(h).unwrap();
+                    }
+                    held.clear();
+                }
+            }
+            drop(s);
+            drop(mem);
+        }
+    }
+
+    #[test]
+    fn ring_errors_instead_of_deadlock_and_seek_discards_prefetched() {
+        let t = TempDir::new("ring-err");
+        let ds = dataset(&t, &[64, 40], 4, 3);
+        let mut reference = Stream::new(ds.clone(), 4, 9, 0, 1, 0).unwrap();
+        let want = take(&mut reference, 10);
+        for depth in [0usize, 2] {
+            let mut s = Stream::new(ds.clone(), 4, 9, 0, 1, depth).unwrap();
+            assert!(s.next_slot().is_err(), "no ring yet");
+            assert!(s.release(0).is_err(), "no ring yet");
+            let (mem, raw) = ring_bufs(&s, depth + 1);
+            // SAFETY: `mem` outlives `s`.
+            unsafe { s.use_ring(raw, Box::new(())).unwrap() };
+            let mut held = Vec::new();
+            for _ in 0..=depth {
+                held.push(s.next_slot().unwrap());
+            }
+            let e = s.next_slot().unwrap_err().to_string();
+            assert!(e.contains("all") && e.contains("held"), "{e}");
+            assert_eq!(s.samples_consumed(), 4 * (depth as u64 + 1));
+            assert!(s.release(held[0]).is_ok());
+            assert!(s.release(held[0]).is_err(), "double release");
+            assert!(s.release(depth + 1).is_err(), "out of range");
+            // Seek drops prefetched batches; slots still held stay held.
+            s.seek(4 * 7).unwrap();
+            let slot = s.next_slot().unwrap();
+            let Buffer::I16(w) = &want[7].1 else {
+                panic!("dtype")
+            };
+            assert_eq!(
+                (s.last_ids(), as_i16(&mem[slot])),
+                (&want[7].0[..], w.to_vec())
+            );
+            for &h in &held[1..] {
+                s.release(h).unwrap();
+            }
+            s.release(slot).unwrap();
+            let slot = s.next_slot().unwrap();
+            assert_eq!(s.last_ids(), &want[8].0[..]);
+            let Buffer::I16(w) = &want[8].1 else {
+                panic!("dtype")
+            };
+            assert_eq!(as_i16(&mem[slot]), w.to_vec());
+            drop(s);
+            drop(mem);
+        }
+    }
+
+    #[test]
+    fn a_truncated_file_fails_a_ring_batch_and_recovers() {
+        let t = TempDir::new("ring-trunc");
+        let ds = dataset(&t, &[400], 4, 4);
+        let path = ds.recordings()[0].path.clone();
+        let full = std::fs::read(&path).unwrap();
+        let mut reference = Stream::new(ds.clone(), 8, 3, 0, 1, 0).unwrap();
+        let want = take(&mut reference, 12);
+        for depth in [0usize, 1, 3] {
+            std::fs::write(&path, &full).unwrap();
+            let mut s = Stream::new(ds.clone(), 8, 3, 0, 1, depth).unwrap();
+            let (mem, raw) = ring_bufs(&s, depth + 2);
+            // SAFETY: `mem` outlives `s`.
+            unsafe { s.use_ring(raw, Box::new(())).unwrap() };
+            for _ in 0..2 {
+                let slot = s.next_slot().unwrap();
+                s.release(slot).unwrap();
+            }
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .unwrap()
+                .set_len(0)
+                .unwrap();
+            let mut failed_at = None;
+            for _ in 0..=depth + 1 {
+                let pos = s.samples_consumed();
+                match s.next_slot() {
+                    Ok(slot) => s.release(slot).unwrap(),
+                    Err(e) => {
+                        assert!(matches!(e, Error::LengthChanged { found: 0, .. }), "{e}");
+                        assert_eq!(s.samples_consumed(), pos);
+                        failed_at = Some(pos);
+                        break;
+                    }
+                }
+            }
+            let pos = failed_at.unwrap_or_else(|| panic!("depth {depth}: no error"));
+            std::fs::write(&path, &full).unwrap();
+            let k = (pos / 8) as usize;
+            let slot = s.next_slot().unwrap();
+            let Buffer::I16(w) = &want[k].1 else {
+                panic!("dtype")
+            };
+            assert_eq!(
+                (s.last_ids(), as_i16(&mem[slot])),
+                (&want[k].0[..], w.to_vec())
+            );
+            drop(s);
+            drop(mem);
         }
     }
 }

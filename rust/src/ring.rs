@@ -1,0 +1,629 @@
+//! Batch assembly into a ring of caller-owned buffers (issue #9).
+//!
+//! The caller allocates `N` batch buffers (on CUDA: pinned host tensors) and hands their
+//! addresses to a [`Ring`]. The stream then assembles each batch directly into one of them, so
+//! the batch the caller gets is already where the host-to-device copy reads from. Each buffer is
+//! a *slot* with one owner at a time:
+//!
+//! ```text
+//!   Free --claim--> Filling --finish--> Ready --pop_ready--> Held --release--> Free
+//!   (ring)          (one writer)        (ring)               (caller)
+//! ```
+//!
+//! Only a `Filling` slot is ever written, by exactly one thread (the prefetch thread, or the
+//! consumer itself without prefetch), and a slot reaches `Filling` only from `Free`: initially
+//! or after the caller's explicit `release`. So the caller may read a `Held` slot for as long as
+//! it likes (with grad_accum, until the step that read it is done), and nothing the caller still
+//! reads is ever overwritten. [`Slots`] is that state machine, pure and single-threaded; [`Ring`]
+//! adds the prefetch thread. Batch contents come from `(dataset, spec, position)` alone: which
+//! slot a batch lands in, and when, never changes its bytes.
+
+use std::any::Any;
+use std::collections::VecDeque;
+use std::ptr::NonNull;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+use crate::error::{Error, Result};
+use crate::recordings::Dataset;
+use crate::stream::{assemble_into, StreamSpec};
+
+/// The address and byte length of one caller-owned batch buffer.
+#[derive(Clone, Copy, Debug)]
+pub struct RawBuf {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: a RawBuf is only an address; writing through it is unsafe (`as_mut_slice`) and the
+// Ring's slot states decide which single thread may do so at any time.
+unsafe impl Send for RawBuf {}
+// SAFETY: as above; a shared RawBuf gives no access to the memory by itself.
+unsafe impl Sync for RawBuf {}
+
+impl RawBuf {
+    /// Records an address; nothing is dereferenced here.
+    pub fn new(ptr: *mut u8, len: usize) -> Result<RawBuf> {
+        let ptr = NonNull::new(ptr).ok_or_else(|| Error::config("buffers", "null buffer"))?;
+        if (ptr.as_ptr() as usize).checked_add(len).is_none() || len > isize::MAX as usize {
+            return Err(Error::config("buffers", "buffer exceeds the address space"));
+        }
+        Ok(RawBuf { ptr, len })
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn range(&self) -> (usize, usize) {
+        let a = self.ptr.as_ptr() as usize;
+        (a, a + self.len)
+    }
+
+    /// # Safety
+    /// The memory must be valid for writes of `len` bytes and nothing else may access it for
+    /// the lifetime of the returned slice.
+    unsafe fn as_mut_slice<'a>(self) -> &'a mut [u8] {
+        // SAFETY: the caller's guarantee above; len <= isize::MAX was checked in new().
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+/// Who owns a slot (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlotState {
+    /// Released: the ring may fill it next.
+    Free,
+    /// Being written by exactly one thread.
+    Filling,
+    /// Holds the next batch(es), not yet returned to the caller.
+    Ready,
+    /// Returned by `next`; the caller reads it until it calls `release`.
+    Held,
+}
+
+/// One assembled (or failed) batch, queued in stream order.
+#[derive(Debug)]
+pub struct Filled {
+    pub pos: u64,
+    /// The slot and the window ids of its rows, or why the batch at `pos` could not be made.
+    pub result: Result<(usize, Vec<u64>)>,
+}
+
+/// The slot state machine of a ring of `len()` buffers. Pure: no threads, no memory access.
+#[derive(Debug)]
+pub struct Slots {
+    state: Vec<SlotState>,
+    /// Released slots in the order they will be filled.
+    free: VecDeque<usize>,
+    /// Filled slots (and at most one trailing error) in stream order.
+    ready: VecDeque<Filled>,
+}
+
+impl Slots {
+    /// `n` slots, all free, filled in index order first.
+    pub fn new(n: usize) -> Slots {
+        Slots {
+            state: vec![SlotState::Free; n],
+            free: (0..n).collect(),
+            ready: VecDeque::new(),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.state.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.state.is_empty()
+    }
+
+    pub fn state(&self, slot: usize) -> Option<SlotState> {
+        self.state.get(slot).copied()
+    }
+
+    fn count(&self, s: SlotState) -> usize {
+        self.state.iter().filter(|&&x| x == s).count()
+    }
+
+    /// Slots the caller holds, in index order.
+    pub fn held(&self) -> Vec<usize> {
+        (0..self.len())
+            .filter(|&i| self.state[i] == SlotState::Held)
+            .collect()
+    }
+
+    /// True when every slot is held by the caller: nothing can be filled until one is released.
+    pub fn all_held(&self) -> bool {
+        self.count(SlotState::Held) == self.len()
+    }
+
+    /// The next free slot to fill, now `Filling`, unless `depth` batches are already assembled
+    /// or being assembled ahead of the caller.
+    pub fn claim(&mut self, depth: usize) -> Option<usize> {
+        if self.ready.len() + self.count(SlotState::Filling) >= depth {
+            return None;
+        }
+        let slot = self.free.pop_front()?;
+        self.state[slot] = SlotState::Filling;
+        Some(slot)
+    }
+
+    /// Records the outcome of filling `slot` with the batch at `pos`. A failed batch queues its
+    /// error and frees the slot (it is refilled first).
+    pub fn finish(&mut self, slot: usize, pos: u64, result: Result<Vec<u64>>) -> Result<()> {
+        if self.state(slot) != Some(SlotState::Filling) {
+            return Err(Error::Internal(format!(
+                "ring slot {slot} finished but not filling"
+            )));
+        }
+        let result = match result {
+            Ok(ids) => {
+                self.state[slot] = SlotState::Ready;
+                Ok((slot, ids))
+            }
+            Err(e) => {
+                self.state[slot] = SlotState::Free;
+                self.free.push_front(slot);
+                Err(e)
+            }
+        };
+        self.ready.push_back(Filled { pos, result });
+        Ok(())
+    }
+
+    /// The oldest queued batch; its slot is now held by the caller.
+    pub fn pop_ready(&mut self) -> Option<Filled> {
+        let f = self.ready.pop_front()?;
+        if let Ok((slot, _)) = f.result {
+            self.state[slot] = SlotState::Held;
+        }
+        Some(f)
+    }
+
+    /// The caller is done with `slot`: it may be filled again.
+    pub fn release(&mut self, slot: usize) -> Result<()> {
+        match self.state(slot) {
+            Some(SlotState::Held) => {
+                self.state[slot] = SlotState::Free;
+                self.free.push_back(slot);
+                Ok(())
+            }
+            Some(_) => Err(Error::config(
+                "slot",
+                format!(
+                    "{slot} is not held by the caller (already released, or not yet returned \
+                     by next_slot)"
+                ),
+            )),
+            None => Err(Error::Index {
+                what: "slot",
+                index: slot as u64,
+                len: self.len() as u64,
+            }),
+        }
+    }
+
+    /// Drops every batch assembled ahead of the caller (seek, restart): ready and filling slots
+    /// become free. Only called when no thread is filling. Held slots stay held.
+    pub fn discard(&mut self) {
+        for f in self.ready.drain(..) {
+            if let Ok((slot, _)) = f.result {
+                self.state[slot] = SlotState::Free;
+                self.free.push_back(slot);
+            }
+        }
+        for slot in 0..self.state.len() {
+            if self.state[slot] == SlotState::Filling {
+                self.state[slot] = SlotState::Free;
+                self.free.push_back(slot);
+            }
+        }
+    }
+}
+
+struct Inner {
+    slots: Slots,
+    /// Set to stop the prefetch thread at its next claim.
+    stop: bool,
+    /// False once the prefetch thread has exited (normally or not).
+    running: bool,
+}
+
+struct Shared {
+    inner: Mutex<Inner>,
+    /// Signalled on every state change (a slot filled, taken or released; stop; exit).
+    changed: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // Inner is updated in single steps that leave it consistent; a panic elsewhere (none is
+        // expected) must not make every later call fail.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn wait<'a>(&self, g: MutexGuard<'a, Inner>) -> MutexGuard<'a, Inner> {
+        self.changed.wait(g).unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Marks the prefetch thread as gone however it exits, so a waiting consumer never hangs.
+struct ExitGuard(Arc<Shared>);
+
+impl Drop for ExitGuard {
+    fn drop(&mut self) {
+        self.0.lock().running = false;
+        self.0.changed.notify_all();
+    }
+}
+
+/// Caller-owned batch buffers with a background thread filling released ones in stream order.
+///
+/// Safety invariant: every buffer stays valid for writes (its memory is kept alive by
+/// `keepalive`, dropped only after the prefetch thread has been joined), and a buffer is written
+/// only while its slot is `Filling`, which the state machine grants to one thread at a time and
+/// only for slots the caller has not been handed (or has released).
+pub struct Ring {
+    shared: Arc<Shared>,
+    bufs: Arc<[RawBuf]>,
+    prefetch: usize,
+    worker: Option<JoinHandle<()>>,
+    /// Owns the buffers' memory (the Python arrays). Declared last, and dropped only after
+    /// `Drop::drop` has joined the prefetch thread.
+    _keepalive: Box<dyn Any + Send>,
+}
+
+/// The fewest buffers a ring with `prefetch` batches assembled ahead needs: those `prefetch`
+/// plus the one the caller reads.
+pub fn min_buffers(prefetch: usize) -> usize {
+    prefetch.saturating_add(1)
+}
+
+impl Ring {
+    /// A ring over `bufs`, each exactly `batch_bytes` long and pairwise disjoint, with up to
+    /// `prefetch` batches assembled ahead of the caller (0: assembled by `next` itself).
+    ///
+    /// # Safety
+    /// While `keepalive` lives, each buffer must be valid for writes of its length, and nobody
+    /// but this ring may read or write a buffer from the moment it is given here until `next`
+    /// returns its slot, and again from `release(slot)` until `next` returns it again.
+    pub unsafe fn new(
+        bufs: Vec<RawBuf>,
+        batch_bytes: usize,
+        prefetch: usize,
+        keepalive: Box<dyn Any + Send>,
+    ) -> Result<Ring> {
+        let need = min_buffers(prefetch);
+        if bufs.len() < need {
+            return Err(Error::config(
+                "buffers",
+                format!(
+                    "{} given, need at least prefetch + 1 = {need} (prefetch {prefetch} batches \
+                     assembled ahead, plus the one being read)",
+                    bufs.len()
+                ),
+            ));
+        }
+        if let Some((i, b)) = bufs.iter().enumerate().find(|(_, b)| b.len != batch_bytes) {
+            return Err(Error::config(
+                &format!("buffers[{i}]"),
+                format!("has {} bytes, a batch has {batch_bytes}", b.len),
+            ));
+        }
+        let mut ranges: Vec<(usize, usize, usize)> = bufs
+            .iter()
+            .enumerate()
+            .map(|(i, b)| (b.range().0, b.range().1, i))
+            .collect();
+        ranges.sort_unstable();
+        if let Some(w) = ranges.windows(2).find(|w| w[1].0 < w[0].1) {
+            let (a, b) = (w[0].2.min(w[1].2), w[0].2.max(w[1].2));
+            return Err(Error::config(
+                "buffers",
+                format!("buffers[{a}] and buffers[{b}] share memory; each needs its own"),
+            ));
+        }
+        Ok(Ring {
+            shared: Arc::new(Shared {
+                inner: Mutex::new(Inner {
+                    slots: Slots::new(bufs.len()),
+                    stop: false,
+                    running: false,
+                }),
+                changed: Condvar::new(),
+            }),
+            bufs: bufs.into(),
+            prefetch,
+            worker: None,
+            _keepalive: keepalive,
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.bufs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.bufs.is_empty()
+    }
+
+    /// Slots the caller holds, in index order.
+    pub fn held(&self) -> Vec<usize> {
+        self.shared.lock().slots.held()
+    }
+
+    fn all_held(&self) -> Error {
+        Error::config(
+            "ring",
+            format!(
+                "all {} buffers are held by the caller: release one before asking for the next \
+                 batch",
+                self.len()
+            ),
+        )
+    }
+
+    /// The batch at `pos` in a slot now held by the caller: `(slot, window ids)`.
+    pub fn next(
+        &mut self,
+        ds: &Arc<Dataset>,
+        spec: &StreamSpec,
+        pos: u64,
+    ) -> Result<(usize, Vec<u64>)> {
+        if self.prefetch == 0 {
+            return self.next_sync(ds, spec, pos);
+        }
+        if self.worker.is_none() {
+            self.spawn(ds.clone(), *spec, pos)?;
+        }
+        let filled = {
+            let mut g = self.shared.lock();
+            let f = loop {
+                if let Some(f) = g.slots.pop_ready() {
+                    break f;
+                }
+                if !g.running {
+                    drop(g);
+                    self.reset();
+                    return Err(Error::Thread("stopped unexpectedly".into()));
+                }
+                if g.slots.all_held() {
+                    return Err(self.all_held());
+                }
+                g = self.shared.wait(g);
+            };
+            self.shared.changed.notify_all(); // one fewer batch ahead: the thread may fill more
+            f
+        };
+        match filled.result {
+            Ok((slot, ids)) if filled.pos == pos => Ok((slot, ids)),
+            Ok((slot, _)) => {
+                let _ = self.release(slot);
+                self.reset();
+                Err(Error::Thread("delivered a batch out of order".into()))
+            }
+            Err(e) => {
+                // The thread has exited after the failure; the next call restarts at `pos`.
+                self.reset();
+                Err(e)
+            }
+        }
+    }
+
+    fn next_sync(
+        &mut self,
+        ds: &Dataset,
+        spec: &StreamSpec,
+        pos: u64,
+    ) -> Result<(usize, Vec<u64>)> {
+        let slot = self
+            .shared
+            .lock()
+            .slots
+            .claim(1)
+            .ok_or_else(|| self.all_held())?;
+        // SAFETY: the slot is Filling, claimed by this thread: no other thread writes it (there
+        // is no prefetch thread) and the caller does not touch it until it is returned.
+        let out = unsafe { self.bufs[slot].as_mut_slice() };
+        let result = assemble_into(ds, spec, pos, out);
+        let mut g = self.shared.lock();
+        g.slots.finish(slot, pos, result)?;
+        match g.slots.pop_ready().map(|f| f.result) {
+            Some(r) => r,
+            None => Err(Error::Internal("ring batch vanished".into())),
+        }
+    }
+
+    /// The caller is done reading `slot`; the ring may fill it again.
+    pub fn release(&self, slot: usize) -> Result<()> {
+        self.shared.lock().slots.release(slot)?;
+        self.shared.changed.notify_all();
+        Ok(())
+    }
+
+    /// Stops the prefetch thread and drops every batch assembled ahead (seek, after an error).
+    /// Slots the caller holds stay held.
+    pub fn reset(&mut self) {
+        if let Some(h) = self.worker.take() {
+            self.shared.lock().stop = true;
+            self.shared.changed.notify_all();
+            let _ = h.join(); // at most one batch assembly away
+        }
+        let mut g = self.shared.lock();
+        g.stop = false;
+        g.running = false;
+        g.slots.discard();
+    }
+
+    fn spawn(&mut self, ds: Arc<Dataset>, spec: StreamSpec, start: u64) -> Result<()> {
+        self.shared.lock().running = true;
+        let shared = self.shared.clone();
+        let bufs = self.bufs.clone();
+        let depth = self.prefetch;
+        let handle = std::thread::Builder::new()
+            .name("iqtrain-ring".into())
+            .spawn(move || fill_loop(shared, bufs, ds, spec, start, depth));
+        match handle {
+            Ok(h) => {
+                self.worker = Some(h);
+                Ok(())
+            }
+            Err(e) => {
+                self.shared.lock().running = false;
+                Err(Error::Thread(format!("cannot be started ({e})")))
+            }
+        }
+    }
+}
+
+/// The prefetch thread: fills released slots with batches `start, start + B, ...` in order,
+/// staying at most `depth` batches ahead of the caller; exits on stop or after a failed batch.
+fn fill_loop(
+    shared: Arc<Shared>,
+    bufs: Arc<[RawBuf]>,
+    ds: Arc<Dataset>,
+    spec: StreamSpec,
+    start: u64,
+    depth: usize,
+) {
+    let _exit = ExitGuard(shared.clone());
+    let mut pos = start;
+    loop {
+        let slot = {
+            let mut g = shared.lock();
+            loop {
+                if g.stop {
+                    return;
+                }
+                if let Some(s) = g.slots.claim(depth) {
+                    break s;
+                }
+                g = shared.wait(g);
+            }
+        };
+        // SAFETY: the slot is Filling, claimed by this thread: the caller released it (or never
+        // had it) and gets it back only after finish(); the consumer does not write slots while
+        // this thread runs (prefetch > 0); the memory outlives this thread (Ring joins it before
+        // dropping its keepalive).
+        let out = unsafe { bufs[slot].as_mut_slice() };
+        let result = assemble_into(&ds, &spec, pos, out);
+        let failed = result.is_err();
+        let recorded = shared.lock().slots.finish(slot, pos, result);
+        shared.changed.notify_all();
+        if failed || recorded.is_err() {
+            return;
+        }
+        // assemble_into() checked that pos + B fits.
+        pos += spec.batch_size;
+    }
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        // Join the prefetch thread before `_keepalive` (the buffers' owner) is dropped.
+        self.reset();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(pos: u64) -> Result<Vec<u64>> {
+        Ok(vec![pos])
+    }
+
+    #[test]
+    fn slots_follow_the_ownership_cycle() {
+        let mut s = Slots::new(3);
+        assert_eq!(s.claim(2), Some(0));
+        assert_eq!(s.claim(2), Some(1));
+        assert_eq!(s.claim(2), None, "depth 2 reached");
+        s.finish(0, 0, ids(0)).unwrap();
+        s.finish(1, 8, ids(8)).unwrap();
+        assert_eq!(s.claim(2), None, "two ready batches ahead");
+        let f = s.pop_ready().unwrap();
+        assert_eq!((f.pos, f.result.unwrap()), (0, (0, vec![0])));
+        assert_eq!(s.state(0), Some(SlotState::Held));
+        assert_eq!(s.claim(2), Some(2));
+        s.finish(2, 16, ids(16)).unwrap();
+        assert_eq!(s.pop_ready().unwrap().result.unwrap().0, 1);
+        assert_eq!(s.pop_ready().unwrap().result.unwrap().0, 2);
+        assert!(s.all_held());
+        assert_eq!(s.claim(2), None, "nothing released");
+        // Out-of-order release: slots are refilled in release order.
+        s.release(2).unwrap();
+        s.release(0).unwrap();
+        assert_eq!(s.held(), vec![1]);
+        assert_eq!(s.claim(3), Some(2));
+        assert_eq!(s.claim(3), Some(0));
+        // Double release, release of a slot the ring owns, out of range.
+        assert!(matches!(s.release(2), Err(Error::Config { ref key, .. }) if key == "slot"));
+        s.release(1).unwrap();
+        assert!(matches!(s.release(1), Err(Error::Config { .. })));
+        assert!(matches!(
+            s.release(3),
+            Err(Error::Index {
+                index: 3,
+                len: 3,
+                ..
+            })
+        ));
+        assert!(s.finish(1, 0, ids(0)).is_err(), "slot 1 is not filling");
+    }
+
+    #[test]
+    fn a_failed_batch_frees_its_slot_and_discard_keeps_held_slots() {
+        let mut s = Slots::new(4);
+        let a = s.claim(3).unwrap();
+        s.finish(a, 0, ids(0)).unwrap();
+        let b = s.claim(3).unwrap();
+        let c = s.claim(3).unwrap();
+        s.finish(b, 8, Err(Error::Thread("x".into()))).unwrap();
+        assert_eq!(s.state(b), Some(SlotState::Free));
+        assert_eq!(s.pop_ready().unwrap().result.unwrap().0, a);
+        assert!(s.pop_ready().unwrap().result.is_err());
+        // c is still filling (a stopped thread's leftover) when the ring resets.
+        s.discard();
+        assert_eq!(s.state(c), Some(SlotState::Free));
+        assert_eq!(s.held(), vec![a]);
+        assert!(s.pop_ready().is_none());
+        assert_eq!(
+            (0..4).filter_map(|_| s.claim(4)).count(),
+            3,
+            "every slot but the held one is free again"
+        );
+    }
+
+    #[test]
+    fn ring_rejects_bad_buffer_sets() {
+        let mut mem = vec![0u8; 64];
+        let p = mem.as_mut_ptr();
+        let buf = |off: usize, len: usize| RawBuf::new(p.wrapping_add(off), len).unwrap();
+        let ok = |bufs: Vec<RawBuf>, prefetch| {
+            // SAFETY: `mem` outlives each ring, which is dropped at once without filling.
+            unsafe { Ring::new(bufs, 16, prefetch, Box::new(())) }.map(|r| r.len())
+        };
+        assert_eq!(
+            ok(vec![buf(0, 16), buf(16, 16), buf(32, 16)], 2).unwrap(),
+            3
+        );
+        let e = ok(vec![buf(0, 16), buf(16, 16)], 2)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("need at least prefetch + 1 = 3"), "{e}");
+        let e = ok(vec![buf(0, 16), buf(16, 8)], 1).unwrap_err().to_string();
+        assert!(e.starts_with("buffers[1]: has 8 bytes"), "{e}");
+        let e = ok(vec![buf(0, 16), buf(32, 16), buf(8, 16)], 1)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("buffers[0] and buffers[2] share memory"), "{e}");
+        assert!(RawBuf::new(std::ptr::null_mut(), 4).is_err());
+        drop(mem);
+    }
+}
