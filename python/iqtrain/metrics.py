@@ -216,6 +216,11 @@ class MetricWriter:
         """Append one record (``ValueError`` for a non-finite number, before any write)."""
         self._append(encode_record(record), 1)
 
+    def state_dict(self) -> dict[str, Any]:
+        """The writer's state is its cursor; a resumed writer is built from its parent's
+        stream and cursor (the constructor's ``inherit_from``/``cursor``)."""
+        return self.cursor().to_dict()
+
     def cursor(self) -> MetricCursor:
         return MetricCursor(records=self.records, bytes=self.bytes, sha256=self._hash.hexdigest())
 

@@ -345,6 +345,18 @@ class TrainStep:
         finally:
             self.model.train(was_training)
 
+    def state_dict(self) -> dict[str, Any]:
+        """The step's state: ``{"model": ..., "optimizer": ...}`` (what safetensors store).
+
+        Live references, as torch's own state dicts are: copy it (a checkpoint does) before
+        loading it into another step that keeps training alongside this one.
+        """
+        return {"model": self.model_state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.load_model_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
     def model_state_dict(self) -> dict[str, Tensor]:
         """The model's state dict; keys never carry a compile prefix."""
         return _strip_compile_prefix(self.model.state_dict())

@@ -247,8 +247,9 @@ class Trainer:
 
     def restore(self, parent: Parent) -> None:
         """Continue exactly where ``parent``'s checkpoint stopped."""
-        self.stepper.load_model_state_dict(parent.model_state)
-        self.stepper.optimizer.load_state_dict(parent.optimizer_state)
+        self.stepper.load_state_dict(
+            {"model": parent.model_state, "optimizer": parent.optimizer_state}
+        )
         for name, component in self.components().items():
             component.load_state_dict(parent.state[name])
         self.loop.step = parent.state["step"]
@@ -347,14 +348,15 @@ class Trainer:
             "plan": self.plan.to_dict(),
             "fingerprints": self.identity.fingerprints,
             "data": self.identity.digests(),
-            "metrics": self.metrics.cursor().to_dict(),
+            "metrics": self.metrics.state_dict(),
             **{name: c.state_dict() for name, c in self.components().items()},
         }
         self.metrics.sync()  # the cursor must never point past what is on disk
+        tensors = self.stepper.state_dict()
         return self.checkpoints.save(
             self.loop.step,
-            self.stepper.model_state_dict(),
-            self.stepper.optimizer.state_dict(),
+            tensors["model"],
+            tensors["optimizer"],
             state,
             protect=self.loop.best_checkpoint,
         )
