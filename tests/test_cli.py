@@ -200,3 +200,54 @@ def test_synth_and_inspect(cfg, tmp_path):
     ):
         assert needle in ins.stdout, ins.stdout
     assert not (tmp_path / "run").exists()  # inspect writes no attempt
+
+
+def test_a_config_that_is_not_utf8_is_one_line(tmp_path):
+    path = tmp_path / "bin.toml"
+    path.write_bytes(b"\xff\xfe[run]\n")
+    _one_clean_line(iqtrain("run", path), "not UTF-8")
+
+
+def test_a_fifo_in_place_of_a_data_file_is_one_line_not_a_hang(tmp_path):
+    rng = np.random.default_rng(3)
+    write_sigmf(tmp_path / "d", "train", rng.standard_normal((2048, 2)).astype("f4"), "cf32_le")
+    write_sigmf(tmp_path / "d", "val", rng.standard_normal((512, 2)).astype("f4"), "cf32_le")
+    data = tmp_path / "d" / "train.sigmf-data"
+    data.unlink()
+    os.mkfifo(data)
+    tables = _tables(tmp_path / "run", tmp_path / "cache")
+    tables["data"]["train"] = [os.fspath(tmp_path / "d" / "train.sigmf-meta")]
+    tables["data"]["val"] = [os.fspath(tmp_path / "d" / "val.sigmf-meta")]
+    path = tmp_path / "fifo.toml"
+    path.write_text(dumps_toml(tables))
+    _one_clean_line(iqtrain("run", path), "not a regular file")
+
+
+def test_refused_runs_generate_no_synthetic_data(cfg, tmp_path):
+    _one_clean_line(iqtrain("run", cfg, "--set", "data.seq_patches=100000"), "data.seq_patches")
+    (tmp_path / "a-file").write_text("")
+    bad_dir = f"run.dir='{tmp_path / 'a-file' / 'run'}'"  # under a regular file: never creatable
+    _one_clean_line(iqtrain("run", cfg, "--set", bad_dir), "run.dir")
+    assert not (tmp_path / "cache").exists()
+
+
+def test_changed_metadata_is_named_on_resume_and_by_verify_data(tmp_path):
+    rng = np.random.default_rng(4)
+    write_sigmf(tmp_path / "d", "train", rng.standard_normal((2048, 2)).astype("f4"), "cf32_le")
+    write_sigmf(tmp_path / "d", "val", rng.standard_normal((512, 2)).astype("f4"), "cf32_le")
+    tables = _tables(tmp_path / "run", tmp_path / "cache", max_steps=6)
+    tables["data"]["train"] = [os.fspath(tmp_path / "d" / "train.sigmf-meta")]
+    tables["data"]["val"] = [os.fspath(tmp_path / "d" / "val.sigmf-meta")]
+    path = tmp_path / "real.toml"
+    path.write_text(dumps_toml(tables))
+    assert iqtrain("run", path).returncode == 0
+    attempt = tmp_path / "run" / "attempts" / "0001"
+    meta_path = tmp_path / "d" / "train.sigmf-meta"
+    meta = json.loads(meta_path.read_text())
+    meta["captures"].append({"core:sample_start": 1000, "core:frequency": 2.4e9})
+    meta_path.write_text(json.dumps(meta))
+    bad = iqtrain("verify", attempt, "--data")
+    assert bad.returncode == 1 and "train.sigmf-meta" in bad.stdout, bad.stdout
+    proc = iqtrain("resume", "--attempt", attempt, "--from", "step_2")
+    assert proc.returncode == 2 and "train.sigmf-meta" in proc.stderr, proc.stderr
+    assert sorted(p.name for p in attempt.parent.iterdir()) == ["0001"]

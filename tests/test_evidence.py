@@ -77,6 +77,13 @@ EDITS = {
     "latest.path": lambda m: m.update(latest=dict(_older(m))),
     "unlisted checkpoint": lambda m: m["checkpoints"].pop(0),
     "missing key": lambda m: m.pop("latest"),
+    "version": lambda m: m.update(version=7),
+    "extra key": lambda m: m.update(note="trust me"),
+    "duplicate checkpoint": lambda m: m["checkpoints"].append(dict(m["checkpoints"][0])),
+    "absolute latest.path": lambda m: m["latest"].update(path=m["latest"]["path"]),  # below
+    "inherited on a root attempt": lambda m: m.update(
+        inherited_metrics={"records": 1, "bytes": 10, "sha256": "0" * 64}
+    ),
     "wrong type": lambda m: m.update(checkpoints="all of them"),
 }
 
@@ -85,7 +92,12 @@ EDITS = {
 def test_an_edited_manifest_fails_verify_and_refuses_resume(completed, tmp_path, edit):
     attempt = _copy(completed, tmp_path)
     assert verify_attempt(attempt) == []
-    _edit_manifest(attempt, EDITS[edit])
+    if edit == "absolute latest.path":
+        _edit_manifest(
+            attempt, lambda m: m["latest"].update(path=str(attempt / m["latest"]["path"]))
+        )
+    else:
+        _edit_manifest(attempt, EDITS[edit])
     assert verify_attempt(attempt) != []
     proc = _cli("verify", attempt)
     assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -203,3 +215,98 @@ def test_resume_says_which_checkpoint_it_skipped_and_why(completed, tmp_path, ca
     assert "model.safetensors" in parent["skipped_checkpoints"][0]["reason"]
     assert verify_attempt(child) == []
     assert os.path.basename(child) == "0002"
+
+
+def _rehash_manifest_entry(attempt: Path, key: str) -> None:
+    """Forge: rewrite the manifest's entry for ``key`` to match the edited file."""
+    from iqtrain.storage import file_digest
+
+    manifest = json.loads((attempt / "manifest.json").read_text())
+    manifest[key].update(file_digest(attempt / manifest[key]["path"]))
+    (attempt / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("target", ["config.toml", "metrics.jsonl"])
+def test_a_forged_file_with_a_rewritten_manifest_still_fails(completed, tmp_path, target):
+    attempt = _copy(completed, tmp_path)
+    path = attempt / target
+    if target == "config.toml":
+        path.write_text(path.read_text().replace("batch_size = 8", "batch_size = 16"))
+    else:
+        lines = path.read_text().splitlines(keepends=True)
+        first = json.loads(lines[0])
+        first["loss"] = first["loss"] / 2
+        path.write_text(json.dumps(first, separators=(",", ":")) + "\n" + "".join(lines[1:]))
+    _rehash_manifest_entry(attempt, "config" if target == "config.toml" else "metrics")
+    problems = verify_attempt(attempt)
+    assert any(target in p for p in problems), problems
+    proc = _cli("resume", "--attempt", attempt, "--from", "step_9")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert sorted(p.name for p in attempt.parent.iterdir()) == [attempt.name]
+
+
+def test_attempt_json_is_checked_against_the_evidence(completed, tmp_path):
+    attempt = _copy(completed, tmp_path)
+    info = json.loads((attempt / "attempt.json").read_text())
+    info["final_step"] = 99
+    (attempt / "attempt.json").write_text(json.dumps(info))
+    assert any("final_step" in p for p in verify_attempt(attempt))
+    (attempt / "attempt.json").write_text(json.dumps({}))
+    assert any("not an attempt record" in p for p in verify_attempt(attempt))
+
+
+def _forge_state(ckpt: Path, edit) -> None:
+    from iqtrain.storage import file_digest
+
+    state = json.loads((ckpt / "state.json").read_text())
+    edit(state)
+    (ckpt / "state.json").write_text(json.dumps(state))
+    index = json.loads((ckpt / "checkpoint.json").read_text())
+    index["files"]["state.json"] = file_digest(ckpt / "state.json")
+    (ckpt / "checkpoint.json").write_text(json.dumps(index))
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda s: s.update(rng={}),
+        lambda s: s.update(plan={}),
+        lambda s: s["plan"].update(kind="bogus"),
+        lambda s: s.update(loop=[]),
+        lambda s: s["loop"].update(loss_ema="abc"),
+        lambda s: s.update(data=None),
+        lambda s: s.update(fingerprints=None),
+        lambda s: s["optimizer"].update(param_groups=[]),
+        lambda s: s["optimizer"].update(scalars=[]),
+    ],
+    ids=[
+        "rng",
+        "plan",
+        "plan.kind",
+        "loop",
+        "loss_ema",
+        "data",
+        "fingerprints",
+        "groups",
+        "scalars",
+    ],
+)
+def test_a_wrongly_shaped_parent_state_is_exit_2_and_no_child(completed, tmp_path, edit):
+    attempt = _copy(completed, tmp_path)
+    (attempt / "manifest.json").unlink()
+    info = json.loads((attempt / "attempt.json").read_text())
+    info["status"] = "running"  # crashed
+    (attempt / "attempt.json").write_text(json.dumps(info))
+    shutil.rmtree(attempt / "checkpoints" / "step_00000012")
+    _forge_state(attempt / "checkpoints" / "step_00000009", edit)
+    proc = _cli("resume", "--attempt", attempt)
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    assert "state.json" in proc.stderr
+    assert sorted(p.name for p in attempt.parent.iterdir()) == [attempt.name]
+
+
+def test_resume_refuses_to_move_the_child_elsewhere(completed, tmp_path):
+    attempt = _copy(completed, tmp_path)
+    proc = _cli("resume", "--attempt", attempt, "--set", f"run.dir='{tmp_path / 'x'}'")
+    assert proc.returncode == 2 and "run.dir" in proc.stderr

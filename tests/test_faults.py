@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 from test_attempt import tiny_tables
@@ -125,7 +126,10 @@ def test_repeated_kill_9_leaves_verifiable_attempts_that_resume_exactly(tmp_path
         assert torch.equal(want[k], got[k]), k
 
 
-def test_data_truncated_mid_run_is_exit_1_naming_the_file_and_resumes_once_restored(tmp_path):
+@pytest.mark.parametrize("change", ["truncate", "grow"])
+def test_data_changing_length_mid_run_is_exit_1_naming_the_file_and_resumes_once_restored(
+    tmp_path, change
+):
     data = tmp_path / "data"
     synthesize(data / "train", recordings=2, samples=65536, seed=1)
     synthesize(data / "val", recordings=1, samples=4096, seed=2)
@@ -149,8 +153,12 @@ def test_data_truncated_mid_run_is_exit_1_naming_the_file_and_resumes_once_resto
         if list_checkpoints(ckpts):
             break
         time.sleep(0.005)
-    with open(victim, "r+b") as f:  # in place, as a failing copy or a full disk would
-        f.truncate(len(original) // 4)
+    with open(victim, "r+b") as f:  # in place, as a failing copy or an appending writer would
+        if change == "truncate":
+            f.truncate(len(original) // 4)
+        else:
+            f.seek(0, 2)
+            f.write(b"\0" * 4096)
     _, err = proc.communicate(timeout=120)
     err = err.decode()
     assert proc.returncode == 1, err

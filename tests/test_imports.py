@@ -37,6 +37,7 @@ TORCH_FREE_MODULES = [
     "iqtrain.storage",
     "iqtrain.sections",
     "iqtrain.sigmf_meta",
+    "iqtrain.datacheck",
 ]
 
 

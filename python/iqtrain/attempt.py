@@ -12,6 +12,7 @@ manifest exists.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -30,6 +31,7 @@ from iqtrain.config import Config, config_to_dict, dumps_toml, expand_path
 from iqtrain.console import Interrupted
 from iqtrain.data import IQDataset, TrainStream
 from iqtrain.errors import (
+    CheckpointError,
     ConfigError,
     CursorMismatchError,
     IQTrainError,
@@ -53,7 +55,16 @@ from iqtrain.metrics import MetricCursor, MetricWriter
 from iqtrain.model import NextPatchModel
 from iqtrain.schedule import Plan
 from iqtrain.step import TrainStep
-from iqtrain.trainer import DataIdentity, Trainer, compute_digests, spike_update
+from iqtrain.trainer import (
+    DataIdentity,
+    LoopState,
+    RNGState,
+    Trainer,
+    compute_digests,
+    restore,
+    spike_update,
+    state_components,
+)
 
 __all__ = [
     "AttemptResult",
@@ -150,6 +161,11 @@ def open_datasets(config: Config) -> tuple[IQDataset, IQDataset]:
     The config's paths are absolute already (resolved when it was built).
     """
     d = config.data
+    if d.is_synthetic and d.window > d.synthetic.samples:  # refuse before generating anything
+        raise ConfigError(
+            f"data.seq_patches: a window of {d.window} samples (seq_patches x patch_len) is "
+            f"longer than every synthetic recording ({d.synthetic.samples} samples)"
+        )
     train, val = ensure_synthetic(config) if d.is_synthetic else (d.train, d.val)
     out = []
     for key, paths in (("data.train", train), ("data.val", val)):
@@ -170,8 +186,8 @@ def _report_skipped(key: str, ds: IQDataset, window: int) -> None:
         names = [os.path.basename(p) for p, _ in skipped]
         shown = ", ".join(names[:8]) + (f" (+{len(names) - 8} more)" if len(names) > 8 else "")
         print(
-            f"iqtrain: note: {key}: {len(names)} recording(s) shorter than one window of "
-            f"{window} samples, skipped: {shown}",
+            f"iqtrain: note: {key}: {len(names)} recording(s) yield no window of {window} "
+            f"samples (too short, or every capture segment is), skipped: {shown}",
             file=sys.stderr,
         )
 
@@ -188,6 +204,7 @@ class _Ready:
     stream: TrainStream
     val: IQDataset
     identity: DataIdentity
+    loop: LoopState
 
 
 def _plan(config: Config, parent: Parent | None) -> tuple[Plan, int]:
@@ -196,7 +213,12 @@ def _plan(config: Config, parent: Parent | None) -> tuple[Plan, int]:
     if parent is None:
         return Plan.from_config(config.schedule, t.max_steps, o.lr, o.min_lr), 0
     start = parent.state["step"]
-    plan = Plan.from_dict(parent.state["plan"])
+    try:
+        plan = Plan.from_dict(parent.state["plan"])
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(
+            f"{parent.checkpoint / 'state.json'}: plan: not a valid plan ({exc})"
+        ) from None
     if t.max_steps != plan.max_steps:
         plan = plan.extend(t.max_steps, start)  # ConfigError past the decay start
     if start >= plan.max_steps:
@@ -207,12 +229,23 @@ def _plan(config: Config, parent: Parent | None) -> tuple[Plan, int]:
     return plan, start
 
 
+def _check_run_dir(run_dir: Path | None) -> None:
+    """run.dir can be created and written (checked before any data is generated)."""
+    if run_dir is None:
+        return
+    probe = run_dir
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"run.dir: {run_dir} cannot be created or written ({probe})")
+
+
 def _check_parent_data(parent: Parent, train: IQDataset, val: IQDataset) -> dict:
     """Every byte first (naming the recording that changed), then metadata and lengths."""
     digests = compute_digests(train, val)  # reads everything, before the child exists
     check_digests(parent, digests)
     for key, ds in (("train", train), ("val", val)):
-        if parent.state["fingerprints"][key] != ds.fingerprint:
+        if parent.state["fingerprints"][key] != ds.fingerprint:  # shape checked on load
             raise CursorMismatchError(
                 f"data.{key}: the dataset's fingerprint {ds.fingerprint[:16]}… differs from "
                 f"the parent's {parent.state['fingerprints'][key][:16]}… (data changed)"
@@ -234,6 +267,7 @@ def _preflight(config: Config, ref: ParentRef | None) -> _Ready:
         precision=t.precision,
         compile=t.compile,
     )
+    _check_run_dir(Path(expand_path(config.run.dir)) if ref is None else None)
     # Data last: the synthetic default is generated only once every other check has passed.
     train, val = open_datasets(config)
     digests = _check_parent_data(parent, train, val) if parent is not None else None
@@ -246,15 +280,18 @@ def _preflight(config: Config, ref: ParentRef | None) -> _Ready:
         seed=config.run.seed,
         prefetch=config.data.prefetch,
     )
+    loop = LoopState()
+    if parent is not None:  # before the child exists: a checkpoint that cannot load is exit 2
+        restore(parent, stepper, state_components(stream, loop, RNGState()))
+        loop.step = start_step
     for line in parent.skipped if parent is not None else []:
         print(
             f"iqtrain: note: skipped checkpoint {line['checkpoint']} of {ref.attempt}: "
             f"{line['reason']}",
             file=sys.stderr,
         )
-    return _Ready(
-        parent, changes, plan, start_step, stepper, stream, val, DataIdentity(train, val, digests)
-    )
+    identity = DataIdentity(train, val, digests)
+    return _Ready(parent, changes, plan, start_step, stepper, stream, val, identity, loop)
 
 
 def _attempt_info(config: Config, run_dir: Path, ready: _Ready) -> dict[str, Any]:
@@ -295,8 +332,11 @@ def run_pretraining_attempt(config: Config, parent: ParentRef | None = None) -> 
     """Run (or resume) one attempt of ``config``; creates exactly one attempt directory."""
     ready = _preflight(config, parent)
     run_dir = Path(expand_path(config.run.dir))
-    if parent is not None:
-        run_dir = Path(parent.attempt).resolve().parent.parent  # the child joins its parent
+    if parent is not None:  # the child joins its parent, and its config.toml says so
+        run_dir = Path(parent.attempt).resolve().parent.parent
+        config = dataclasses.replace(
+            config, run=dataclasses.replace(config.run, dir=os.fspath(run_dir))
+        )
     config_text = dumps_toml(config_to_dict(config))
     info = _attempt_info(config, run_dir, ready)
     # The lock is held until the end: a "running" attempt whose lock is free has crashed.
@@ -325,9 +365,8 @@ def run_pretraining_attempt(config: Config, parent: ParentRef | None = None) -> 
             ),
             identity=ready.identity,
             config_sha=_sha256_bytes(config_text.encode()),
+            loop=ready.loop,
         )
-        if ready.parent is not None:
-            trainer.restore(ready.parent)
         ready.parent = None  # the parent's tensors are in the model and optimizer now
         trainer.train()
         metrics.close()

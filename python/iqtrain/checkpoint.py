@@ -371,7 +371,13 @@ def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]
     if not isinstance(state, dict) or "optimizer" not in state:
         raise CheckpointError(f"{path / 'state.json'}: no 'optimizer' table")
     optim_meta = state.pop("optimizer")
-    return model_state, _join_optimizer(optim_tensors, optim_meta), state
+    try:
+        optimizer_state = _join_optimizer(optim_tensors, optim_meta)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise CheckpointError(
+            f"{path / 'state.json'}: optimizer: malformed ({type(exc).__name__}: {exc})"
+        ) from None
+    return model_state, optimizer_state, state
 
 
 def list_checkpoints(root: Path) -> list[Path]:

@@ -50,6 +50,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
     cfg_path = attempt / "config.toml"
     if not cfg_path.is_file():
         raise CheckpointError(f"{attempt}: not an attempt directory (no config.toml)")
+    if any(s.split("=", 1)[0].strip() == "run.dir" for s in args.set):
+        raise ConfigError("run.dir: a resumed attempt always joins its parent's run directory")
     config = build_config(apply_overrides(read_toml(cfg_path), args.set))
     return _finish(run_pretraining_attempt(config, ParentRef(attempt, args.from_)))
 
@@ -65,7 +67,8 @@ def _finish(result) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from iqtrain.evidence import check_attempt, verify_data
+    from iqtrain.datacheck import verify_data
+    from iqtrain.evidence import check_attempt
 
     check = check_attempt(Path(args.dir))  # CheckpointError (exit 2) if not an attempt at all
     problems = list(check.problems)

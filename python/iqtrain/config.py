@@ -250,6 +250,8 @@ def read_toml(path: str | os.PathLike) -> dict[str, Any]:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text: {exc.reason} at byte {exc.start}") from None
 
 
 def load_config(path: str | os.PathLike, overrides: list[str] | None = None) -> Config:

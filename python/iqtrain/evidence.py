@@ -26,7 +26,6 @@ __all__ = [
     "checkpoint_problems",
     "read_attempt_info",
     "verify_attempt",
-    "verify_data",
 ]
 
 LOCK_NAME = "attempt.lock"
@@ -143,6 +142,12 @@ def _state_step(ckpt: Path) -> int:
     return step
 
 
+_MANIFEST_KEYS = frozenset(
+    ("version", "attempt", "parent", "config", "metrics", "inherited_metrics")
+    + ("latest", "best", "checkpoints", "published")
+)
+
+
 class _Bad(Exception):
     """A manifest field is missing or has the wrong type (reported as one problem line)."""
 
@@ -165,9 +170,12 @@ def _ckpt_ref(attempt: Path, entry: Any, where: str) -> tuple[Path, int]:
 
 
 def _check_checkpoint_ref(attempt: Path, entry: dict, where: str, problems: list[str]) -> None:
-    from iqtrain.checkpoint import checkpoint_name, verify_checkpoint
+    from iqtrain.checkpoint import checkpoint_name
 
     ckpt, step = _ckpt_ref(attempt, entry, where)
+    if Path(entry["path"]).is_absolute():
+        problems.append(f"manifest.json {where}.path: {entry['path']} is not relative")
+        return
     if ckpt.name != checkpoint_name(step):
         problems.append(f"manifest.json {where}: step {step} but path {entry['path']}")
         return
@@ -175,7 +183,10 @@ def _check_checkpoint_ref(attempt: Path, entry: dict, where: str, problems: list
     if mismatch is not None:
         problems.append(mismatch)
         return
-    found = verify_checkpoint(ckpt)
+    # Its files, and the config and metric prefix of the attempt that wrote it, against the
+    # hashes its state records: a forged config.toml or metrics.jsonl fails here even when
+    # the manifest's own entries were rewritten to match.
+    found = checkpoint_problems(ckpt)
     problems.extend(found)
     if found:
         return
@@ -304,17 +315,66 @@ def _check_inherited(attempt: Path, manifest: dict, info: dict, problems: list[s
             problems.append(str(exc))
     elif info.get("parent") is not None:
         problems.append("manifest.json inherited_metrics: missing for a resumed attempt")
+    if inherited is not None and info.get("parent") is None:
+        problems.append("manifest.json inherited_metrics: set, but the attempt has no parent")
+
+
+def _check_record(attempt: Path, manifest: dict, info: dict, problems: list[str]) -> None:
+    """attempt.json against the evidence: final step and plan against the latest checkpoint,
+    the parent reference against the parent's checkpoint (when it is still there)."""
+    latest = manifest.get("latest")
+    if isinstance(latest, dict) and isinstance(latest.get("path"), str):
+        try:
+            state = json.loads((attempt / latest["path"] / "state.json").read_text())
+            if info.get("final_step") != state["step"]:
+                problems.append(
+                    f"attempt.json final_step: {info.get('final_step')!r}, but the latest "
+                    f"checkpoint is step {state['step']}"
+                )
+            if info.get("plan") != state["plan"]:
+                problems.append("attempt.json plan: differs from the latest checkpoint's plan")
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # the checkpoint checks report it
+    parent = info.get("parent")
+    if not isinstance(parent, dict):
+        return
+    try:
+        ckpt = Path(parent["attempt"]) / "checkpoints" / parent["checkpoint"]
+        if not (ckpt / "checkpoint.json").is_file():
+            return  # the parent's checkpoint is gone (pruned or moved): nothing to compare
+        if _sha256_file(ckpt / "checkpoint.json")["sha256"] != parent["checkpoint_json_sha256"]:
+            problems.append(f"attempt.json parent: {ckpt} is not the checkpoint it records")
+        state = json.loads((ckpt / "state.json").read_text())
+        if state["step"] != parent["step"]:
+            problems.append(
+                f"attempt.json parent.step: {parent['step']}, {ckpt} is {state['step']}"
+            )
+        if manifest.get("inherited_metrics") != state["metrics"]:
+            problems.append("manifest.json inherited_metrics: not the parent checkpoint's cursor")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        problems.append(f"attempt.json parent: unreadable: {exc}")
 
 
 def _verify_manifest(attempt: Path, manifest: Any, info: dict, check: AttemptCheck) -> None:
     """Every manifest field against the files it describes (problems appended to ``check``)."""
     if not isinstance(manifest, dict):
         raise _Bad("manifest.json: not a JSON object")
+    if set(manifest) != _MANIFEST_KEYS:
+        extra, missing = set(manifest) - _MANIFEST_KEYS, _MANIFEST_KEYS - set(manifest)
+        check.problems.append(
+            f"manifest.json: unexpected keys {sorted(extra)}, missing keys {sorted(missing)}"
+        )
+    if manifest.get("version") != 1:
+        check.problems.append(f"manifest.json version: {manifest.get('version')!r}, expected 1")
+    paths = [e.get("path") for e in manifest.get("checkpoints") or [] if isinstance(e, dict)]
+    if len(paths) != len(set(paths)):
+        check.problems.append("manifest.json checkpoints: a checkpoint is listed twice")
     metrics_ok = _check_files(attempt, manifest, info, check.problems)
     latest_step = _check_checkpoints(attempt, manifest, check.problems)
     if metrics_ok:
         _check_against_records(attempt, manifest, latest_step, check.problems)
     _check_inherited(attempt, manifest, info, check.problems)
+    _check_record(attempt, manifest, info, check.problems)
 
 
 def checkpoint_problems(ckpt: Path) -> list[str]:
@@ -384,12 +444,20 @@ def check_attempt(attempt: Path) -> AttemptCheck:
         raise CheckpointError(f"{attempt}: not an attempt directory (no attempt.json)")
     try:
         info = read_attempt_info(attempt)
+        if not all(isinstance(info.get(k), str) for k in ("id", "status")):
+            raise ValueError("not an attempt record (no 'id'/'status')")
         status = attempt_status(attempt, info)
     except (OSError, ValueError) as exc:
         check = AttemptCheck(attempt, "unknown")
         check.problems.append(f"{attempt / 'attempt.json'}: unreadable: {exc}")
         return check
     check = AttemptCheck(attempt, status)
+    if info["id"] != attempt.name:
+        check.problems.append(f"attempt.json id: {info['id']!r} is not this attempt")
+    if not (attempt / "config.toml").is_file():
+        check.problems.append(f"{attempt / 'config.toml'}: missing")
+    if not (attempt / "metrics.jsonl").is_file() and (attempt / "checkpoints").is_dir():
+        check.problems.append(f"{attempt / 'metrics.jsonl'}: missing")
     for left in [*crash_leftovers(attempt), *crash_leftovers(attempt / "checkpoints")]:
         check.notes.append(f"{left}: leftover of an interrupted write or prune (ignored)")
     if status == "crashed":
@@ -403,8 +471,11 @@ def check_attempt(attempt: Path) -> AttemptCheck:
             check.problems.append(f"{manifest_path}: missing, but attempt.json says completed")
         _verify_checkpoints_only(attempt, check)
         _note_torn_tail(attempt, check)
+        check.problems = list(dict.fromkeys(check.problems))
         return check
-    if status != "completed":
+    if status in ("failed", "interrupted"):  # a manifest is published only on success
+        check.problems.append(f"attempt.json status: {status}, but manifest.json exists")
+    elif status != "completed":  # killed between publishing and recording the end
         check.notes.append(f"{attempt}: manifest.json exists but attempt.json says {status}")
     try:
         manifest = json.loads(manifest_path.read_text())
@@ -413,53 +484,10 @@ def check_attempt(attempt: Path) -> AttemptCheck:
         check.problems.append(f"{manifest_path}: unreadable: {exc}")
     except _Bad as exc:
         check.problems.append(str(exc))
+    check.problems = list(dict.fromkeys(check.problems))  # one line per problem
     return check
 
 
 def verify_attempt(attempt: Path) -> list[str]:
     """The problems :func:`check_attempt` finds (empty: the attempt verifies)."""
     return check_attempt(attempt).problems
-
-
-def verify_data(attempt: Path) -> list[str]:
-    """Re-read every recording the attempt trained on and compare it with what it recorded.
-
-    The full-content digests recorded in the attempt's newest verified checkpoint, and each
-    recording's SigMF ``core:sha512`` where its metadata carries one. Reads every byte.
-    """
-    from iqtrain.checkpoint import list_checkpoints
-    from iqtrain.data import IQDataset
-    from iqtrain.errors import DataError
-
-    attempt = Path(attempt)
-    ckpt = next(
-        (
-            c
-            for c in reversed(list_checkpoints(attempt / "checkpoints"))
-            if not checkpoint_problems(c)
-        ),
-        None,
-    )
-    if ckpt is None:
-        return [f"{attempt}: no verified checkpoint records the data's digests"]
-    try:
-        recorded = json.loads((ckpt / "state.json").read_text())["data"]
-        groups = [(k, dict(recorded[k])) for k in ("train", "val")]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        return [f"{ckpt / 'state.json'}: no data digests: {exc}"]
-    problems = []
-    for key, digests in groups:
-        metas = [str(Path(p).with_suffix(".sigmf-meta")) for p in sorted(digests)]
-        try:
-            dataset = IQDataset(metas, window=1)  # every recording, whatever its length
-            now = dataset.content_digests()
-            problems += dataset.verify_content()
-        except DataError as exc:
-            problems.append(f"data.{key}: {exc}")
-            continue
-        problems += [
-            f"data.{key}: {p}: content differs from what {ckpt.name} recorded"
-            for p in sorted(digests)
-            if now.get(p) != digests[p]
-        ]
-    return problems

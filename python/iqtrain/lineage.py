@@ -94,8 +94,12 @@ def claim_attempt(run_dir: Path, config_text: str, info: dict) -> tuple[Path, At
         tmp.mkdir()
     except OSError as exc:  # nothing exists yet: a bad run.dir (exit 2)
         raise ConfigError(f"run.dir: cannot create {attempts}: {exc.strerror or exc}") from None
-    lock = AttemptLock(tmp).acquire()
+    lock = AttemptLock(tmp)
     try:
+        try:
+            lock.acquire()
+        except OSError as exc:
+            raise StorageError(f"{tmp / 'attempt.lock'}: cannot write: {exc.strerror}") from None
         write_bytes_atomic(tmp / "config.toml", config_text.encode())
         while True:
             taken = [int(p.name) for p in attempts.iterdir() if p.name.isdigit()]
@@ -197,6 +201,34 @@ class Parent:
     skipped: list[dict]
 
 
+_STATE_SHAPE = {
+    "step": int,
+    "plan": dict,
+    "cursor": dict,
+    "fingerprints": dict,
+    "data": dict,
+    "loop": dict,
+    "metrics": dict,
+    "rng": dict,
+}
+
+
+def _check_state_shape(state: dict, path: Path) -> None:
+    """Every key a restore reads, with the right JSON type: one CheckpointError line naming
+    ``path`` and the key, never a traceback from deep inside the restore."""
+    missing = sorted(k for k in _STATE_KEYS if k not in state)
+    if missing:
+        raise CheckpointError(f"{path}: missing keys {missing}")
+    for key, kind in _STATE_SHAPE.items():
+        if not isinstance(state[key], kind) or isinstance(state[key], bool):
+            raise CheckpointError(f"{path}: {key} is {state[key]!r}, not a {kind.__name__}")
+    for key in ("fingerprints", "data"):
+        for part in ("train", "val"):
+            want = str if key == "fingerprints" else dict
+            if not isinstance(state[key].get(part), want):
+                raise CheckpointError(f"{path}: {key}.{part} is missing or malformed")
+
+
 def load_parent(ref: ParentRef) -> Parent:
     """Verify the parent completely; CheckpointError names the first thing that fails.
 
@@ -228,9 +260,7 @@ def load_parent(ref: ParentRef) -> Parent:
             f"{ckpt / 'state.json'}: state version {state.get('version')!r}; this iqtrain "
             f"reads version {STATE_VERSION}"
         )
-    missing = sorted(k for k in _STATE_KEYS if k not in state)
-    if missing:
-        raise CheckpointError(f"{ckpt / 'state.json'}: missing keys {missing}")
+    _check_state_shape(state, ckpt / "state.json")
     owner = ckpt.parent.parent  # the attempt that wrote this checkpoint
     try:
         config_tables = tomllib.loads((owner / "config.toml").read_text())
@@ -330,12 +360,13 @@ def publish_manifest(
 def check_digests(parent: Parent, digests: dict[str, dict[str, str]]) -> None:
     """Refuse (exit 2) any change to any byte a window can read, naming the recording."""
     recorded = parent.state["data"]
-    for key in ("train", "val"):
+    for key in [k for k in ("train", "val", "train_meta", "val_meta") if k in recorded]:
         old, new = recorded.get(key), digests[key]
         if not isinstance(old, dict):
             raise CheckpointError(
                 f"{parent.checkpoint / 'state.json'}: data.{key}: no recorded digests"
             )
+        key = key.removesuffix("_meta")
         for path in sorted(old.keys() | new.keys()):
             if path not in new:
                 raise CursorMismatchError(

@@ -60,7 +60,19 @@ class Plan:
 
     @classmethod
     def from_dict(cls, d: dict) -> Plan:
-        return cls(**d)
+        """A plan read back from a checkpoint; ValueError/TypeError if it is not a valid one."""
+        plan = cls(**d)
+        if plan.kind not in KINDS or (plan.kind == "wsd" and plan.decay_shape not in SHAPES):
+            raise ValueError(f"unknown schedule {plan.kind!r} / {plan.decay_shape!r}")
+        for name in ("max_steps", "warmup_steps", "decay_steps"):
+            value = getattr(plan, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise TypeError(f"{name} is {value!r}")
+        for name in ("lr", "min_lr"):
+            value = getattr(plan, name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise TypeError(f"{name} is {value!r}")
+        return plan
 
     @property
     def decay_start(self) -> int:

@@ -347,7 +347,7 @@ class ScheduleConfig:
             )
         require_int("schedule.warmup_steps", self.warmup_steps, minimum=0)
         require_int("schedule.decay_steps", self.decay_steps, minimum=0)
-        if self.decay_shape not in SHAPES:
+        if self.kind == "wsd" and self.decay_shape not in SHAPES:  # other kinds ignore it
             raise ConfigError(
                 f"schedule.decay_shape: must be one of {', '.join(SHAPES)}, "
                 f"got {self.decay_shape!r}"

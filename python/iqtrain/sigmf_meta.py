@@ -8,6 +8,7 @@ length that is not whole samples) is rejected as a DataError naming the file and
 from __future__ import annotations
 
 import json
+import stat
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,9 +150,12 @@ def _num_samples(meta_path: Path, datatype: str, capture_starts: tuple[int, ...]
     """Samples in the data file next to ``meta_path``; every capture must start within them."""
     data_path = meta_path.with_suffix(".sigmf-data")
     try:
-        nbytes = data_path.stat().st_size
+        st = data_path.stat()
     except OSError:
         raise DataError(f"{data_path}: data file missing (next to {meta_path.name})") from None
+    if not stat.S_ISREG(st.st_mode):  # a FIFO or device would block or lie about its size
+        raise DataError(f"{data_path}: data file is not a regular file")
+    nbytes = st.st_size
     per = BYTES_PER_SAMPLE[datatype]
     if nbytes % per:
         raise DataError(

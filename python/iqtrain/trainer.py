@@ -11,7 +11,9 @@ policy; the loop only asks it.
 
 from __future__ import annotations
 
+import hashlib
 import math
+import os
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -25,11 +27,12 @@ from iqtrain.checkpoint import CheckpointManager, checkpoint_name, restore_rng_s
 from iqtrain.config import Config
 from iqtrain.console import Interrupted, Progress, SignalGuard
 from iqtrain.data import IQDataset, TrainStream
-from iqtrain.errors import NonFiniteError
+from iqtrain.errors import CheckpointError, DataError, NonFiniteError
 from iqtrain.flops import achieved_tflops, device_peak_tflops, mfu
 from iqtrain.lineage import STATE_VERSION, Parent
 from iqtrain.metrics import MetricWriter
 from iqtrain.schedule import Plan, lr_at
+from iqtrain.sigmf_meta import BYTES_PER_SAMPLE
 from iqtrain.step import StepResult, TrainStep, format_ids
 
 __all__ = [
@@ -78,7 +81,18 @@ class LoopState:
         return {k: v for k, v in asdict(self).items() if k != "step"}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for key in ("best_val_loss", "best_step", "best_checkpoint", "loss_ema", "validations"):
+        kinds = {
+            "best_val_loss": (float, type(None)),
+            "best_step": (int, type(None)),
+            "best_checkpoint": (str, type(None)),
+            "loss_ema": (float, type(None)),
+            "validations": (int,),
+        }
+        for key, kind in kinds.items():
+            value = state[key]
+            if isinstance(value, bool) or not isinstance(value, kind):
+                raise TypeError(f"loop.{key} is {value!r}")
+        for key in kinds:
             setattr(self, key, state[key])
 
 
@@ -100,8 +114,24 @@ class RNGState:
 
 
 def compute_digests(train: IQDataset, val: IQDataset) -> dict[str, dict[str, str]]:
-    """Full-content digests of every recording (reads every byte)."""
-    return {"train": train.content_digests(), "val": val.content_digests()}
+    """Full-content digests of every recording (reads every byte): BLAKE3 of each data file,
+    SHA-256 of each ``.sigmf-meta`` (its captures and datatype decide what a window reads)."""
+    return {
+        "train": train.content_digests(),
+        "val": val.content_digests(),
+        "train_meta": _meta_digests(train),
+        "val_meta": _meta_digests(val),
+    }
+
+
+def _meta_digests(ds: IQDataset) -> dict[str, str]:
+    out = {}
+    for rec in ds.recordings:
+        try:
+            out[str(rec.meta_path)] = hashlib.sha256(rec.meta_path.read_bytes()).hexdigest()
+        except OSError as exc:
+            raise DataError(f"{rec.meta_path}: cannot read: {exc.strerror or exc}") from None
+    return out
 
 
 class DataIdentity:
@@ -114,6 +144,11 @@ class DataIdentity:
 
     def __init__(self, train: IQDataset, val: IQDataset, digests: dict | None = None):
         self.fingerprints = {"train": train.fingerprint, "val": val.fingerprint}
+        self._lengths = [
+            (rec, rec.num_samples * BYTES_PER_SAMPLE[rec.datatype])
+            for ds in (train, val)
+            for rec in ds.recordings
+        ]
         self._digests = digests
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
@@ -128,6 +163,20 @@ class DataIdentity:
             self._digests = compute_digests(train, val)
         except BaseException as exc:  # re-raised in the loop's thread by digests()
             self._error = exc
+
+    def check_lengths(self) -> None:
+        """Every data file still has the length it was opened with (a file that grew is not
+        read past its old end, but it is not the data the digests describe any more)."""
+        for rec, nbytes in self._lengths:
+            try:
+                found = os.stat(rec.data_path).st_size
+            except OSError as exc:
+                raise DataError(f"{rec.data_path}: cannot inspect: {exc.strerror}") from None
+            if found != nbytes:
+                raise DataError(
+                    f"{rec.data_path}: data file changed length while being read "
+                    f"(expected {nbytes} bytes, found {found})"
+                )
 
     def digests(self) -> dict[str, dict[str, str]]:
         if self._thread is not None:
@@ -192,6 +241,11 @@ def validate(
     return rec
 
 
+def state_components(stream: TrainStream, loop: LoopState, rng: RNGState) -> dict[str, Any]:
+    """The JSON-state components of a checkpoint, by their state.json key."""
+    return {"cursor": stream, "loop": loop, "rng": rng}
+
+
 _TORCH_DTYPES = {"int8": torch.int8, "int16": torch.int16, "float32": torch.float32}
 
 
@@ -212,6 +266,20 @@ def _ring(stream: TrainStream, device: torch.device, config: Config) -> list[tor
     return ring
 
 
+def restore(parent: Parent, stepper: TrainStep, components: dict[str, Any]) -> None:
+    """Continue exactly where ``parent``'s checkpoint stopped: the step's tensors, then one
+    loop over the same component mapping a checkpoint writes. Runs before the child exists,
+    so a checkpoint that cannot be restored is a CheckpointError (exit 2) naming its state."""
+    try:
+        stepper.load_state_dict({"model": parent.model_state, "optimizer": parent.optimizer_state})
+        for name, component in components.items():
+            component.load_state_dict(parent.state[name])
+    except (KeyError, TypeError, ValueError, AttributeError, RuntimeError, IndexError) as exc:
+        raise CheckpointError(
+            f"{parent.checkpoint / 'state.json'}: cannot restore: {type(exc).__name__}: {exc}"
+        ) from None
+
+
 class Trainer:
     """One attempt's loop over its components (built by ``run_pretraining_attempt``)."""
 
@@ -228,12 +296,13 @@ class Trainer:
         checkpoints: CheckpointManager,
         identity: DataIdentity,
         config_sha: str,
+        loop: LoopState,
     ) -> None:
         self.config, self.attempt, self.plan = config, attempt, plan
         self.stepper, self.stream, self.val = stepper, stream, val
         self.metrics, self.checkpoints, self.identity = metrics, checkpoints, identity
         self.config_sha = config_sha
-        self.loop = LoopState()
+        self.loop = loop
         self.rng = RNGState()
         t = config.training
         self.ring = _ring(stream, stepper.device, config)
@@ -243,16 +312,7 @@ class Trainer:
 
     def components(self) -> dict[str, Any]:
         """The JSON-state components of a checkpoint, by their state.json key."""
-        return {"cursor": self.stream, "loop": self.loop, "rng": self.rng}
-
-    def restore(self, parent: Parent) -> None:
-        """Continue exactly where ``parent``'s checkpoint stopped."""
-        self.stepper.load_state_dict(
-            {"model": parent.model_state, "optimizer": parent.optimizer_state}
-        )
-        for name, component in self.components().items():
-            component.load_state_dict(parent.state[name])
-        self.loop.step = parent.state["step"]
+        return state_components(self.stream, self.loop, self.rng)
 
     def train(self) -> None:
         """Run to ``plan.max_steps``; a signal ends it after a checkpoint (Interrupted)."""
@@ -351,6 +411,7 @@ class Trainer:
             "metrics": self.metrics.state_dict(),
             **{name: c.state_dict() for name, c in self.components().items()},
         }
+        self.identity.check_lengths()
         self.metrics.sync()  # the cursor must never point past what is on disk
         tensors = self.stepper.state_dict()
         return self.checkpoints.save(

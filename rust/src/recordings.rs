@@ -421,6 +421,12 @@ impl Dataset {
 
 /// Opens a regular file for reading and returns it with its length in bytes.
 pub(crate) fn open_regular(path: &str) -> Result<(File, u64)> {
+    // stat before open: opening a FIFO (or a device) for reading can block forever.
+    let kind = std::fs::metadata(path)
+        .map_err(|e| Error::data(path, "data file", format!("cannot be inspected ({e})")))?;
+    if !kind.is_file() {
+        return Err(Error::data(path, "data file", "is not a regular file"));
+    }
     let file = File::open(path)
         .map_err(|e| Error::data(path, "data file", format!("cannot be opened ({e})")))?;
     let meta = file
