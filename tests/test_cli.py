@@ -45,6 +45,19 @@ def _tables(run_dir: Path, cache: Path, **training):
     }
 
 
+def _real_config(tmp_path, train_iq, val_iq, *, data=None, **training) -> Path:
+    """cf32 SigMF train/val recordings under ``tmp_path/d`` and a config that trains on them."""
+    write_sigmf(tmp_path / "d", "train", train_iq, "cf32_le")
+    write_sigmf(tmp_path / "d", "val", val_iq, "cf32_le")
+    tables = _tables(tmp_path / "run", tmp_path / "cache", **training)
+    tables["data"]["train"] = [os.fspath(tmp_path / "d" / "train.sigmf-meta")]
+    tables["data"]["val"] = [os.fspath(tmp_path / "d" / "val.sigmf-meta")]
+    tables["data"].update(data or {})
+    path = tmp_path / "real.toml"
+    path.write_text(dumps_toml(tables))
+    return path
+
+
 @pytest.fixture
 def cfg(tmp_path):
     path = tmp_path / "cfg.toml"
@@ -112,14 +125,9 @@ def test_non_finite_data_fails_with_exit_1_and_a_verifiable_attempt(tmp_path):
     rng = np.random.default_rng(0)
     iq = rng.standard_normal((2048, 2)).astype("f4")
     iq[5, 0] = np.nan  # in window 0
-    write_sigmf(tmp_path / "d", "train", iq, "cf32_le")
-    write_sigmf(tmp_path / "d", "val", rng.standard_normal((512, 2)).astype("f4"), "cf32_le")
-    tables = _tables(tmp_path / "run", tmp_path / "cache", max_steps=40)
-    tables["data"]["train"] = [os.fspath(tmp_path / "d" / "train.sigmf-meta")]
-    tables["data"]["val"] = [os.fspath(tmp_path / "d" / "val.sigmf-meta")]
-    tables["data"]["batch_size"] = 32  # every batch of this 32-window file holds window 0
-    path = tmp_path / "nan.toml"
-    path.write_text(dumps_toml(tables))
+    val = rng.standard_normal((512, 2)).astype("f4")
+    # batch 32: every batch of this 32-window file holds window 0
+    path = _real_config(tmp_path, iq, val, data={"batch_size": 32}, max_steps=40)
     proc = iqtrain("run", path)
     assert proc.returncode == 1, proc.stderr
     assert "non-finite" in proc.stderr and "window ids" in proc.stderr
@@ -132,16 +140,10 @@ def test_non_finite_data_fails_with_exit_1_and_a_verifiable_attempt(tmp_path):
 
 def test_non_finite_validation_fails_with_exit_1_naming_step_and_windows(tmp_path):
     rng = np.random.default_rng(0)
-    write_sigmf(tmp_path / "d", "train", rng.standard_normal((2048, 2)).astype("f4"), "cf32_le")
+    train = rng.standard_normal((2048, 2)).astype("f4")
     val = rng.standard_normal((512, 2)).astype("f4")
     val[200, 1] = np.inf  # window 3 of 8 (64-sample windows)
-    write_sigmf(tmp_path / "d", "val", val, "cf32_le")
-    tables = _tables(tmp_path / "run", tmp_path / "cache", max_steps=4, eval_every=2)
-    tables["data"]["train"] = [os.fspath(tmp_path / "d" / "train.sigmf-meta")]
-    tables["data"]["val"] = [os.fspath(tmp_path / "d" / "val.sigmf-meta")]
-    tables["data"]["val_batch_size"] = 2
-    path = tmp_path / "inf.toml"
-    path.write_text(dumps_toml(tables))
+    path = _real_config(tmp_path, train, val, data={"val_batch_size": 2}, max_steps=4, eval_every=2)
     proc = iqtrain("run", path)
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr
@@ -159,13 +161,7 @@ def test_non_finite_validation_fails_with_exit_1_naming_step_and_windows(tmp_pat
 def test_verify_data_rereads_every_recording(tmp_path):
     rng = np.random.default_rng(1)
     iq = rng.standard_normal((2048, 2)).astype("f4")
-    write_sigmf(tmp_path / "d", "train", iq, "cf32_le")
-    write_sigmf(tmp_path / "d", "val", rng.standard_normal((512, 2)).astype("f4"), "cf32_le")
-    tables = _tables(tmp_path / "run", tmp_path / "cache")
-    tables["data"]["train"] = [os.fspath(tmp_path / "d" / "train.sigmf-meta")]
-    tables["data"]["val"] = [os.fspath(tmp_path / "d" / "val.sigmf-meta")]
-    path = tmp_path / "real.toml"
-    path.write_text(dumps_toml(tables))
+    path = _real_config(tmp_path, iq, rng.standard_normal((512, 2)).astype("f4"))
     assert iqtrain("run", path).returncode == 0
     attempt = tmp_path / "run" / "attempts" / "0001"
     ok = iqtrain("verify", attempt, "--data")
@@ -210,16 +206,14 @@ def test_a_config_that_is_not_utf8_is_one_line(tmp_path):
 
 def test_a_fifo_in_place_of_a_data_file_is_one_line_not_a_hang(tmp_path):
     rng = np.random.default_rng(3)
-    write_sigmf(tmp_path / "d", "train", rng.standard_normal((2048, 2)).astype("f4"), "cf32_le")
-    write_sigmf(tmp_path / "d", "val", rng.standard_normal((512, 2)).astype("f4"), "cf32_le")
+    path = _real_config(
+        tmp_path,
+        rng.standard_normal((2048, 2)).astype("f4"),
+        rng.standard_normal((512, 2)).astype("f4"),
+    )
     data = tmp_path / "d" / "train.sigmf-data"
     data.unlink()
     os.mkfifo(data)
-    tables = _tables(tmp_path / "run", tmp_path / "cache")
-    tables["data"]["train"] = [os.fspath(tmp_path / "d" / "train.sigmf-meta")]
-    tables["data"]["val"] = [os.fspath(tmp_path / "d" / "val.sigmf-meta")]
-    path = tmp_path / "fifo.toml"
-    path.write_text(dumps_toml(tables))
     _one_clean_line(iqtrain("run", path), "not a regular file")
 
 
@@ -233,13 +227,12 @@ def test_refused_runs_generate_no_synthetic_data(cfg, tmp_path):
 
 def test_changed_metadata_is_named_on_resume_and_by_verify_data(tmp_path):
     rng = np.random.default_rng(4)
-    write_sigmf(tmp_path / "d", "train", rng.standard_normal((2048, 2)).astype("f4"), "cf32_le")
-    write_sigmf(tmp_path / "d", "val", rng.standard_normal((512, 2)).astype("f4"), "cf32_le")
-    tables = _tables(tmp_path / "run", tmp_path / "cache", max_steps=6)
-    tables["data"]["train"] = [os.fspath(tmp_path / "d" / "train.sigmf-meta")]
-    tables["data"]["val"] = [os.fspath(tmp_path / "d" / "val.sigmf-meta")]
-    path = tmp_path / "real.toml"
-    path.write_text(dumps_toml(tables))
+    path = _real_config(
+        tmp_path,
+        rng.standard_normal((2048, 2)).astype("f4"),
+        rng.standard_normal((512, 2)).astype("f4"),
+        max_steps=6,
+    )
     assert iqtrain("run", path).returncode == 0
     attempt = tmp_path / "run" / "attempts" / "0001"
     meta_path = tmp_path / "d" / "train.sigmf-meta"

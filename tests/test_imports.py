@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_cli import _tables
 
 import iqtrain
 from iqtrain.config import dumps_toml
@@ -157,23 +158,7 @@ def test_old_homes_reexport_the_config_classes() -> None:
 def attempt(tmp_path_factory) -> Path:
     """A finished three-step attempt, trained by ``iqtrain run`` in a child process."""
     root = tmp_path_factory.mktemp("imports")
-    tables = {
-        "run": {"dir": os.fspath(root / "run")},
-        "data": {
-            "patch_len": 8,
-            "seq_patches": 8,
-            "batch_size": 4,
-            "synthetic": {
-                "train_recordings": 1,
-                "val_recordings": 1,
-                "samples": 2048,
-                "cache_dir": os.fspath(root / "cache"),
-            },
-        },
-        "model": {"dim": 16, "layers": 1, "heads": 2},
-        "schedule": {"warmup_steps": 1, "decay_steps": 1},
-        "training": {"max_steps": 3, "eval_every": 2, "checkpoint_every": 2},
-    }
+    tables = _tables(root / "run", root / "cache")  # the CLI tests' tiny config
     cfg = root / "cfg.toml"
     cfg.write_text(dumps_toml(tables))
     proc = subprocess.run(
