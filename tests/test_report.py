@@ -10,10 +10,10 @@ import pytest
 
 from iqtrain.errors import CheckpointError
 from iqtrain.evidence import AttemptLock
-from iqtrain.report import report
+from iqtrain.report import load_attempt, report, resume_points
 
 
-def _train(step, **extra):
+def train_record(step, **extra):
     return {
         "kind": "train",
         "step": step,
@@ -30,7 +30,7 @@ def _train(step, **extra):
     }
 
 
-def _val(step, loss, best, **extra):
+def val_record(step, loss, best, **extra):
     return {
         "kind": "val",
         "step": step,
@@ -45,19 +45,21 @@ def _val(step, loss, best, **extra):
 
 
 RECORDS = [
-    _train(1),
-    _train(2),
-    _val(2, 0.5, True, baseline_zero_loss=1.0, baseline_copy_last_loss=2.0),
-    _train(3),
-    _val(3, 0.25, True),
+    train_record(1),
+    train_record(2),
+    val_record(2, 0.5, True, baseline_zero_loss=1.0, baseline_copy_last_loss=2.0),
+    train_record(3),
+    val_record(3, 0.25, True),
 ]
 
 
-def _attempt(tmp_path, status="completed", records=RECORDS, tail=b"", **info):
-    att = tmp_path / "run" / "attempts" / "0001"
+def write_attempt(run_dir, number="0001", status="completed", records=RECORDS, tail=b"", **info):
+    """``run_dir/attempts/<number>/`` with attempt.json (``info`` overrides) and metrics.jsonl,
+    as the evidence readers see them (no config, checkpoints or manifest)."""
+    att = run_dir / "attempts" / number
     att.mkdir(parents=True)
     info = {
-        "id": "0001",
+        "id": number,
         "status": status,
         "parent": None,
         "device": {"kind": "cpu", "name": "test-cpu", "precision": "fp32"},
@@ -68,6 +70,10 @@ def _attempt(tmp_path, status="completed", records=RECORDS, tail=b"", **info):
     lines = b"".join(json.dumps(r).encode() + b"\n" for r in records)
     (att / "metrics.jsonl").write_bytes(lines + tail)
     return att
+
+
+def _attempt(tmp_path, status="completed", records=RECORDS, tail=b"", **info):
+    return write_attempt(tmp_path / "run", "0001", status, records, tail, **info)
 
 
 def test_a_completed_attempt(tmp_path):
@@ -222,3 +228,63 @@ def test_the_command_never_tracebacks(tmp_path):
     torn = _cli("report", att)
     assert torn.returncode == 0, torn.stderr
     assert "(crashed)" in torn.stdout and "torn record" in torn.stdout
+
+
+# ------------------------------------------------------------------------------ shared readers
+
+
+def write_lineage(run_dir, steps=(4, 7), records=RECORDS):
+    """Attempts 0001 .. 000N of ``run_dir``, each resumed from the one before at ``steps[i]``;
+    every one holds ``records``. Returns the attempt directories, oldest first."""
+    atts = [write_attempt(run_dir, "0001", records=records)]
+    for i, step in enumerate(steps, start=2):
+        parent = {"attempt": str(atts[-1].resolve()), "checkpoint": "x", "step": step}
+        atts.append(write_attempt(run_dir, f"{i:04d}", records=records, parent=parent))
+    return atts
+
+
+def test_load_attempt_reads_record_status_and_stream(tmp_path):
+    records = [*RECORDS, {"kind": "probe", "step": 3, "accuracy": 0.5}]
+    view = load_attempt(_attempt(tmp_path, records=records, tail=b'{"kind"'))
+    assert view.status == "completed" and view.info["id"] == "0001"
+    assert [r["step"] for r in view.records("train")] == [1, 2, 3]
+    assert [r["step"] for r in view.records("val")] == [2, 3]
+    assert view.records("probe") == [records[-1]] and view.stream.torn
+    (view.path / "metrics.jsonl").unlink()
+    assert load_attempt(view.path).stream is None and load_attempt(view.path).records("val") == []
+
+
+def test_resume_points_follow_the_parent_chain(tmp_path):
+    atts = write_lineage(tmp_path / "run", steps=(4, 7))
+    found = resume_points(atts[-1], load_attempt(atts[-1]).info)
+    assert [(p.step, p.parent_id) for p in found.points] == [(4, "0001"), (7, "0002")]
+    assert found.points[0].parent == atts[0].resolve() and found.notes == []
+    assert resume_points(atts[0], load_attempt(atts[0]).info).points == []
+
+
+def test_resume_points_survive_a_moved_run_dir(tmp_path):
+    write_lineage(tmp_path / "run", steps=(4, 7))
+    moved = tmp_path / "elsewhere"
+    (tmp_path / "run").rename(moved)  # attempt.json still names the old absolute paths
+    child = moved / "attempts" / "0003"
+    found = resume_points(child, load_attempt(child).info)
+    assert [(p.step, p.parent.parent) for p in found.points] == [
+        (4, moved / "attempts"),
+        (7, moved / "attempts"),
+    ]
+    assert found.notes == []
+
+
+def test_a_lost_ancestor_or_a_cycle_ends_the_walk_with_a_note(tmp_path):
+    atts = write_lineage(tmp_path / "run", steps=(4, 7))
+    (atts[1] / "attempt.json").unlink()
+    found = resume_points(atts[2], load_attempt(atts[2]).info)
+    assert [p.step for p in found.points] == [7]
+    assert len(found.notes) == 1 and str(atts[1] / "attempt.json") in found.notes[0]
+    loop = {"id": "0001", "status": "completed", "parent": {"attempt": str(atts[0]), "step": 1}}
+    (atts[0] / "attempt.json").write_text(json.dumps(loop))
+    found = resume_points(atts[0], loop)
+    assert [p.step for p in found.points] == [1] and "repeats the lineage" in found.notes[0]
+    bad = {"id": "0001", "status": "completed", "parent": {"step": True}}
+    found = resume_points(atts[0], bad)
+    assert found.points == [] and "parent.attempt is not a path" in found.notes[0]

@@ -403,6 +403,9 @@ def test_compiled_step_matches_eager() -> None:
     eager = make_step(seed=5, compile=False)
     compiled = make_step(seed=5, compile=True)
     x = sinusoid_batch(b=4, seed=5)
+    # Two steps of one architecture share their graphs (parameters are graph inputs), so an
+    # earlier test's graph would be reused here: start from an empty cache to see it compile.
+    torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     lrs = (1e-3, 2e-3, 5e-4)  # a changing lr must not recompile: it lives in a tensor
     results = []

@@ -74,3 +74,105 @@ def test_checkpoint_policy_saves_when_due_and_never_prunes_latest_or_best(tmp_pa
         assert manager.saved_at(step) and manager.latest == root / f"step_{step:08d}"
     assert [p.name for p in list_checkpoints(root)] == ["step_00000002", "step_00000015"]
     assert not list(root.glob(".pruned-*"))  # pruned atomically and completely
+
+
+# --------------------------------------------------------------------------- early stopping
+
+
+def test_early_stopping_bookkeeping_needs_an_improvement_larger_than_min_delta():
+    loop = LoopState()
+    attempt = Path("/runs/x/attempts/0001")
+    # (loss, improved for best, validations without a large enough improvement afterwards)
+    for step, (loss, improved, stale) in enumerate(
+        [
+            (1.0, True, 0),
+            (0.95, True, 1),  # a new best, but not 0.1 below the reference 1.0
+            (0.85, True, 0),  # 0.15 below 1.0: the reference moves to 0.85
+            (0.84, True, 1),
+            (0.90, False, 2),
+        ]
+    ):
+        loop.step = 4 * (step + 1)
+        assert loop.record_validation(loss, attempt, min_delta=0.1) is improved
+        assert loop.stale_validations == stale
+    assert loop.early_stop_ref == 0.85 and loop.best_val_loss == 0.84
+    again = LoopState()
+    again.load_state_dict(copy.deepcopy(loop.state_dict()))
+    assert again.state_dict() == loop.state_dict()
+    # A checkpoint from before early stopping existed: a fresh count from its best.
+    old = {
+        k: v
+        for k, v in loop.state_dict().items()
+        if k not in ("early_stop_ref", "stale_validations")
+    }
+    again.load_state_dict(old)
+    assert (again.early_stop_ref, again.stale_validations) == (0.84, 0)
+
+
+def _early_tables(tmp_path: Path, cache: Path, **training) -> dict:
+    from test_attempt import tiny_tables
+
+    # min_delta 1.0: no validation can improve by that much, so patience 2 with a validation
+    # every 2 steps stops after step 6 (validations at 2, 4 and 6) of 12.
+    settings = {"eval_every": 2, "early_stop_patience": 2, "early_stop_min_delta": 1.0}
+    settings.update(checkpoint_every=2, keep_last=0)
+    return tiny_tables(tmp_path / "run", cache, **{**settings, **training})
+
+
+def test_early_stopping_saves_publishes_and_resumes_exactly(tmp_path, capsys):
+    from iqtrain.attempt import ParentRef, run_pretraining_attempt
+    from iqtrain.cli import main
+    from iqtrain.config import build_config, dumps_toml
+    from iqtrain.evidence import check_attempt
+    from iqtrain.metrics import read_metrics, strip_timing
+
+    cache = tmp_path / "cache"
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(dumps_toml(_early_tables(tmp_path, cache)))
+    assert main(["run", str(cfg)]) == 0
+    out = capsys.readouterr().out
+    assert "stopped early at step 6: no validation improved on" in out
+    attempt = tmp_path / "run" / "attempts" / "0001"
+    manifest = __import__("json").loads((attempt / "manifest.json").read_text())
+    stopped = manifest["stopped_early"]
+    assert stopped["step"] == 6 and stopped["best_step"] == manifest["best"]["step"]
+    assert manifest["latest"]["step"] == 6
+    assert check_attempt(attempt).problems == [] and check_attempt(attempt).status == "completed"
+    assert [r["step"] for r in read_metrics(attempt / "metrics.jsonl")][-1] == 6
+
+    # The bookkeeping survives a restart: resumed from step 4 (one stale validation so far),
+    # the child stops at step 6 again with the same records.
+    tables = _early_tables(tmp_path, cache)
+    child = run_pretraining_attempt(build_config(tables), ParentRef(attempt, "step_4"))
+    assert child.final_step == 6 and child.stopped_early["step"] == 6
+    assert strip_timing(read_metrics(child.attempt / "metrics.jsonl")) == strip_timing(
+        read_metrics(attempt / "metrics.jsonl")
+    )
+    # Both keys may change on resume: patience 0 trains on to max_steps.
+    tables["training"]["early_stop_patience"] = 0
+    done = run_pretraining_attempt(build_config(tables), ParentRef(attempt))
+    assert done.final_step == 12 and done.stopped_early is None
+    assert check_attempt(done.attempt).problems == []
+
+
+def test_verify_binds_the_early_stop_entry(tmp_path):
+    import json
+    import os
+
+    from iqtrain.attempt import run_pretraining_attempt
+    from iqtrain.config import build_config
+    from iqtrain.evidence import check_attempt
+
+    result = run_pretraining_attempt(build_config(_early_tables(tmp_path, tmp_path / "cache")))
+    path = result.attempt / "manifest.json"
+    original = json.loads(path.read_text())
+    for forged, expect in [
+        ({**original, "stopped_early": None}, "no stopped_early entry says why"),
+        ({**original, "stopped_early": {**original["stopped_early"], "step": 4}}, "step 4"),
+        ({**original, "stopped_early": {**original["stopped_early"], "best_step": 99}}, "99"),
+        ({**original, "stopped_early": "tired"}, "malformed"),
+    ]:
+        os.chmod(path, 0o644)
+        path.write_text(json.dumps(forged))
+        problems = check_attempt(result.attempt).problems
+        assert any(expect in p for p in problems), problems

@@ -40,6 +40,8 @@ _EXPORTS: dict[str, str] = {
     "next_patch_loss": "iqtrain.model",
     "prepare_iq_input": "iqtrain.prepare",
     "prepare_iq_input_reference": "iqtrain.prepare",
+    "ProbeResult": "iqtrain.probe",
+    "run_probe": "iqtrain.probe",
     "Plan": "iqtrain.schedule",
     "lr_at": "iqtrain.schedule",
     "StepResult": "iqtrain.step",
@@ -62,6 +64,7 @@ __all__ = [
     "OptimizerConfig",
     "ParentRef",
     "Plan",
+    "ProbeResult",
     "Recording",
     "ScheduleConfig",
     "StepResult",
@@ -76,6 +79,7 @@ __all__ = [
     "prepare_iq_input",
     "prepare_iq_input_reference",
     "run_pretraining_attempt",
+    "run_probe",
     "synthesize",
     "verify_attempt",
 ]
@@ -134,6 +138,7 @@ if _typing.TYPE_CHECKING:
     )
     from iqtrain.model import NextPatchModel, next_patch_loss
     from iqtrain.prepare import prepare_iq_input, prepare_iq_input_reference
+    from iqtrain.probe import ProbeResult, run_probe
     from iqtrain.schedule import Plan, lr_at
     from iqtrain.step import StepResult, TrainStep
     from iqtrain.synth import synthesize

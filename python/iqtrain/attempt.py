@@ -14,10 +14,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-import json
 import os
 import platform
-import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +28,8 @@ from iqtrain.checkpoint import CheckpointManager, file_digest
 from iqtrain.config import Config, config_to_dict, dumps_toml, expand_path
 from iqtrain.console import Interrupted
 from iqtrain.data import IQDataset, TrainStream
+from iqtrain.datasets import open_datasets, report_skipped
+from iqtrain.distributed import RankExit, World, agree, world_from_env
 from iqtrain.errors import (
     CheckpointError,
     ConfigError,
@@ -37,7 +37,6 @@ from iqtrain.errors import (
     IQTrainError,
     NonFiniteError,
     TrainingError,
-    WindowTooLongError,
 )
 from iqtrain.evidence import verify_attempt
 from iqtrain.lineage import (
@@ -65,6 +64,7 @@ from iqtrain.trainer import (
     spike_update,
     state_components,
 )
+from iqtrain.trainprobe import TrainingProbe
 
 __all__ = [
     "AttemptResult",
@@ -84,6 +84,8 @@ class AttemptResult:
     final_val_loss: float | None
     best_val_loss: float | None
     best_checkpoint: str | None
+    rank: int = 0  # several ranks: every rank returns the same numbers; rank 0 reports them
+    stopped_early: dict[str, Any] | None = None  # {step, best_step, reason} when it did
 
 
 def _sha256_bytes(data: bytes) -> str:
@@ -106,92 +108,6 @@ def _device_description(device: str) -> str:
     return f"{platform.processor() or platform.machine()} ({os.cpu_count()} CPUs)"
 
 
-def ensure_synthetic(config: Config) -> tuple[list[str], list[str]]:
-    """Generate (once) the synthetic train/val recordings; return their glob patterns.
-
-    The cache is keyed by the generator's arguments and written through a temporary directory
-    and a rename, so concurrent first runs cannot see a half-written set. It lives outside any
-    attempt because it is shared, immutable, content-addressed input, not evidence.
-    """
-    from iqtrain.synth import synthesize
-
-    s = config.data.synthetic
-    key = json.dumps(
-        {
-            "v": 1,
-            "train": s.train_recordings,
-            "val": s.val_recordings,
-            "samples": s.samples,
-            "datatype": s.datatype,
-            "seed": s.seed,
-        },
-        sort_keys=True,
-    )
-    root = Path(expand_path(s.cache_dir)) / _sha256_bytes(key.encode())[:16]
-    if not (root / "COMPLETE").is_file():
-        root.parent.mkdir(parents=True, exist_ok=True)
-        tmp = root.parent / f".tmp-{root.name}-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        synthesize(
-            tmp / "train",
-            recordings=s.train_recordings,
-            samples=s.samples,
-            datatype=s.datatype,
-            seed=s.seed,
-        )
-        # A distinct seed: validation recordings must not repeat training ones.
-        synthesize(
-            tmp / "val",
-            recordings=s.val_recordings,
-            samples=s.samples,
-            datatype=s.datatype,
-            seed=s.seed + 1_000_003,
-        )
-        (tmp / "COMPLETE").write_text(key + "\n")
-        try:
-            os.rename(tmp, root)
-        except OSError:  # someone else finished first: theirs is identical
-            shutil.rmtree(tmp, ignore_errors=True)
-    return [os.fspath(root / "train" / "*.sigmf-meta")], [os.fspath(root / "val" / "*.sigmf-meta")]
-
-
-def open_datasets(config: Config) -> tuple[IQDataset, IQDataset]:
-    """The train and validation datasets of ``config`` (synthetic when data.train is empty).
-
-    The config's paths are absolute already (resolved when it was built).
-    """
-    d = config.data
-    if d.is_synthetic and d.window > d.synthetic.samples:  # refuse before generating anything
-        raise ConfigError(
-            f"data.seq_patches: a window of {d.window} samples (seq_patches x patch_len) is "
-            f"longer than every synthetic recording ({d.synthetic.samples} samples)"
-        )
-    train, val = ensure_synthetic(config) if d.is_synthetic else (d.train, d.val)
-    out = []
-    for key, paths in (("data.train", train), ("data.val", val)):
-        try:
-            ds = IQDataset(paths, window=d.window, stride=d.stride)
-        except WindowTooLongError:
-            raise ConfigError(
-                f"data.seq_patches: a window of {d.window} samples "
-                f"(seq_patches x patch_len) is longer than every recording in {key}"
-            ) from None
-        out.append(ds)
-    return out[0], out[1]
-
-
-def _report_skipped(key: str, ds: IQDataset, window: int) -> None:
-    skipped = ds.skipped
-    if skipped:
-        names = [os.path.basename(p) for p, _ in skipped]
-        shown = ", ".join(names[:8]) + (f" (+{len(names) - 8} more)" if len(names) > 8 else "")
-        print(
-            f"iqtrain: note: {key}: {len(names)} recording(s) yield no window of {window} "
-            f"samples (too short, or every capture segment is), skipped: {shown}",
-            file=sys.stderr,
-        )
-
-
 @dataclass
 class _Ready:
     """Everything built and checked before the attempt exists."""
@@ -203,8 +119,9 @@ class _Ready:
     stepper: TrainStep
     stream: TrainStream
     val: IQDataset
-    identity: DataIdentity
+    identity: DataIdentity | None  # rank 0 only
     loop: LoopState
+    probe: TrainingProbe | None  # rank 0 only, when [probe] every > 0
 
 
 def _plan(config: Config, parent: Parent | None) -> tuple[Plan, int]:
@@ -240,10 +157,12 @@ def _check_run_dir(run_dir: Path | None) -> None:
         raise ConfigError(f"run.dir: {run_dir} cannot be created or written ({probe})")
 
 
-def _check_parent_data(parent: Parent, train: IQDataset, val: IQDataset) -> dict:
-    """Every byte first (naming the recording that changed), then metadata and lengths."""
-    digests = compute_digests(train, val)  # reads everything, before the child exists
-    check_digests(parent, digests)
+def _check_parent_data(parent: Parent, train: IQDataset, val: IQDataset, main: bool) -> dict:
+    """Every byte first (naming the recording that changed), then metadata and lengths.
+    Several ranks read the same files: rank 0 digests them, the others check fingerprints."""
+    digests = compute_digests(train, val) if main else {}  # reads every byte, before the child
+    if main:
+        check_digests(parent, digests)
     for key, ds in (("train", train), ("val", val)):
         if parent.state["fingerprints"][key] != ds.fingerprint:  # shape checked on load
             raise CursorMismatchError(
@@ -253,49 +172,60 @@ def _check_parent_data(parent: Parent, train: IQDataset, val: IQDataset) -> dict
     return digests
 
 
-def _preflight(config: Config, ref: ParentRef | None) -> _Ready:
-    """Every check a user's input can fail, in an order that writes nothing on refusal."""
+def _preflight(config: Config, ref: ParentRef | None, world: World) -> _Ready:
+    """Every check a user's input can fail, in an order that writes nothing on refusal.
+
+    Every rank runs it (no collective inside: a rank that fails must not leave the others
+    waiting in one); the ranks agree on the outcome afterwards (:func:`agree`).
+    """
     parent = load_parent(ref) if ref is not None else None
     changes = config_changes(parent.config_tables, config) if parent is not None else {}
-    config.check_world_size(1)
     t = config.training
-    torch.manual_seed(config.run.seed)
+    torch.manual_seed(config.run.seed)  # the same initial weights on every rank
     stepper = TrainStep(
         NextPatchModel(config.model),
         config.optimizer,
         device=t.device,
         precision=t.precision,
         compile=t.compile,
+        world=world,
     )
-    _check_run_dir(Path(expand_path(config.run.dir)) if ref is None else None)
+    if world.rank > 0:  # rank 0 continues the one-process stream; the others their own
+        torch.manual_seed(config.run.seed + 1_000_003 * world.rank)
+    if world.is_main:
+        _check_run_dir(Path(expand_path(config.run.dir)) if ref is None else None)
     # Data last: the synthetic default is generated only once every other check has passed.
     train, val = open_datasets(config)
-    digests = _check_parent_data(parent, train, val) if parent is not None else None
+    digests = _check_parent_data(parent, train, val, world.is_main) if parent else None
     plan, start_step = _plan(config, parent)
-    for key, ds in (("data.train", train), ("data.val", val)):
-        _report_skipped(key, ds, config.data.window)
+    for key, ds in (("data.train", train), ("data.val", val)) if world.is_main else ():
+        report_skipped(key, ds, config.data.window)
     stream = TrainStream(
         train,
         batch_size=config.data.batch_size,
         seed=config.run.seed,
         prefetch=config.data.prefetch,
+        rank=world.rank,
+        world_size=world.world_size,
     )
     loop = LoopState()
     if parent is not None:  # before the child exists: a checkpoint that cannot load is exit 2
-        restore(parent, stepper, state_components(stream, loop, RNGState()))
+        restore(parent, stepper, state_components(stream, loop, RNGState(world)))
         loop.step = start_step
-    for line in parent.skipped if parent is not None else []:
+    for line in parent.skipped if parent is not None and world.is_main else []:
         print(
             f"iqtrain: note: skipped checkpoint {line['checkpoint']} of {ref.attempt}: "
             f"{line['reason']}",
             file=sys.stderr,
         )
-    identity = DataIdentity(train, val, digests)
-    return _Ready(parent, changes, plan, start_step, stepper, stream, val, identity, loop)
+    identity = DataIdentity(train, val, digests) if world.is_main else None
+    probe = TrainingProbe(config) if world.is_main and config.probe.every else None
+    return _Ready(parent, changes, plan, start_step, stepper, stream, val, identity, loop, probe)
 
 
-def _attempt_info(config: Config, run_dir: Path, ready: _Ready) -> dict[str, Any]:
+def _attempt_info(config: Config, run_dir: Path, ready: _Ready, world: World) -> dict[str, Any]:
     t = config.training
+    hosts = world.hosts()  # a collective: every rank builds the info, rank 0 writes it
     info: dict[str, Any] = {
         "id": None,  # the attempt's number, set when it is claimed
         "run_dir": os.fspath(run_dir.resolve()),
@@ -312,6 +242,7 @@ def _attempt_info(config: Config, run_dir: Path, ready: _Ready) -> dict[str, Any
         "plan": ready.plan.to_dict(),
         "argv": sys.argv,
         "pid": os.getpid(),
+        "world": {"size": world.world_size, "backend": world.backend, "hosts": hosts},
     }
     p = ready.parent
     if p is not None:
@@ -329,8 +260,28 @@ def _attempt_info(config: Config, run_dir: Path, ready: _Ready) -> dict[str, Any
 
 
 def run_pretraining_attempt(config: Config, parent: ParentRef | None = None) -> AttemptResult:
-    """Run (or resume) one attempt of ``config``; creates exactly one attempt directory."""
-    ready = _preflight(config, parent)
+    """Run (or resume) one attempt of ``config``; creates exactly one attempt directory.
+
+    Under torchrun every rank calls this with the same config: the world size is checked
+    before any rank waits for another, the ranks join the process group, run the same
+    preflight and agree on its outcome, and rank 0 claims the attempt and writes everything.
+    """
+    world = world_from_env()
+    config.check_world_size(world.world_size)  # exit 2 on every rank, nobody waiting
+    world = world.connect(config.training.device, config.training.dist_timeout_s)
+    result = _run(config, parent, world)
+    world.close()  # only on success: after a failure a peer may be gone, and ending ends it
+    return result
+
+
+def _run(config: Config, parent: ParentRef | None, world: World) -> AttemptResult:
+    error: IQTrainError | None = None
+    try:
+        ready = _preflight(config, parent, world)
+    except IQTrainError as exc:
+        error = exc
+    agree(world, error)  # every rank raises if any rank's input was refused
+    ready.stepper.data_parallel()
     run_dir = Path(expand_path(config.run.dir))
     if parent is not None:  # the child joins its parent, and its config.toml says so
         run_dir = Path(parent.attempt).resolve().parent.parent
@@ -338,9 +289,19 @@ def run_pretraining_attempt(config: Config, parent: ParentRef | None = None) -> 
             config, run=dataclasses.replace(config.run, dir=os.fspath(run_dir))
         )
     config_text = dumps_toml(config_to_dict(config))
-    info = _attempt_info(config, run_dir, ready)
-    # The lock is held until the end: a "running" attempt whose lock is free has crashed.
-    attempt, lock = claim_attempt(run_dir, config_text, info)
+    info = _attempt_info(config, run_dir, ready, world)
+    claimed = None
+    if world.is_main:
+        try:
+            # The lock is held until the end: a "running" attempt whose lock is free crashed.
+            claimed = claim_attempt(run_dir, config_text, info)
+        except IQTrainError as exc:
+            error = exc
+    agree(world, error)
+    attempt = Path(world.broadcast_object(None if claimed is None else os.fspath(claimed[0])))
+    if claimed is None:
+        return _follow(config, attempt, run_dir, ready, config_text, world)
+    lock = claimed[1]
     status, trainer, metrics = "failed", None, None
     try:
         metrics = MetricWriter(
@@ -351,23 +312,7 @@ def run_pretraining_attempt(config: Config, parent: ParentRef | None = None) -> 
             else MetricCursor.from_dict(ready.parent.state["metrics"]),
         )
         inherited = None if ready.parent is None else metrics.cursor().to_dict()
-        t = config.training
-        trainer = Trainer(
-            config,
-            attempt,
-            stepper=ready.stepper,
-            stream=ready.stream,
-            val=ready.val,
-            plan=ready.plan,
-            metrics=metrics,
-            checkpoints=CheckpointManager(
-                attempt / "checkpoints", run_dir, every=t.checkpoint_every, keep_last=t.keep_last
-            ),
-            identity=ready.identity,
-            config_sha=_sha256_bytes(config_text.encode()),
-            loop=ready.loop,
-        )
-        ready.parent = None  # the parent's tensors are in the model and optimizer now
+        trainer = _trainer(config, attempt, run_dir, ready, metrics, config_text)
         trainer.train()
         metrics.close()
         loop = trainer.loop
@@ -380,6 +325,7 @@ def run_pretraining_attempt(config: Config, parent: ParentRef | None = None) -> 
             best=None if loop.best_checkpoint is None else run_dir / loop.best_checkpoint,
             best_val_loss=loop.best_val_loss,
             parent=info["parent"],
+            stopped_early=trainer.stopped_early,
         )
         status = "completed"  # only once the manifest exists
     except Interrupted:
@@ -399,12 +345,66 @@ def run_pretraining_attempt(config: Config, parent: ParentRef | None = None) -> 
             _close_quietly(metrics)
         finish_attempt(attempt, info, status, 0 if trainer is None else trainer.loop.step)
         lock.release()
+    return _result(trainer, attempt, world)
+
+
+def _trainer(
+    config: Config,
+    attempt: Path,
+    run_dir: Path,
+    ready: _Ready,
+    metrics: MetricWriter | None,
+    config_text: str,
+) -> Trainer:
+    t = config.training
+    trainer = Trainer(
+        config,
+        attempt,
+        stepper=ready.stepper,
+        stream=ready.stream,
+        val=ready.val,
+        plan=ready.plan,
+        metrics=metrics,
+        checkpoints=CheckpointManager(
+            attempt / "checkpoints", run_dir, every=t.checkpoint_every, keep_last=t.keep_last
+        ),
+        identity=ready.identity,
+        config_sha=_sha256_bytes(config_text.encode()),
+        loop=ready.loop,
+        probe=ready.probe,
+    )
+    ready.parent = None  # the parent's tensors are in the model and optimizer now
+    return trainer
+
+
+def _follow(
+    config: Config, attempt: Path, run_dir: Path, ready: _Ready, config_text: str, world: World
+) -> AttemptResult:
+    """A rank other than 0: the same loop, writing nothing. Failures every rank raises
+    together (a non-finite step or validation, a signal) are reported by rank 0 alone."""
+    trainer = _trainer(config, attempt, run_dir, ready, None, config_text)
+    try:
+        trainer.train()
+    except Interrupted as exc:
+        raise RankExit(exc.exit_code, str(exc)) from None
+    except NonFiniteError as exc:
+        raise RankExit(1, str(exc)) from None
+    except IQTrainError as exc:
+        if isinstance(exc, TrainingError):
+            raise
+        raise TrainingError(f"rank {world.rank}: {exc}") from exc
+    return _result(trainer, attempt, world)
+
+
+def _result(trainer: Trainer, attempt: Path, world: World) -> AttemptResult:
     return AttemptResult(
         attempt=attempt,
         final_step=trainer.loop.step,
         final_val_loss=None if trainer.last_val is None else trainer.last_val["loss"],
         best_val_loss=trainer.loop.best_val_loss,
         best_checkpoint=trainer.loop.best_checkpoint,
+        rank=world.rank,
+        stopped_early=trainer.stopped_early,
     )
 
 

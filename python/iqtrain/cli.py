@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from pathlib import Path
 
 from iqtrain.config import SYNTH_DATATYPES
+from iqtrain.distributed import RankExit
 from iqtrain.errors import (
     CheckpointError,
     ConfigError,
@@ -57,10 +59,15 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def _finish(result) -> int:
+    if result.rank != 0:  # several ranks: rank 0 reports for the job
+        return EXIT_OK
+
     def fmt(x):
         return "n/a" if x is None else f"{x:.5f} ({-10 * math.log10(x):.2f} dB)"
 
     print(f"attempt {result.attempt}: {result.final_step} steps")
+    if result.stopped_early is not None:
+        print(f"  stopped early at step {result.final_step}: {result.stopped_early['reason']}")
     print(f"  final val loss {fmt(result.final_val_loss)}, best {fmt(result.best_val_loss)}")
     print(f"  verify: iqtrain verify {result.attempt}")
     return EXIT_OK
@@ -109,11 +116,48 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from iqtrain.report import report
 
-    print(report(Path(args.dir)))
+    text = [report(Path(args.dir))]  # CheckpointError (exit 2) before anything is written
+    if args.plot is not None:
+        from iqtrain.plot import write_plot
+
+        text.append(f"plot: {write_plot(Path(args.dir), Path(args.plot))}")
+    if args.tensorboard is not None:
+        from iqtrain.tbexport import export_tensorboard
+
+        where, count = export_tensorboard(Path(args.dir), Path(args.tensorboard))
+        text.append(
+            f"tensorboard: {count} scalars in {where} (tensorboard --logdir {args.tensorboard})"
+        )
+    print("\n".join(text))
+    return EXIT_OK
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    import json
+
+    # Lazily: probe imports torch, and `iqtrain --help` must not.
+    from iqtrain.probe import format_table, run_probe
+
+    result = run_probe(Path(args.attempt), args.data, args.from_, args.folds)
+    print(format_table(result))
+    if args.json:
+        print(json.dumps(result.to_dict()))
     return EXIT_OK
 
 
 # ------------------------------------------------------------------------------------ parsing
+
+
+def _launcher(world_size: int) -> str:
+    """How the interrupted job was launched, for its resume command (any world size resumes
+    it; the same one resumes it bit-exactly)."""
+    if world_size == 1:
+        return "iqtrain"
+    local = os.environ.get("LOCAL_WORLD_SIZE", str(world_size))
+    if local == str(world_size):
+        return f"torchrun --nproc-per-node {world_size} -m iqtrain"
+    nodes = world_size // max(int(local) if local.isdigit() else 1, 1)
+    return f"torchrun --nnodes {nodes} --nproc-per-node {local} <rendezvous options> -m iqtrain"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -170,7 +214,35 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("report", help="summarise an attempt's metric stream")
     sp.add_argument("dir")
+    sp.add_argument(
+        "--plot",
+        metavar="OUT.png",
+        help="also draw loss, lr, grad norm and probe curves of the whole lineage "
+        "(needs iqtrain[plot]; the format follows the suffix: png, svg, pdf, ...)",
+    )
+    sp.add_argument(
+        "--tensorboard",
+        metavar="DIR",
+        help="also export the metric stream as TensorBoard events into DIR/<run>/<attempt>/, "
+        "replacing an earlier export of the attempt (needs iqtrain[tensorboard])",
+    )
     sp.set_defaults(func=cmd_report)
+
+    sp = sub.add_parser(
+        "probe", help="linear-probe accuracy of a checkpoint on labelled SigMF annotations"
+    )
+    sp.add_argument("attempt", help="the attempt directory")
+    sp.add_argument(
+        "--data",
+        nargs="+",
+        default=None,
+        metavar="GLOB",
+        help="labelled .sigmf-meta files (default: the attempt's validation recordings)",
+    )
+    sp.add_argument("--from", dest="from_", default="latest", help="latest, best or step_N")
+    sp.add_argument("--folds", type=int, default=5, help="cross-validation folds (default 5)")
+    sp.add_argument("--json", action="store_true", help="also print one JSON object last")
+    sp.set_defaults(func=cmd_probe)
     return p
 
 
@@ -180,10 +252,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
+    except RankExit as exc:  # a rank other than 0 in a failure rank 0 reports
+        return exc.exit_code
     except Interrupted as exc:
         print(
             f"\ninterrupted (signal {exc.signum}); checkpoint saved. Resume with:\n"
-            f"  iqtrain resume --attempt {exc.attempt}",
+            f"  {_launcher(exc.world_size)} resume --attempt {exc.attempt}",
             file=sys.stderr,
         )
         return exc.exit_code

@@ -38,6 +38,7 @@ from iqtrain.sections import (
     Datatype,
     ModelConfig,
     OptimizerConfig,
+    ProbeConfig,
     RunConfig,
     ScheduleConfig,
     SynthConfig,
@@ -80,6 +81,7 @@ class Config:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
+    probe: ProbeConfig = field(default_factory=ProbeConfig)
 
     def __post_init__(self) -> None:
         if self.model is None:
@@ -115,12 +117,13 @@ class Config:
             )
 
     def check_world_size(self, world_size: int) -> None:
-        for key in ("batch_size", "val_batch_size"):
-            value = getattr(self.data, key)
-            if value % world_size:
-                raise ConfigError(
-                    f"data.{key}: {value} is not divisible by the world size {world_size}"
-                )
+        """data.batch_size is the global microbatch: every rank reads an equal slice of it.
+        (Validation is sharded by whole batches, so val_batch_size needs no such check.)"""
+        value = self.data.batch_size
+        if value % world_size:
+            raise ConfigError(
+                f"data.batch_size: {value} is not divisible by the world size {world_size}"
+            )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -133,6 +136,7 @@ _SECTIONS: dict[str, type] = {
     "optimizer": OptimizerConfig,
     "schedule": ScheduleConfig,
     "training": TrainingConfig,
+    "probe": ProbeConfig,
 }
 _NESTED: dict[tuple[type, str], type] = {(DataConfig, "synthetic"): SynthConfig}
 
@@ -189,6 +193,7 @@ def build_config(tables: dict[str, Any]) -> Config:
         optimizer=_build_section(OptimizerConfig, tables.get("optimizer", {}), "optimizer"),
         schedule=_build_section(ScheduleConfig, tables.get("schedule", {}), "schedule"),
         training=_build_section(TrainingConfig, tables.get("training", {}), "training"),
+        probe=_build_section(ProbeConfig, tables.get("probe", {}), "probe"),
     )
 
 

@@ -18,18 +18,21 @@ __all__ = ["Interrupted", "Progress", "SignalGuard"]
 class Interrupted(Exception):  # noqa: N818 - it is a control-flow signal, not an error
     """SIGINT/SIGTERM arrived; a checkpoint was saved. ``exit_code`` is 130 or 143."""
 
-    def __init__(self, signum: int, attempt: Path):
+    def __init__(self, signum: int, attempt: Path, world_size: int = 1):
         self.signum = signum
         self.attempt = attempt
+        self.world_size = world_size  # > 1: the resume runs under torchrun too
         self.exit_code = 128 + signum
         super().__init__(f"interrupted by signal {signum}")
 
 
 class SignalGuard:
-    """Turn SIGINT/SIGTERM into a flag the loop checks after each completed step."""
+    """Turn SIGINT/SIGTERM into a flag the loop checks after each completed step (announced
+    on stderr unless ``announce`` is false: ranks other than 0 stay quiet)."""
 
-    def __init__(self) -> None:
+    def __init__(self, announce: bool = True) -> None:
         self.signum: int | None = None
+        self.announce = announce
         self._old: dict[int, Any] = {}
 
     def __enter__(self) -> SignalGuard:
@@ -42,7 +45,11 @@ class SignalGuard:
         if self.signum is not None:  # a second signal: the user insists
             raise KeyboardInterrupt
         self.signum = signum
-        print(f"\nsignal {signum}: finishing this step, then saving a checkpoint", file=sys.stderr)
+        if self.announce:
+            print(
+                f"\nsignal {signum}: finishing this step, then saving a checkpoint",
+                file=sys.stderr,
+            )
 
     def __exit__(self, *exc) -> None:
         for sig, old in self._old.items():
@@ -50,22 +57,26 @@ class SignalGuard:
 
 
 class Progress:
-    """tqdm on a terminal; plain log lines every ``log_every`` steps otherwise."""
+    """tqdm on a terminal; plain log lines every ``log_every`` steps otherwise; nothing at all
+    when not ``enabled`` (ranks other than 0: one progress display per job)."""
 
-    def __init__(self, first: int, total: int, log_every: int):
+    def __init__(self, first: int, total: int, log_every: int, enabled: bool = True):
         self.total, self.log_every, self.t0, self.first = (
             total,
             log_every,
             time.perf_counter(),
             first,
         )
+        self.enabled = enabled
         self.bar = None
-        if sys.stderr.isatty():
+        if enabled and sys.stderr.isatty():
             from tqdm import tqdm
 
             self.bar = tqdm(total=total, initial=first, unit="step", dynamic_ncols=True)
 
     def update(self, step: int, loss: float, lr: float, sps: float) -> None:
+        if not self.enabled:
+            return
         if self.bar is not None:
             self.bar.update(1)
             self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", samples_s=f"{sps:.0f}")
@@ -83,6 +94,8 @@ class Progress:
         )
 
     def note(self, text: str) -> None:
+        if not self.enabled:
+            return
         if self.bar is not None:
             self.bar.write(text, file=sys.stderr)
         else:

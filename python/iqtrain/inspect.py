@@ -13,12 +13,12 @@ import os
 
 import torch
 
-from iqtrain.attempt import open_datasets
 from iqtrain.config import config_to_dict, dumps_toml, load_config
+from iqtrain.datasets import open_datasets
 from iqtrain.model import NextPatchModel
 from iqtrain.schedule import Plan, lr_at
 from iqtrain.step import TrainStep
-from iqtrain.trainer import prepare_batch
+from iqtrain.validation import prepare_batch
 
 __all__ = ["inspect_config"]
 

@@ -48,7 +48,10 @@ __all__ = [
 ]
 
 # 2: checkpoints record the full-content digests of every recording ("data").
-STATE_VERSION = 2
+# 3: "rng" holds every rank's generators ({"world_size": W, "ranks": [...]}); a version 2
+# checkpoint (one process's generators) is read as a world of one.
+STATE_VERSION = 3
+READABLE_STATE_VERSIONS = (2, 3)
 _STATE_KEYS = ("step", "plan", "cursor", "fingerprints", "data", "loop", "metrics", "rng")
 # Keys a resume may change. Anything else would make the child a different experiment than its
 # parent's evidence describes; max_steps is the recorded plan change of DESIGN.md section 5.
@@ -58,6 +61,12 @@ RESUMABLE_KEYS = frozenset(
         "training.compile",
         "training.log_every",
         "training.peak_tflops",
+        "training.dist_timeout_s",
+        "training.early_stop_patience",
+        "training.early_stop_min_delta",
+        "probe.every",  # the probe reads the model and nothing else
+        "probe.data",
+        "probe.folds",
         "training.keep_last",
         "training.checkpoint_every",
         "training.eval_every",
@@ -255,10 +264,11 @@ def load_parent(ref: ParentRef) -> Parent:
         manifest = _read_json(attempt / "manifest.json")
     ckpt = _resolve_checkpoint(attempt, ref.checkpoint, manifest, skipped)
     model_state, optimizer_state, state = load_checkpoint(ckpt)  # verifies hashes
-    if state.get("version") != STATE_VERSION:
+    version = state.get("version")
+    if isinstance(version, bool) or version not in READABLE_STATE_VERSIONS:
         raise CheckpointError(
-            f"{ckpt / 'state.json'}: state version {state.get('version')!r}; this iqtrain "
-            f"reads version {STATE_VERSION}"
+            f"{ckpt / 'state.json'}: state version {version!r}; this iqtrain reads versions "
+            f"{', '.join(map(str, READABLE_STATE_VERSIONS))}"
         )
     _check_state_shape(state, ckpt / "state.json")
     owner = ckpt.parent.parent  # the attempt that wrote this checkpoint
@@ -333,8 +343,10 @@ def publish_manifest(
     best: Path | None,
     best_val_loss: float | None,
     parent: dict | None,
+    stopped_early: dict | None = None,
 ) -> None:
-    """Freeze the evidence and bind it: config, metric stream, every checkpoint, latest, best."""
+    """Freeze the evidence and bind it: config, metric stream, every checkpoint, latest, best,
+    and why the attempt ended before its max_steps when early stopping ended it."""
     metrics_path = attempt / "metrics.jsonl"
     config_path = attempt / "config.toml"
     for p in (metrics_path, config_path):
@@ -352,6 +364,7 @@ def publish_manifest(
         "latest": _ref(attempt, checkpoints[-1]),
         "best": None if best is None else _ref(attempt, best, val_loss=best_val_loss),
         "checkpoints": [_ref(attempt, p) for p in checkpoints],
+        "stopped_early": stopped_early,
         "published": utc_now(),
     }
     write_json_atomic(attempt / "manifest.json", manifest)

@@ -152,6 +152,13 @@ class NextPatchModel(nn.Module):
                 nn.init.ones_(module.weight)
 
     def forward(self, patches: Tensor) -> Tensor:
+        return self.head(self.hidden_states(patches))
+
+    def hidden_states(self, patches: Tensor) -> Tensor:
+        """The final hidden states ``[B, N, dim]``: after the final norm, before the head.
+
+        What :meth:`forward` feeds its output head; the linear probe reads these features.
+        """
         width = 2 * self.config.patch_len
         if patches.ndim != 3 or patches.shape[-1] != width:
             raise ValueError(
@@ -168,7 +175,7 @@ class NextPatchModel(nn.Module):
         cos, sin = self.rope_cos[:n], self.rope_sin[:n]
         for block in self.blocks:
             x = block(x, cos, sin)
-        return self.head(self.norm(x))
+        return self.norm(x)
 
     def param_counts(self) -> tuple[int, int]:
         """(total parameters, parameters that require gradients)."""

@@ -6,24 +6,37 @@ an object, no ``id``/``status``) or a metric stream damaged before its last line
 there: a torn trailing record (a writer killed mid-record) becomes a note, a crashed attempt is
 shown as ``crashed``, and missing optional fields (device name, samples/s, baselines, …) are
 left out. This module imports no torch.
+
+The readers the plot and TensorBoard export share live here too: :func:`load_attempt` (the
+attempt record, its status and its metric stream) and :func:`resume_points` (where each
+ancestor of a resumed attempt was resumed, found by following ``attempt.json``'s ``parent``).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from iqtrain.errors import CheckpointError
 from iqtrain.evidence import attempt_status, read_attempt_info
-from iqtrain.metrics import read_metric_stream
+from iqtrain.metrics import MetricStream, read_metric_stream
 
-__all__ = ["report"]
+__all__ = [
+    "AttemptView",
+    "Lineage",
+    "ResumePoint",
+    "load_attempt",
+    "number",
+    "report",
+    "resume_points",
+]
 
 REQUIRED_KEYS = ("id", "status")
 
 
-def _num(record: dict[str, Any], key: str) -> float | None:
+def number(record: dict[str, Any], key: str) -> float | None:
     """``record[key]`` if it is a finite number (bools are not numbers here), else None."""
     value = record.get(key)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -89,13 +102,13 @@ def _train_lines(train: list[dict[str, Any]]) -> list[str]:
     last = train[-1]
     line = (
         f"  {len(train)} train steps, last step {last.get('step', '?')} "
-        f"loss {_fmt(_num(last, 'loss'), '.5f')}, "
+        f"loss {_fmt(number(last, 'loss'), '.5f')}, "
         f"clipped {sum(r.get('clipped') is True for r in train)}, "
         f"spikes {sum(r.get('spike') is True for r in train)}"
     )
     # The first 10% are warm-up (compilation, caches): the median of the rest.
     sps = sorted(
-        v for r in train[len(train) // 10 :] if (v := _num(r, "samples_per_s")) is not None
+        v for r in train[len(train) // 10 :] if (v := number(r, "samples_per_s")) is not None
     )
     if sps:
         line += f", median samples/s {sps[len(sps) // 2]:.0f}"
@@ -107,40 +120,130 @@ def _val_lines(val: list[dict[str, Any]]) -> list[str]:
     base = next((r for r in val if "baseline_zero_loss" in r), None)
     if base:
         lines.append(
-            f"  baselines: zero-prediction {_fmt(_num(base, 'baseline_zero_loss'), '.5f')}, "
-            f"copy-last-patch {_fmt(_num(base, 'baseline_copy_last_loss'), '.5f')}"
+            f"  baselines: zero-prediction {_fmt(number(base, 'baseline_zero_loss'), '.5f')}, "
+            f"copy-last-patch {_fmt(number(base, 'baseline_copy_last_loss'), '.5f')}"
         )
     for r in val:
-        snr = _num(r, "pred_snr_db")
+        snr = number(r, "pred_snr_db")
         lines.append(
-            f"  val step {str(r.get('step', '?')):>7}: loss {_fmt(_num(r, 'loss'), '.5f')}"
+            f"  val step {str(r.get('step', '?')):>7}: loss {_fmt(number(r, 'loss'), '.5f')}"
             + ("" if snr is None else f" ({snr:.2f} dB)")
             + ("  best" if r.get("best") is True else "")
         )
-    scored = [r for r in val if _num(r, "loss") is not None]
+    scored = [r for r in val if number(r, "loss") is not None]
     if scored:
-        best = min(scored, key=lambda r: _num(r, "loss"))
-        loss = _num(best, "loss")
+        best = min(scored, key=lambda r: number(r, "loss"))
+        loss = number(best, "loss")
         lines.append(f"  best val loss {loss:.5f} at step {best.get('step', '?')} ({_db(loss)})")
     return lines
 
 
-def report(attempt: Path) -> str:
-    """The summary of attempt directory ``attempt``; ``CheckpointError`` if it is not one."""
+@dataclass(frozen=True)
+class AttemptView:
+    """What an attempt directory shows: its record, its status and its metric stream.
+
+    ``stream`` is None when ``metrics.jsonl`` was never created. ``status`` is
+    :func:`~iqtrain.evidence.attempt_status` (``crashed`` included), or ``"<status>? lock …"``
+    when the lock file cannot be opened.
+    """
+
+    path: Path
+    info: dict[str, Any]
+    status: str
+    stream: MetricStream | None
+
+    def records(self, kind: str) -> list[dict[str, Any]]:
+        """The complete records of ``kind`` (``train``, ``val``, ``probe``, …), in order."""
+        return [r for r in self.stream.records if r.get("kind") == kind] if self.stream else []
+
+
+def load_attempt(attempt: Path) -> AttemptView:
+    """Read attempt directory ``attempt``; ``CheckpointError`` (one line naming the file) if it
+    is not one or its metric stream is damaged before the last line (a torn last record is
+    tolerated: ``stream.torn``)."""
     attempt = Path(attempt)
     info = _load_info(attempt)
     try:
         status = attempt_status(attempt, info)
     except OSError as exc:  # the lock file cannot be opened: say so, report the rest
         status = f"{info['status']}? lock {exc.strerror or exc}"
+    metrics = attempt / "metrics.jsonl"
+    stream = read_metric_stream(metrics) if metrics.exists() else None
+    return AttemptView(attempt, info, status, stream)
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """An attempt of the lineage was resumed from ``parent`` (attempt id ``parent_id``) at
+    ``step`` (None if its ``attempt.json`` does not say)."""
+
+    step: int | None
+    parent: Path
+    parent_id: str
+
+
+@dataclass
+class Lineage:
+    """The resume points of an attempt's lineage, oldest first, and why the walk stopped early
+    (``notes``; empty when it reached the first attempt)."""
+
+    points: list[ResumePoint] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _locate(child: Path, recorded: str) -> Path:
+    """The parent directory ``recorded`` in the child's attempt.json; when that path is gone
+    (the run directory was moved or copied), the sibling of the same name next to the child."""
+    path = Path(recorded)
+    sibling = child.parent / path.name
+    return path if path.is_dir() or not sibling.is_dir() else sibling
+
+
+def resume_points(attempt: Path, info: dict[str, Any]) -> Lineage:
+    """Follow ``parent.attempt`` from ``attempt`` (whose attempt.json is ``info``) to the first
+    attempt of its lineage, collecting where each one was resumed.
+
+    A resumed attempt's metric stream begins with its parent's records up to the checkpoint it
+    resumed from (which in turn begin with the grandparent's), so every point lies inside the
+    stream of ``attempt``. An ancestor whose attempt.json is gone or unreadable ends the walk
+    with a note; so does a cycle.
+    """
+    lineage = Lineage()
+    child, seen = Path(attempt), {Path(attempt).resolve()}
+    while isinstance(parent := info.get("parent"), dict):
+        recorded = parent.get("attempt")
+        if not isinstance(recorded, str) or not recorded:
+            lineage.notes.append(f"{child / 'attempt.json'}: parent.attempt is not a path")
+            break
+        path = _locate(child, recorded)
+        step = parent.get("step")
+        step = step if isinstance(step, int) and not isinstance(step, bool) else None
+        lineage.points.append(ResumePoint(step, path, path.name))
+        if path.resolve() in seen:
+            lineage.notes.append(f"{child / 'attempt.json'}: parent {path} repeats the lineage")
+            break
+        seen.add(path.resolve())
+        try:
+            info = read_attempt_info(path)
+        except (OSError, ValueError) as exc:  # gone, unreadable, not JSON, not an object
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            lineage.notes.append(f"{path / 'attempt.json'}: {why}; earlier lineage not shown")
+            break
+        child = path
+    lineage.points.reverse()
+    return lineage
+
+
+def report(attempt: Path) -> str:
+    """The summary of attempt directory ``attempt``; ``CheckpointError`` if it is not one."""
+    view = load_attempt(attempt)
+    attempt, info, status, stream = view.path, view.info, view.status, view.stream
     lines = _header(attempt, info, status)
     metrics = attempt / "metrics.jsonl"
-    if not metrics.exists():
+    if stream is None:
         lines.append("  no metric records (metrics.jsonl was never created)")
         return "\n".join(lines)
-    stream = read_metric_stream(metrics)  # CheckpointError if damaged before the last line
-    train = [r for r in stream.records if r.get("kind") == "train"]
-    val = [r for r in stream.records if r.get("kind") == "val"]
+    train, val = view.records("train"), view.records("val")
     if not stream.records:
         lines.append("  no metric records")
     lines += _train_lines(train)

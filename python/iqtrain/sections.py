@@ -26,6 +26,7 @@ __all__ = [
     "Datatype",
     "ModelConfig",
     "OptimizerConfig",
+    "ProbeConfig",
     "RunConfig",
     "ScheduleConfig",
     "SynthConfig",
@@ -372,6 +373,15 @@ class TrainingConfig:
     # Peak FLOP/s (in TFLOP/s) for MFU in the train records; 0 = the built-in table
     # (A100/H100/H200, by precision; none for CPUs, so no MFU there).
     peak_tflops: float = 0.0
+    # Several ranks (torchrun): how long any collective (and joining the group) may wait for
+    # the other ranks before this rank gives up with one line (exit 1). Rank 0 digests every
+    # data file before a resume while the others wait, so this bounds that too.
+    dist_timeout_s: int = 1800
+    # Early stopping: end the attempt (checkpoint, manifest, exit 0) after this many
+    # validations in a row without an improvement larger than early_stop_min_delta over the
+    # best so far; 0 = off.
+    early_stop_patience: int = 0
+    early_stop_min_delta: float = 0.0
 
     def __post_init__(self) -> None:
         require_str("training.device", self.device, DEVICES)
@@ -386,3 +396,28 @@ class TrainingConfig:
         require_int("training.keep_last", self.keep_last, minimum=0)
         require_int("training.log_every", self.log_every, minimum=1)
         self.peak_tflops = require_float("training.peak_tflops", self.peak_tflops, ge=0.0)
+        require_int("training.dist_timeout_s", self.dist_timeout_s, minimum=1)
+        require_int("training.early_stop_patience", self.early_stop_patience, minimum=0)
+        self.early_stop_min_delta = require_float(
+            "training.early_stop_min_delta", self.early_stop_min_delta, ge=0.0
+        )
+
+
+@dataclass(kw_only=True)
+class ProbeConfig:
+    """``[probe]``: a linear probe during training (``iqtrain probe``'s measurement, written as
+    ``probe`` records). ``every`` counts validations (0 = off); ``data`` are labelled SigMF
+    recordings (paths or globs, resolved like data.train; empty = the validation recordings).
+    It reads the model and nothing else: the training stream and RNG are untouched."""
+
+    every: int = 0
+    data: list[str] = field(default_factory=list)
+    folds: int = 5
+
+    def __post_init__(self) -> None:
+        require_int("probe.every", self.every, minimum=0)
+        self.data = [
+            require_path(f"probe.data[{i}]", p)
+            for i, p in enumerate(require_str_list("probe.data", self.data))
+        ]
+        require_int("probe.folds", self.folds, minimum=2)

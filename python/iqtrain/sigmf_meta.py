@@ -16,7 +16,7 @@ from pathlib import Path
 from iqtrain.config import SIGMF_DATATYPES
 from iqtrain.errors import DataError
 
-__all__ = ["Recording", "SUPPORTED_DATATYPES", "read_recording"]
+__all__ = ["Annotation", "Recording", "SUPPORTED_DATATYPES", "read_annotations", "read_recording"]
 
 # SigMF datatype -> the kind the native reader understands (the same name), from the one table
 # in iqtrain.config. Only complex, single-channel data of these types is accepted; everything
@@ -193,3 +193,59 @@ def read_recording(meta_path: Path) -> tuple[Recording, bytes]:
         capture_starts=capture_starts,
     )
     return rec, meta_bytes
+
+
+@dataclass(frozen=True)
+class Annotation:
+    """One SigMF annotation: samples ``[sample_start, sample_start + sample_count)``."""
+
+    sample_start: int
+    sample_count: int
+    label: str | None  # core:label; None when the annotation has none
+
+
+def read_annotations(rec: Recording) -> list[Annotation]:
+    """The annotations of ``rec``, in metadata order, each checked against its data.
+
+    A missing ``core:sample_count`` runs to the end of the data (the SigMF reading). Samples
+    an annotation claims beyond the data would be misread, so that is a DataError naming
+    ``annotations[i]``, as is a non-integer start or count and a non-string ``core:label``.
+    Training ignores annotations; only what reads labels (the probe) calls this.
+    """
+    metadata, _ = _load_metadata(rec.meta_path)
+    annotations = metadata.get("annotations", [])
+    if not isinstance(annotations, list):
+        raise _field_error(rec.meta_path, "annotations", "must be an array of annotation objects")
+    found = []
+    for i, ann in enumerate(annotations):
+        where = f"annotations[{i}]"
+        if not isinstance(ann, dict):
+            raise _field_error(rec.meta_path, where, "must be an object")
+        start = ann.get("core:sample_start")
+        if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+            raise _field_error(
+                rec.meta_path,
+                f"{where}.core:sample_start",
+                f"must be an integer >= 0, got {start!r}",
+            )
+        count = ann.get("core:sample_count", max(rec.num_samples - start, 0))
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise _field_error(
+                rec.meta_path,
+                f"{where}.core:sample_count",
+                f"must be an integer >= 0, got {count!r}",
+            )
+        if start + count > rec.num_samples:
+            raise _field_error(
+                rec.meta_path,
+                where,
+                f"samples [{start}, {start + count}) run beyond the end of the data "
+                f"({rec.num_samples} samples in {rec.data_path.name})",
+            )
+        label = ann.get("core:label")
+        if label is not None and not isinstance(label, str):
+            raise _field_error(
+                rec.meta_path, f"{where}.core:label", f"must be a string, got {label!r}"
+            )
+        found.append(Annotation(start, count, label))
+    return found

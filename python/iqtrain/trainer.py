@@ -12,8 +12,8 @@ policy; the loop only asks it.
 from __future__ import annotations
 
 import hashlib
-import math
 import os
+import signal
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -27,13 +27,16 @@ from iqtrain.checkpoint import CheckpointManager, checkpoint_name, restore_rng_s
 from iqtrain.config import Config
 from iqtrain.console import Interrupted, Progress, SignalGuard
 from iqtrain.data import IQDataset, TrainStream
-from iqtrain.errors import CheckpointError, DataError, NonFiniteError
+from iqtrain.distributed import World
+from iqtrain.errors import CheckpointError, DataError
 from iqtrain.flops import achieved_tflops, device_peak_tflops, mfu
 from iqtrain.lineage import STATE_VERSION, Parent
 from iqtrain.metrics import MetricWriter
 from iqtrain.schedule import Plan, lr_at
 from iqtrain.sigmf_meta import BYTES_PER_SAMPLE
-from iqtrain.step import StepResult, TrainStep, format_ids
+from iqtrain.step import StepResult, TrainStep
+from iqtrain.trainprobe import TrainingProbe
+from iqtrain.validation import prepare_batch, validate
 
 __all__ = [
     "DataIdentity",
@@ -41,9 +44,7 @@ __all__ = [
     "RNGState",
     "Trainer",
     "compute_digests",
-    "prepare_batch",
     "spike_update",
-    "validate",
 ]
 
 SPIKE_FACTOR = 3.0  # a train loss above 3x its running average is flagged as a spike
@@ -52,7 +53,9 @@ SPIKE_EMA = 0.9  # weight of the past in that running average
 
 @dataclass
 class LoopState:
-    """The loop's counters: best validation, the loss average for spikes, validations run."""
+    """The loop's counters: best validation, the loss average for spikes, validations run,
+    and early stopping's bookkeeping (the reference loss an improvement must beat by
+    ``training.early_stop_min_delta``, and the validations since one did)."""
 
     step: int = 0
     best_val_loss: float | None = None
@@ -60,19 +63,29 @@ class LoopState:
     best_checkpoint: str | None = None  # relative to the run dir: may live in an ancestor
     loss_ema: float | None = None
     validations: int = 0
+    early_stop_ref: float | None = None
+    stale_validations: int = 0
 
     def record_loss(self, loss: float) -> bool:
         """Fold a train loss into the running average; True if it is a spike."""
         spike, self.loss_ema = spike_update(self.loss_ema, loss)
         return spike
 
-    def record_validation(self, loss: float, attempt: Path) -> bool:
-        """Count a validation; True (and remember it as best) if it improved strictly."""
+    def record_validation(self, loss: float, attempt: Path, min_delta: float = 0.0) -> bool:
+        """Count a validation; True (and remember it as best) if it improved strictly.
+
+        For early stopping an improvement counts only when it beats the reference by more than
+        ``min_delta`` (then the reference moves to it, as in Keras and Lightning); any other
+        validation is one more without improvement."""
         improved = self.best_val_loss is None or loss < self.best_val_loss
         if improved:
             self.best_val_loss, self.best_step = loss, self.step
             name = checkpoint_name(self.step)
             self.best_checkpoint = f"attempts/{attempt.name}/checkpoints/{name}"
+        if self.early_stop_ref is None or loss < self.early_stop_ref - min_delta:
+            self.early_stop_ref, self.stale_validations = loss, 0
+        else:
+            self.stale_validations += 1
         self.validations += 1
         return improved
 
@@ -88,6 +101,10 @@ class LoopState:
             "loss_ema": (float, type(None)),
             "validations": (int,),
         }
+        # Checkpoints written before early stopping existed lack its two keys: a fresh count.
+        state = {"early_stop_ref": state.get("best_val_loss"), "stale_validations": 0, **state}
+        kinds["early_stop_ref"] = (float, type(None))
+        kinds["stale_validations"] = (int,)
         for key, kind in kinds.items():
             value = state[key]
             if isinstance(value, bool) or not isinstance(value, kind):
@@ -104,13 +121,35 @@ def spike_update(ema: float | None, loss: float) -> tuple[bool, float]:
 
 
 class RNGState:
-    """The process's CPU (and CUDA) random generators as a component."""
+    """Every rank's CPU (and CUDA) random generators as one component.
+
+    ``state_dict()`` is a collective with several ranks: ``{"world_size": W, "ranks": [the
+    generators of rank 0, ..., rank W-1]}``. Loading at the same world size restores this
+    rank's generators exactly. At another world size no saved stream belongs to a rank (rank r
+    of W' did not exist, or read other rows), so every rank's generators are re-derived: seeded
+    with a hash of rank 0's saved CPU state, the new world size and the rank, the same on every
+    resume of that checkpoint. (State version 2 checkpoints hold one process's generators:
+    ``{"cpu": ..., "cuda": ...}``, read as a world of one.)
+    """
+
+    def __init__(self, world: World | None = None) -> None:
+        self.world = World() if world is None else world
 
     def state_dict(self) -> dict[str, Any]:
-        return rng_state()
+        ranks = self.world.all_gather_object(rng_state())
+        return {"world_size": self.world.world_size, "ranks": ranks}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        restore_rng_state(state)
+        if "ranks" not in state:  # state version 2: one process
+            state = {"world_size": 1, "ranks": [state]}
+        ranks, size = state["ranks"], state["world_size"]
+        if not isinstance(ranks, list) or not ranks or len(ranks) != size:
+            raise ValueError(f"rng: {len(ranks)} rank states for world_size {size!r}")
+        if size == self.world.world_size:
+            restore_rng_state(ranks[self.world.rank])
+            return
+        key = f"{ranks[0]['cpu']}:{self.world.world_size}:{self.world.rank}".encode()
+        torch.manual_seed(int.from_bytes(hashlib.sha256(key).digest()[:8], "little"))
 
 
 def compute_digests(train: IQDataset, val: IQDataset) -> dict[str, dict[str, str]]:
@@ -188,59 +227,6 @@ class DataIdentity:
         return self._digests
 
 
-def prepare_batch(
-    raw: np.ndarray, stepper: TrainStep, config: Config
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Loader batch -> device -> normalised patches, with the config's norm (the step picks
-    the path: Triton on CUDA, compiled on CPU when training.compile, else the reference)."""
-    d = config.data
-    return stepper.prepare(raw, d.patch_len, norm=d.norm, prefix_patches=d.prefix_patches)
-
-
-def validate(
-    stepper: TrainStep, val: IQDataset, config: Config, step: int, baselines: bool
-) -> dict[str, Any]:
-    """Mean loss over every validation window (exact over the partial last batch).
-
-    A non-finite batch loss raises NonFiniteError naming the step and that batch's window ids,
-    before anything is recorded: the evidence never holds a non-finite number.
-    """
-    d = config.data
-    sums, count, samples, bounds = [], 0, 0, []
-    zero, copy = [], []
-    for raw in val.val_batches(d.val_batch_size):
-        patches, _ = prepare_batch(raw, stepper, config)
-        total, c = stepper.eval_loss_sum(patches)  # no host sync per batch
-        sums.append(total)
-        bounds.append((samples, samples + raw.shape[0]))
-        count, samples = count + c, samples + raw.shape[0]
-        if baselines:
-            x = patches.float()
-            zero.append(x[:, 1:].square().sum(dtype=torch.float64))
-            copy.append((x[:, 1:] - x[:, :-1]).square().sum(dtype=torch.float64))
-    values = torch.stack(sums).tolist()  # the one sync of a validation pass
-    for s, (lo, hi) in zip(values, bounds, strict=True):
-        if not math.isfinite(s):
-            raise NonFiniteError(
-                f"step {step}: validation loss is {s} in data.val windows "
-                f"{format_ids(np.arange(lo, hi))}"
-            )
-    loss_sum = sum(values)  # in batch order, in Python floats: exactly as before
-    loss = loss_sum / count
-    rec = {
-        "loss": loss,
-        "pred_snr_db": -10.0 * math.log10(loss) if loss > 0 else float("inf"),
-        "samples": samples,
-        "patches": samples * (d.seq_patches - 1),
-    }
-    if baselines:
-        rec["baseline_zero_loss"] = sum(torch.stack(zero).tolist()) / count
-        rec["baseline_copy_last_loss"] = sum(torch.stack(copy).tolist()) / count
-    if not all(math.isfinite(v) for v in rec.values() if isinstance(v, float)):
-        raise NonFiniteError(f"step {step}: validation produced a non-finite value: {rec}")
-    return rec
-
-
 def state_components(stream: TrainStream, loop: LoopState, rng: RNGState) -> dict[str, Any]:
     """The JSON-state components of a checkpoint, by their state.json key."""
     return {"cursor": stream, "loop": loop, "rng": rng}
@@ -292,18 +278,27 @@ class Trainer:
         stream: TrainStream,
         val: IQDataset,
         plan: Plan,
-        metrics: MetricWriter,
+        metrics: MetricWriter | None,
         checkpoints: CheckpointManager,
-        identity: DataIdentity,
+        identity: DataIdentity | None,
         config_sha: str,
         loop: LoopState,
+        probe: TrainingProbe | None = None,
     ) -> None:
+        """With several ranks every rank builds a Trainer and runs the same loop (the same
+        decisions from the same agreed numbers); only rank 0 has ``metrics`` and ``identity``
+        and writes: the records, the checkpoints. Other ranks pass None for both."""
         self.config, self.attempt, self.plan = config, attempt, plan
         self.stepper, self.stream, self.val = stepper, stream, val
         self.metrics, self.checkpoints, self.identity = metrics, checkpoints, identity
+        self.probe = probe  # rank 0 only, like the metrics
         self.config_sha = config_sha
         self.loop = loop
-        self.rng = RNGState()
+        self.world = stepper.world
+        self.rng = RNGState(self.world)
+        # The step of the last checkpoint, on every rank (only rank 0's manager saves).
+        self.checkpointed_at: int | None = None
+        self.stopped_early: dict[str, Any] | None = None
         t = config.training
         self.ring = _ring(stream, stepper.device, config)
         self.flops_per_patch = stepper.model.train_flops_per_patch(config.data.seq_patches)
@@ -315,29 +310,52 @@ class Trainer:
         return state_components(self.stream, self.loop, self.rng)
 
     def train(self) -> None:
-        """Run to ``plan.max_steps``; a signal ends it after a checkpoint (Interrupted)."""
+        """Run to ``plan.max_steps`` or until early stopping (``stopped_early`` says why); a
+        signal ends it after a checkpoint (Interrupted)."""
         t = self.config.training
-        progress = Progress(self.loop.step, self.plan.max_steps, t.log_every)
+        progress = Progress(self.loop.step, self.plan.max_steps, t.log_every, self.world.is_main)
         try:
-            with SignalGuard() as guard:
+            with SignalGuard(announce=self.world.is_main) as guard:
                 while self.loop.step < self.plan.max_steps:
                     t0 = time.perf_counter()
-                    result = self._step()
+                    result = self._step(stop=guard.signum is not None)
                     self._record(result, time.perf_counter() - t0, progress)
                     final = self.loop.step == self.plan.max_steps
-                    improved = False
+                    improved = stop_early = False
                     if self.loop.step % t.eval_every == 0 or final:
-                        improved = self._validate(progress)
-                    if self.checkpoints.due(self.loop.step, final=final, improved=improved):
+                        improved = self._validate(progress, final)
+                        stop_early = not final and self._patience_exhausted()
+                    end = final or stop_early
+                    if self.checkpoints.due(self.loop.step, final=end, improved=improved):
                         self.checkpoint()
-                    if guard.signum is not None and not final:
-                        if not self.checkpoints.saved_at(self.loop.step):
+                    if stop_early:
+                        self._stop_early(progress)
+                        break
+                    # result.stop: a signal on any rank (agreed in the step's all-reduce).
+                    if result.stop and not final:
+                        if self.checkpointed_at != self.loop.step:
                             self.checkpoint()
-                        raise Interrupted(guard.signum, self.attempt)
+                        # A rank whose peer was signalled ends as if terminated.
+                        signum = guard.signum or signal.SIGTERM
+                        raise Interrupted(signum, self.attempt, self.world.world_size)
         finally:
             progress.close()
 
-    def _step(self) -> StepResult:
+    def _patience_exhausted(self) -> bool:
+        patience = self.config.training.early_stop_patience
+        return patience > 0 and self.loop.stale_validations >= patience
+
+    def _stop_early(self, progress: Progress) -> None:
+        t, loop = self.config.training, self.loop
+        reason = (
+            f"no validation improved on {loop.early_stop_ref:.6g} by more than "
+            f"{t.early_stop_min_delta:g} in {loop.stale_validations} validations "
+            f"(training.early_stop_patience = {t.early_stop_patience})"
+        )
+        self.stopped_early = {"step": loop.step, "best_step": loop.best_step, "reason": reason}
+        progress.note(f"stopped early at step {loop.step}: {reason}")
+
+    def _step(self, stop: bool) -> StepResult:
         """Read A microbatches into the ring, prepare them and run one optimizer step."""
         micro, ids, slots = [], [], []
         try:
@@ -348,7 +366,7 @@ class Trainer:
             s = self.loop.step  # 0-based index of the step being run
             lr = lr_at(s, self.plan)
             ids_all = np.concatenate(ids)
-            result = self.stepper.train_step(micro, lr, step=s + 1, window_ids=ids_all)
+            result = self.stepper.train_step(micro, lr, step=s + 1, window_ids=ids_all, stop=stop)
         finally:
             # train_step has synchronised with the device (its finite check), so every copy out
             # of these buffers is done and the stream may fill them again.
@@ -380,27 +398,52 @@ class Trainer:
         utilisation = mfu(tflops, self.peak_tflops)
         if utilisation is not None:
             record["mfu"] = utilisation
-        self.metrics.write(record)
+        if self.metrics is not None:
+            self.metrics.write(record)
         progress.update(self.loop.step, result.loss, result.lr, samples / dt if dt > 0 else 0.0)
 
-    def _validate(self, progress: Progress) -> bool:
+    def _validate(self, progress: Progress, final: bool) -> bool:
         """Full validation, its record, and whether it improved on the best."""
         v0 = time.perf_counter()
         step = self.loop.step
         rec = validate(self.stepper, self.val, self.config, step, self.loop.validations == 0)
-        improved = self.loop.record_validation(rec["loss"], self.attempt)
+        min_delta = self.config.training.early_stop_min_delta
+        improved = self.loop.record_validation(rec["loss"], self.attempt, min_delta)
         rec = {"kind": "val", "step": step, **rec, "best": improved}
         rec["time_s"] = time.perf_counter() - v0
-        self.metrics.write(rec)
+        if self.metrics is not None:
+            self.metrics.write(rec)
         self.last_val = rec
         progress.note(
             f"val step {step}: loss {rec['loss']:.5f} "
             f"({rec['pred_snr_db']:.2f} dB){'  best' if improved else ''}"
         )
+        if self.probe is not None and self.probe.due(self.loop.validations, final):
+            self._probe(progress)
         return improved
 
-    def checkpoint(self) -> Path:
-        """Save every component's state; the manager prunes what its policy drops."""
+    def _probe(self, progress: Progress) -> None:
+        assert self.probe is not None and self.metrics is not None
+        p0 = time.perf_counter()
+        rec = self.probe.record(self.stepper.model, self.loop.step)
+        rec["time_s"] = time.perf_counter() - p0
+        self.metrics.write(rec)
+        progress.note(
+            f"probe step {rec['step']}: accuracy {rec['accuracy']:.4f} (random-init "
+            f"{rec['random_init_accuracy']:.4f}, chance {rec['chance']:.4f})"
+        )
+
+    def checkpoint(self) -> Path | None:
+        """Save every component's state; the manager prunes what its policy drops.
+
+        Every rank calls it at the same step (the RNG component gathers all ranks' generators);
+        only rank 0 writes, and returns the checkpoint's path (None elsewhere). The model and
+        optimizer are replicated, so rank 0's hold every rank's state.
+        """
+        components = {name: c.state_dict() for name, c in self.components().items()}
+        self.checkpointed_at = self.loop.step
+        if self.metrics is None or self.identity is None:
+            return None
         state = {
             "version": STATE_VERSION,
             "step": self.loop.step,
@@ -409,7 +452,7 @@ class Trainer:
             "fingerprints": self.identity.fingerprints,
             "data": self.identity.digests(),
             "metrics": self.metrics.state_dict(),
-            **{name: c.state_dict() for name, c in self.components().items()},
+            **components,
         }
         self.identity.check_lengths()
         self.metrics.sync()  # the cursor must never point past what is on disk

@@ -1,0 +1,223 @@
+"""Data-parallel ranks under torchrun (DESIGN.md section 9): who this process is, and the few
+collectives the trainer needs.
+
+iqtrain does not launch processes: ``torchrun`` does, and sets ``RANK``, ``WORLD_SIZE`` and
+``LOCAL_RANK`` (with the rendezvous in ``MASTER_ADDR``/``MASTER_PORT``). :func:`world_from_env`
+reads them without connecting to anything, so a config that cannot run at this world size is
+refused (exit 2) before any rank waits for another. Without those variables, or with
+``WORLD_SIZE=1``, iqtrain is one process and nothing here touches torch.distributed.
+
+Every collective goes through this module, so a peer that died or timed out is one
+:class:`PeerError` (a TrainingError: exit 1, one line) rather than a backend traceback, and
+the process group's timeout (``training.dist_timeout_s``) bounds every wait.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from iqtrain.errors import (
+    CheckpointError,
+    ConfigError,
+    DataError,
+    IQTrainError,
+    TrainingError,
+)
+
+__all__ = ["PeerError", "RankExit", "World", "agree", "world_from_env"]
+
+#: Errors a user's input causes: exit 2 on every rank when any rank raises one before the
+#: attempt exists (the CLI's mapping, DESIGN.md section 8).
+_BAD_INPUT = (ConfigError, DataError, CheckpointError)
+
+
+class PeerError(TrainingError):
+    """A collective failed: another rank died, timed out or the connection broke (exit 1)."""
+
+
+class RankExit(IQTrainError):
+    """Raised on a rank other than 0 when the ranks agreed to fail: rank 0 prints the error,
+    the others exit with ``exit_code`` silently (W copies of one line help nobody)."""
+
+    def __init__(self, exit_code: int, message: str) -> None:
+        self.exit_code = exit_code
+        super().__init__(message)
+
+
+def _env_int(name: str, minimum: int) -> int | None:
+    raw = os.environ.get(name)
+    if raw is None:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"environment {name}={raw!r}: not an integer") from None
+    if value < minimum:
+        raise ConfigError(f"environment {name}={raw!r}: must be >= {minimum}")
+    return value
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's place among the ranks (one process: rank 0 of 1, no backend)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    backend: str | None = None  # "gloo" or "nccl" once connected; None for one process
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    # ---------------------------------------------------------------- process group
+
+    def connect(self, device: str, timeout_s: int) -> World:
+        """Join torchrun's process group (NCCL on CUDA, one GPU per local rank; gloo on CPU);
+        returns the world with its backend. One process: returns itself, connects nothing."""
+        if not self.distributed:
+            return self
+        import torch
+        import torch.distributed as dist
+
+        backend = "nccl" if device == "cuda" else "gloo"
+        if device == "cuda":
+            if torch.cuda.device_count() <= self.local_rank:
+                raise ConfigError(
+                    f"training.device: local rank {self.local_rank} has no GPU of its own "
+                    f"({torch.cuda.device_count()} visible)"
+                )
+            # "cuda" then means this rank's GPU everywhere (tensors, the model, DDP).
+            torch.cuda.set_device(self.local_rank)
+        extra = {"device_id": torch.device("cuda", self.local_rank)} if device == "cuda" else {}
+        try:
+            dist.init_process_group(
+                backend=backend, timeout=datetime.timedelta(seconds=timeout_s), **extra
+            )
+        except (RuntimeError, ValueError) as exc:  # rendezvous failed or timed out
+            raise PeerError(f"rank {self.rank}: cannot join the process group: {exc}") from None
+        return World(self.rank, self.world_size, self.local_rank, backend)
+
+    def close(self) -> None:
+        if self.backend is None:
+            return
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    # ---------------------------------------------------------------- collectives
+
+    def all_reduce_sum(self, tensor: Any) -> Any:
+        """Sum ``tensor`` over ranks in place (on its device) and return it."""
+        if self.distributed:
+            import torch.distributed as dist
+
+            self._guard(dist.all_reduce, tensor, op=dist.ReduceOp.SUM)
+        return tensor
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj`` (picklable), in rank order."""
+        if not self.distributed:
+            return [obj]
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * self.world_size
+        self._guard(dist.all_gather_object, out, obj)
+        return out
+
+    def broadcast_object(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every rank."""
+        if not self.distributed:
+            return obj
+        import torch.distributed as dist
+
+        box = [obj]
+        self._guard(dist.broadcast_object_list, box, src=0)
+        return box[0]
+
+    def _guard(self, fn: Any, *args: Any, **kwargs: Any) -> None:
+        with self.collective("a collective with the other ranks"):
+            fn(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def collective(self, what: str) -> Iterator[None]:
+        """Turn a backend failure inside the block into one :class:`PeerError` line.
+
+        The backend raises ``RuntimeError`` (``DistBackendError`` is one; DDP's gradient
+        all-reduce inside a backward surfaces as a plain one) with a message naming the peer
+        and the cause (connection closed, timeout). Its first line is kept, and so is the
+        context, since a RuntimeError in the block could also be this rank's own.
+        """
+        if not self.distributed:
+            yield
+            return
+        try:
+            yield
+        except RuntimeError as exc:
+            text = str(exc).strip()
+            first = text.splitlines()[0] if text else type(exc).__name__
+            raise PeerError(
+                f"rank {self.rank}: {what} failed (usually another rank ended or timed out; "
+                f"see its output): {first}"
+            ) from None
+
+    def hosts(self) -> list[str]:
+        """Every rank's host name, in rank order."""
+        return self.all_gather_object(socket.gethostname())
+
+
+def world_from_env() -> World:
+    """This process's rank from torchrun's environment, without connecting (one process when
+    ``WORLD_SIZE`` is absent or 1). A malformed variable is a ConfigError naming it."""
+    world_size = _env_int("WORLD_SIZE", 1)
+    if world_size is None or world_size == 1:
+        return World()
+    rank = _env_int("RANK", 0)
+    local_rank = _env_int("LOCAL_RANK", 0)
+    if rank is None or local_rank is None:
+        raise ConfigError("environment: WORLD_SIZE is set but RANK or LOCAL_RANK is not")
+    if rank >= world_size:
+        raise ConfigError(f"environment RANK={rank}: must be < WORLD_SIZE={world_size}")
+    return World(rank, world_size, local_rank)
+
+
+def agree(world: World, error: BaseException | None) -> None:
+    """Every rank calls this at the same point with the error it hit (or None); if any rank
+    failed, every rank raises. Rank 0 raises its own error, or one naming the first failed rank
+    and its message, of the same exit class (bad input: exit 2; otherwise 1); other ranks raise
+    :class:`RankExit` (silent) unless the error is their own and rank 0's is different."""
+    if not world.distributed:
+        if error is not None:
+            raise error
+        return
+    mine = None
+    if error is not None:
+        mine = (isinstance(error, _BAD_INPUT), f"{type(error).__name__}: {error}", str(error))
+    failures = world.all_gather_object(mine)
+    failed = [(r, f) for r, f in enumerate(failures) if f is not None]
+    if not failed:
+        return
+    rank, (bad_input, _, message) = failed[0]
+    if world.is_main:
+        if error is not None:
+            raise error
+        cls = ConfigError if bad_input else TrainingError
+        raise cls(f"rank {rank}: {message}")
+    if error is not None and failures[0] is not None and failures[0][2] == str(error):
+        raise RankExit(2 if bad_input else 1, message)  # rank 0 prints the same line
+    if error is not None and failures[0] is None and rank == world.rank:
+        raise RankExit(2 if bad_input else 1, message)  # rank 0 prints it, naming this rank
+    if error is not None:
+        raise error  # a different failure of this rank's own: print it too
+    raise RankExit(2 if bad_input else 1, message)

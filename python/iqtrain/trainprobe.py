@@ -1,0 +1,66 @@
+"""``[probe]``: the linear probe of ``iqtrain probe``, run during training.
+
+Every ``probe.every`` validations (and at the last), rank 0 probes the live model on the
+labelled windows (``probe.data``, or the validation recordings) and writes one ``probe`` record:
+the pretrained accuracy and per-class accuracy, the random-init baseline (computed once: it does
+not change during training) and chance. The probe only reads the model, in eval mode and under
+no_grad, and draws no number from the global generators (its folds use a local generator, the
+random-init model is built under ``fork_rng``), so the training stream, the RNG and therefore
+exact resume are untouched.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from torch import nn
+
+from iqtrain.config import Config
+from iqtrain.datasets import validation_patterns
+from iqtrain.probe import (
+    ProbeScore,
+    assign_folds,
+    labelled_windows,
+    probe_model,
+    random_init_model,
+)
+
+__all__ = ["TrainingProbe"]
+
+
+class TrainingProbe:
+    """Built before the attempt exists, so bad probe data or too few annotations for
+    ``probe.folds`` is exit 2 naming the file or key."""
+
+    def __init__(self, config: Config) -> None:
+        p = config.probe
+        self.config, self.every, self.folds = config, p.every, p.folds
+        self.labelled = labelled_windows(p.data or validation_patterns(config), config.data.window)
+        seed = config.run.seed
+        assign_folds(self.labelled.labels, self.labelled.groups, p.folds, seed, key="probe.folds")
+        counts = np.bincount(self.labelled.labels, minlength=len(self.labelled.classes))
+        self.chance = float(counts.max() / counts.sum())
+        self._random_init: ProbeScore | None = None
+
+    def due(self, validations: int, final: bool) -> bool:
+        return self.every > 0 and (validations % self.every == 0 or final)
+
+    def record(self, model: nn.Module, step: int) -> dict[str, Any]:
+        """The ``probe`` record of ``model`` at ``step`` (without its ``time_s``)."""
+        c = self.config
+        score = probe_model(model, self.labelled, c.data, self.folds, c.run.seed)
+        if self._random_init is None:
+            baseline = random_init_model(c.model, c.run.seed)
+            self._random_init = probe_model(baseline, self.labelled, c.data, self.folds, c.run.seed)
+        return {
+            "kind": "probe",
+            "step": step,
+            "accuracy": score.accuracy,
+            "random_init_accuracy": self._random_init.accuracy,
+            "chance": self.chance,
+            "per_class": score.per_class,
+            "windows": len(self.labelled),
+            "annotations": self.labelled.num_annotations,
+            "folds": self.folds,
+        }

@@ -1,0 +1,381 @@
+"""Data-parallel training under torchrun: real processes, 2 CPU ranks on gloo, one thread each.
+
+Every run here is ``python -m torch.distributed.run --standalone --nproc-per-node N -m iqtrain``
+(exactly what the README tells a user to type, with torchrun spelled as its module), on a tiny
+model, eager except in the one compile test. The unit tests at the end need no processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from iqtrain.checkpoint import load_checkpoint
+from iqtrain.config import dumps_toml
+from iqtrain.distributed import RankExit, World, agree, world_from_env
+from iqtrain.errors import ConfigError, DataError, TrainingError
+from iqtrain.metrics import read_metrics, strip_timing
+from iqtrain.trainer import RNGState
+
+MAX_STEPS = 12
+TIMEOUT = 300  # a hang fails the test instead of the CI job
+
+
+def tables(run_dir: Path, cache: Path, **training) -> dict:
+    return {
+        "run": {"dir": os.fspath(run_dir), "seed": 5},
+        "data": {
+            "patch_len": 8,
+            "seq_patches": 16,
+            "batch_size": 8,
+            "val_batch_size": 7,  # 4 batches, the last partial: sharded unevenly over 2 ranks
+            "synthetic": {
+                "train_recordings": 2,
+                "val_recordings": 1,
+                "samples": 1800,
+                "cache_dir": os.fspath(cache),
+            },
+        },
+        "model": {"dim": 32, "layers": 2, "heads": 2},
+        "optimizer": {"lr": 3e-3, "min_lr": 3e-4},
+        "schedule": {"kind": "wsd", "warmup_steps": 2, "decay_steps": 4},
+        "training": {
+            "max_steps": MAX_STEPS,
+            "eval_every": 4,
+            "checkpoint_every": 5,
+            "keep_last": 0,
+            "log_every": 4,
+            **training,
+        },
+    }
+
+
+def _env(extra: dict | None = None) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(extra or {})}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    return env
+
+
+def torchrun(nproc: int, *args, env: dict | None = None) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    cmd += ["--nproc-per-node", str(nproc), "-m", "iqtrain", *map(str, args)]
+    return subprocess.run(cmd, capture_output=True, text=True, env=_env(env), timeout=TIMEOUT)
+
+
+def single(*args) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "iqtrain", *map(str, args)]
+    return subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=TIMEOUT)
+
+
+def ok(proc: subprocess.CompletedProcess) -> None:
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+
+
+def write_config(path: Path, run_dir: Path, cache: Path, **training) -> Path:
+    path.write_text(dumps_toml(tables(run_dir, cache, **training)))
+    return path
+
+
+def records(attempt: Path) -> list[dict]:
+    return read_metrics(attempt / "metrics.jsonl")
+
+
+def model_at(attempt: Path, step: int) -> dict[str, torch.Tensor]:
+    return load_checkpoint(attempt / "checkpoints" / f"step_{step:08d}")[0]
+
+
+def state_at(attempt: Path, step: int) -> dict:
+    return json.loads((attempt / "checkpoints" / f"step_{step:08d}" / "state.json").read_text())
+
+
+def close(a: list[dict], b: list[dict], rel: float) -> None:
+    """Same records, numbers equal to ``rel`` (summation order differs across world sizes)."""
+    assert [(r["kind"], r["step"]) for r in a] == [(r["kind"], r["step"]) for r in b]
+    for ra, rb in zip(a, b, strict=True):
+        for key in ("loss", "grad_norm", "lr"):
+            if key in ra:
+                assert ra[key] == pytest.approx(rb[key], rel=rel), (ra, rb)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One 2-rank attempt and one 1-process attempt of the same config."""
+    root = tmp_path_factory.mktemp("dist")
+    cache = root / "cache"
+    two = write_config(root / "two.toml", root / "two", cache)
+    one = write_config(root / "one.toml", root / "one", cache)
+    ok(torchrun(2, "run", two))
+    ok(single("run", one))
+    return {
+        "root": root,
+        "two": root / "two" / "attempts" / "0001",
+        "one": root / "one" / "attempts" / "0001",
+    }
+
+
+def test_two_ranks_write_one_attempt_that_matches_one_process(runs):
+    two, one = runs["two"], runs["one"]
+    assert sorted(p.name for p in two.parent.iterdir()) == ["0001"]  # one attempt, one stream
+    assert len(list(two.parent.parent.rglob("metrics.jsonl"))) == 1
+    ok(single("verify", two))
+    info = json.loads((two / "attempt.json").read_text())
+    assert info["world"]["size"] == 2 and info["world"]["backend"] == "gloo"
+    assert len(info["world"]["hosts"]) == 2
+    assert json.loads((one / "attempt.json").read_text())["world"]["size"] == 1
+    a, b = records(two), records(one)
+    # The first step is the same global batch from the same weights: the same loss and norm
+    # up to the order of the float sums (here they agree to every printed digit).
+    assert a[0]["loss"] == pytest.approx(b[0]["loss"], rel=1e-6)
+    assert a[0]["grad_norm"] == pytest.approx(b[0]["grad_norm"], rel=1e-6)
+    assert a[0]["samples"] == b[0]["samples"] == 8
+    close(a, b, rel=1e-4)
+    assert state_at(two, MAX_STEPS)["cursor"] == state_at(one, MAX_STEPS)["cursor"]
+    assert len(state_at(two, MAX_STEPS)["rng"]["ranks"]) == 2
+
+
+def test_a_two_rank_resume_is_bit_exact(runs):
+    two = runs["two"]
+    ok(torchrun(2, "resume", "--attempt", two, "--from", "step_5"))
+    child = two.parent / "0002"
+    assert strip_timing(records(child)) == strip_timing(records(two))
+    got, want = model_at(child, MAX_STEPS), model_at(two, MAX_STEPS)
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    ok(single("verify", child))
+
+
+def test_a_two_rank_checkpoint_resumes_on_one_process_and_back(runs, tmp_path):
+    two, one = runs["two"], runs["one"]
+    ok(single("resume", "--attempt", two, "--from", "step_5"))
+    child = sorted(two.parent.iterdir())[-1]
+    assert json.loads((child / "attempt.json").read_text())["world"]["size"] == 1
+    # The same global batches from step 6 on (the cursor is a global sample count).
+    close(records(child), records(two), rel=1e-4)
+    assert state_at(child, MAX_STEPS)["cursor"] == state_at(two, MAX_STEPS)["cursor"]
+    assert len(state_at(child, MAX_STEPS)["rng"]["ranks"]) == 1
+    # ... and a 1-process checkpoint continues on 2 ranks.
+    ok(torchrun(2, "resume", "--attempt", one, "--from", "step_10"))
+    back = sorted(one.parent.iterdir())[-1]
+    close(records(back), records(one), rel=1e-4)
+    assert state_at(back, MAX_STEPS)["cursor"] == state_at(one, MAX_STEPS)["cursor"]
+    ok(single("verify", back))
+
+
+def test_a_rank_that_raises_ends_the_job_with_exit_1(tmp_path):
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    # Loaded by every Python at start-up (sitecustomize): rank 1 raises in its third step.
+    (inject / "sitecustomize.py").write_text(
+        "import os\n"
+        "if os.environ.get('RANK') == '1':\n"
+        "    import iqtrain.step as s\n"
+        "    orig = s.TrainStep.train_step\n"
+        "    def boom(self, *a, step=None, **k):\n"
+        "        if step == 3:\n"
+        "            raise RuntimeError('injected failure on rank 1')\n"
+        "        return orig(self, *a, step=step, **k)\n"
+        "    s.TrainStep.train_step = boom\n"
+    )
+    cfg = write_config(tmp_path / "c.toml", tmp_path / "run", tmp_path / "cache")
+    t0 = time.monotonic()
+    proc = torchrun(2, "run", cfg, env={"PYTHONPATH": f"{inject}{os.pathsep}{_pythonpath()}"})
+    assert proc.returncode == 1, proc.stderr[-4000:]
+    assert time.monotonic() - t0 < TIMEOUT / 2
+    assert "injected failure on rank 1" in proc.stderr
+    # Rank 0 ends with one line naming the cause, and its attempt records the failure.
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("iqtrain: error:")]
+    assert len(lines) == 1 and "rank 0:" in lines[0], proc.stderr[-4000:]
+    info = json.loads((tmp_path / "run" / "attempts" / "0001" / "attempt.json").read_text())
+    assert info["status"] == "failed" and info["error"].startswith("PeerError")
+    assert info["final_step"] == 2
+    ok(single("verify", tmp_path / "run" / "attempts" / "0001"))
+
+
+def test_a_rank_that_refuses_its_input_stops_every_rank_before_anything_exists(tmp_path):
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    # Rank 1 alone cannot open its data (as if its node lacked the files): every rank exits 2,
+    # rank 0 prints the one line naming rank 1, and no attempt directory is created.
+    (inject / "sitecustomize.py").write_text(
+        "import os\n"
+        "if os.environ.get('RANK') == '1':\n"
+        "    import iqtrain.attempt as a\n"
+        "    from iqtrain.errors import DataError\n"
+        "    def refuse(config):\n"
+        "        raise DataError('/data/x.sigmf-data: no such file')\n"
+        "    a.open_datasets = refuse\n"
+    )
+    cfg = write_config(tmp_path / "c.toml", tmp_path / "run", tmp_path / "cache")
+    proc = torchrun(2, "run", cfg, env={"PYTHONPATH": f"{inject}{os.pathsep}{_pythonpath()}"})
+    assert proc.returncode != 0
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("iqtrain: error:")]
+    assert lines == ["iqtrain: error: rank 1: /data/x.sigmf-data: no such file"], proc.stderr
+    assert proc.stderr.count("exitcode  : 2") == 2
+    assert not (tmp_path / "run" / "attempts").exists()
+
+
+def _pythonpath() -> str:
+    return os.environ.get("PYTHONPATH", "")
+
+
+def test_a_batch_size_that_does_not_divide_is_exit_2_on_every_rank(tmp_path):
+    tabs = tables(tmp_path / "run", tmp_path / "cache")
+    tabs["data"]["batch_size"] = 5
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(dumps_toml(tabs))
+    proc = torchrun(2, "run", cfg)
+    # torchrun turns any failed worker into its own exit 1; each worker's code is in its
+    # summary.
+    assert proc.returncode != 0
+    assert proc.stderr.count("data.batch_size: 5 is not divisible by the world size 2") == 2
+    assert "exitcode  : 2" in proc.stderr and "exitcode  : 1" not in proc.stderr
+    assert not (tmp_path / "run").exists() and not (tmp_path / "cache").exists()
+
+
+def test_sigterm_stops_every_rank_at_one_step_and_resumes_exactly(tmp_path):
+    steps = 60
+    cfg = write_config(
+        tmp_path / "c.toml",
+        tmp_path / "run",
+        tmp_path / "cache",
+        max_steps=steps,
+        eval_every=20,
+        checkpoint_every=100,
+    )
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
+    cmd += ["2", "-m", "iqtrain", "run", os.fspath(cfg)]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(), text=True
+    )
+    metrics = tmp_path / "run" / "attempts" / "0001" / "metrics.jsonl"
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline and proc.poll() is None:
+        if metrics.is_file() and metrics.read_text().count('"train"') >= 5:
+            proc.send_signal(signal.SIGTERM)  # torchrun forwards it to every worker
+            break
+        time.sleep(0.05)
+    _, err = proc.communicate(timeout=TIMEOUT)
+    attempt = metrics.parent
+    info = json.loads((attempt / "attempt.json").read_text())
+    assert info["status"] == "interrupted", err[-4000:]
+    stopped = info["final_step"]
+    assert 5 <= stopped < steps
+    assert [p.name for p in (attempt / "checkpoints").iterdir()] == [f"step_{stopped:08d}"]
+    assert err.count("checkpoint saved. Resume with:") == 1  # rank 0 alone reports
+    ok(torchrun(2, "resume", "--attempt", attempt))
+    child = attempt.parent / "0002"
+    ref = write_config(
+        tmp_path / "r.toml",
+        tmp_path / "ref",
+        tmp_path / "cache",
+        max_steps=steps,
+        eval_every=20,
+        checkpoint_every=100,
+    )
+    ok(torchrun(2, "run", ref))
+    want = tmp_path / "ref" / "attempts" / "0001"
+    assert strip_timing(records(child)) == strip_timing(records(want))
+    got, exp = model_at(child, steps), model_at(want, steps)
+    assert all(torch.equal(got[k], exp[k]) for k in exp)
+
+
+def test_compiled_ddp_matches_eager_ddp(tmp_path):
+    eager = write_config(tmp_path / "e.toml", tmp_path / "e", tmp_path / "cache", max_steps=6)
+    comp = write_config(
+        tmp_path / "c.toml", tmp_path / "c", tmp_path / "cache", max_steps=6, compile=True
+    )
+    ok(torchrun(2, "run", eager))
+    ok(torchrun(2, "run", comp))
+    a = records(tmp_path / "c" / "attempts" / "0001")
+    b = records(tmp_path / "e" / "attempts" / "0001")
+    close(a, b, rel=1e-4)
+
+
+# ------------------------------------------------------------------------ without processes
+
+
+def test_world_from_env(monkeypatch):
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    assert world_from_env() == World()
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert not world_from_env().distributed
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    w = world_from_env()
+    assert (w.rank, w.world_size, w.local_rank, w.is_main) == (3, 4, 1, False)
+    monkeypatch.setenv("RANK", "4")
+    with pytest.raises(ConfigError, match="RANK=4"):
+        world_from_env()
+    monkeypatch.setenv("WORLD_SIZE", "two")
+    with pytest.raises(ConfigError, match="WORLD_SIZE='two'"):
+        world_from_env()
+
+
+def test_agree_in_one_process_raises_the_error_itself():
+    agree(World(), None)
+    with pytest.raises(DataError, match="bad file"):
+        agree(World(), DataError("bad file"))
+
+
+class _FakeWorld(World):
+    """A world whose all_gather returns given per-rank objects (no process group)."""
+
+    def __init__(self, rank: int, gathered: list):
+        super().__init__(rank, len(gathered), rank, "gloo")
+        object.__setattr__(self, "_gathered", gathered)
+
+    def all_gather_object(self, obj):
+        return list(self._gathered)
+
+
+def _failure(exc):
+    from iqtrain.errors import CheckpointError
+
+    bad = isinstance(exc, ConfigError | DataError | CheckpointError)
+    return (bad, f"{type(exc).__name__}: {exc}", str(exc))
+
+
+def test_agree_rank_0_reports_and_the_others_exit_silently():
+    err = DataError("x.sigmf-data: truncated")
+    gathered = [None, _failure(err)]
+    with pytest.raises(ConfigError, match="rank 1: x.sigmf-data: truncated"):
+        agree(_FakeWorld(0, gathered), None)
+    with pytest.raises(RankExit) as info:
+        agree(_FakeWorld(1, gathered), err)
+    assert info.value.exit_code == 2
+    late = TrainingError("boom")
+    with pytest.raises(TrainingError, match="rank 1: boom"):
+        agree(_FakeWorld(0, [None, _failure(late)]), None)
+    with pytest.raises(RankExit) as info:
+        agree(_FakeWorld(1, [_failure(err), None]), None)
+    assert info.value.exit_code == 2
+
+
+def test_rng_state_restores_at_the_same_world_size_and_rederives_at_another():
+    torch.manual_seed(1)
+    saved = RNGState(World()).state_dict()
+    expected = torch.rand(3)
+    torch.manual_seed(99)
+    RNGState(World()).load_state_dict(saved)
+    assert torch.equal(torch.rand(3), expected)
+    # A version 2 state (one process's generators, no "ranks") reads as a world of one.
+    RNGState(World()).load_state_dict(saved["ranks"][0])
+    assert torch.equal(torch.rand(3), expected)
+    # At another world size every rank is seeded from the checkpoint, rank and world size.
+    draws = []
+    for rank in (0, 1, 0):
+        RNGState(_FakeWorld(rank, [None, None])).load_state_dict(saved)
+        draws.append(torch.rand(3))
+    assert torch.equal(draws[0], draws[2]) and not torch.equal(draws[0], draws[1])
+    with pytest.raises(ValueError, match="2 rank states"):
+        RNGState(World()).load_state_dict({"world_size": 3, "ranks": saved["ranks"] * 2})

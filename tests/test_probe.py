@@ -1,0 +1,275 @@
+"""The linear probe: labelled windows, grouped folds, the classifier, baselines and the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import COMPONENT_DTYPES, random_iq
+
+from iqtrain.attempt import run_pretraining_attempt
+from iqtrain.cli import main
+from iqtrain.config import DataConfig, ModelConfig, build_config
+from iqtrain.errors import ConfigError, DataError
+from iqtrain.model import NextPatchModel
+from iqtrain.probe import (
+    assign_folds,
+    cross_validate,
+    labelled_windows,
+    probe_features,
+    probe_model,
+    random_init_model,
+)
+from iqtrain.synth import synthesize
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+W = 64  # window of the tiny attempt below: patch_len 8 x seq_patches 8
+
+
+def write_annotated(directory, name, iq, datatype, annotations, captures=(0,)) -> Path:
+    """A SigMF recording with ``annotations``: ``(start, count or None, label or None)``."""
+    from sigmf import SigMFFile
+
+    directory.mkdir(parents=True, exist_ok=True)
+    data_path = directory / f"{name}.sigmf-data"
+    np.ascontiguousarray(iq, dtype=COMPONENT_DTYPES[datatype]).tofile(data_path)
+    meta = SigMFFile(data_file=data_path, global_info={"core:datatype": datatype})
+    for start in captures:
+        meta.add_capture(start)
+    for start, count, label in annotations:
+        meta.add_annotation(start, count, metadata={"core:label": label} if label else {})
+    meta.tofile(directory / f"{name}.sigmf-meta")
+    return directory / f"{name}.sigmf-meta"
+
+
+# --------------------------------------------------------------------------- labelled windows
+
+
+def test_windows_lie_inside_labelled_annotations_and_captures(tmp_path):
+    rng = np.random.default_rng(0)
+    a_iq = random_iq(rng, 1000, "cf32_le")
+    b_iq = random_iq(rng, 400, "ci16_le")
+    write_annotated(
+        tmp_path,
+        "a",
+        a_iq,
+        "cf32_le",
+        [
+            (10, 128, "x"),  # exactly two windows: the second ends on the annotation's end
+            (200, 63, "y"),  # one sample short of a window: none
+            (300, 330, "y"),  # crosses the capture at 500: the window over it is dropped
+            (700, 100, None),  # unlabelled: ignored
+            (800, None, "x"),  # no count: runs to the end of the data
+        ],
+        captures=(0, 500),
+    )
+    write_annotated(tmp_path, "b", b_iq, "ci16_le", [(0, 400, "z")], captures=(100,))
+    ls = labelled_windows([os.fspath(tmp_path / "*.sigmf-meta")], W)
+    assert ls.classes == ("x", "y", "z")
+    assert ls.starts.tolist() == [10, 74, 300, 364, 428, 556, 800, 864, 928, 0, 128, 192, 256, 320]
+    assert ls.recordings.tolist() == [0] * 9 + [1] * 5
+    assert ls.labels.tolist() == [0, 0, 1, 1, 1, 1, 0, 0, 0, 2, 2, 2, 2, 2]
+    # Grouped by annotation; the one that yields no window takes no number. In "b" the leading
+    # segment [0, 100) and the capture at 100 cut the annotation; the grid stays anchored at
+    # its start (0, 128, ...: the window at 64 crosses the capture) and it is still one group.
+    assert ls.groups.tolist() == [0, 0, 1, 1, 1, 1, 2, 2, 2, 3, 3, 3, 3, 3]
+    assert len(ls) == 14 and ls.num_annotations == 4
+    raw = {0: a_iq.astype(np.float32), 1: b_iq}
+    got = np.concatenate(list(ls.batches(5)))
+    assert got.shape == (14, W, 2)
+    for row, (r, s) in enumerate(zip(ls.recordings, ls.starts, strict=True)):
+        np.testing.assert_array_equal(got[row], raw[r][s : s + W])
+
+
+def test_cu8_windows_are_offset_binary(tmp_path):
+    iq = random_iq(np.random.default_rng(1), 256, "cu8")
+    write_annotated(tmp_path, "u", iq, "cu8", [(0, 128, "p"), (128, 128, "q")])
+    ls = labelled_windows(os.fspath(tmp_path / "u.sigmf-meta"), W)
+    got = np.concatenate(list(ls.batches()))
+    np.testing.assert_array_equal(got[0], iq[:W].astype(np.int16) - 128)
+
+
+@pytest.mark.parametrize(
+    ("annotations", "match"),
+    [
+        ([(0, 30, "x"), (30, 30, "y")], "no labelled window"),
+        ([(0, 100, "x"), (100, 100, "x")], "at least 2 classes"),
+        ([(0, 100, None), (100, 100, None)], "no labelled window"),
+    ],
+)
+def test_too_little_labelled_data_is_a_data_error(tmp_path, annotations, match):
+    meta = write_annotated(
+        tmp_path, "r", random_iq(np.random.default_rng(2), 200, "ci8"), "ci8", annotations
+    )
+    with pytest.raises(DataError, match=match):
+        labelled_windows(os.fspath(meta), W)
+
+
+def test_annotation_beyond_the_data_names_the_file_and_field(tmp_path):
+    meta = write_annotated(
+        tmp_path, "r", random_iq(np.random.default_rng(3), 200, "ci8"), "ci8", [(0, 200, "x")]
+    )
+    doc = json.loads(meta.read_text())
+    doc["annotations"][0]["core:sample_count"] = 201
+    meta.write_text(json.dumps(doc))
+    with pytest.raises(DataError, match=r"r\.sigmf-meta: annotations\[0\]"):
+        labelled_windows(os.fspath(meta), W)
+
+
+# --------------------------------------------------------------------------- folds, classifier
+
+
+def test_grouped_folds_never_split_an_annotation_and_are_deterministic():
+    rng = np.random.default_rng(4)
+    groups = np.repeat(np.arange(23), rng.integers(1, 9, size=23))
+    labels = (groups % 3).astype(np.int64)
+    folds = assign_folds(labels, groups, 5, seed=7)
+    for g in np.unique(groups):
+        assert np.unique(folds[groups == g]).size == 1
+    per_fold = np.bincount([folds[groups == g][0] for g in np.unique(groups)])
+    assert per_fold.tolist() == [5, 5, 5, 4, 4]  # dealt round-robin over annotations
+    np.testing.assert_array_equal(folds, assign_folds(labels, groups, 5, seed=7))
+    with pytest.raises(ConfigError, match="--folds: 24 folds need at least 24"):
+        assign_folds(labels, groups, 24, seed=7, key="--folds")
+    with pytest.raises(ConfigError, match="folds: must be an integer >= 2"):
+        assign_folds(labels, groups, 1, seed=7)
+
+
+def _blobs(n_per: int, classes: int, dim: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    centres = 6.0 * torch.randn(classes, dim, generator=g)
+    labels = np.repeat(np.arange(classes), n_per)
+    x = centres[torch.from_numpy(labels)] + torch.randn(len(labels), dim, generator=g)
+    groups = np.arange(len(labels)) // 5  # annotations of 5 windows, one class each
+    return x.float(), labels, groups
+
+
+def test_logistic_regression_separates_separable_data_and_not_shuffled_labels():
+    x, labels, groups = _blobs(60, 3, 8, seed=0)
+    sep = cross_validate(x, labels, groups, 5, seed=0, classes=["a", "b", "c"])
+    assert sep.accuracy > 0.99
+    assert set(sep.per_class) == {"a", "b", "c"}
+    assert np.sum(sep.confusion) == len(labels)
+    # Whole annotations shuffled, so labels stay constant within a group: nothing to learn.
+    perm = np.random.default_rng(0).permutation(len(labels) // 5)
+    shuffled = labels.reshape(-1, 5)[perm].reshape(-1)
+    noise = cross_validate(x, shuffled, groups, 5, seed=0)
+    assert noise.accuracy < 0.55  # chance is 1/3
+    again = cross_validate(x, shuffled, groups, 5, seed=0)
+    assert again == noise
+
+
+# --------------------------------------------------------------------------- models
+
+
+def test_hidden_states_feed_the_head():
+    cfg = ModelConfig(patch_len=4, max_patches=8, dim=16, layers=1, heads=2)
+    model = random_init_model(cfg, 0).eval()
+    x = torch.randn(3, 8, 8)
+    torch.testing.assert_close(model(x), model.head(model.hidden_states(x)), rtol=0, atol=0)
+    assert model.hidden_states(x).shape == (3, 8, 16)
+
+
+def test_random_init_is_trainings_step_0_and_leaves_the_global_rng_alone():
+    cfg = ModelConfig(patch_len=4, max_patches=8, dim=16, layers=2, heads=2)
+    torch.manual_seed(11)
+    expected = NextPatchModel(cfg).state_dict()
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    got = random_init_model(cfg, 11).state_dict()
+    assert torch.equal(torch.get_rng_state(), before)
+    assert got.keys() == expected.keys()
+    for k in got:
+        assert torch.equal(got[k], expected[k]), k
+
+
+def test_features_and_scores_are_deterministic_and_rng_free(tmp_path):
+    synthesize(tmp_path, recordings=2, samples=16384, datatype="ci8", seed=5)
+    data = DataConfig(patch_len=8, seq_patches=8)
+    ls = labelled_windows(os.fspath(tmp_path / "*.sigmf-meta"), data.window)
+    model = random_init_model(ModelConfig(patch_len=8, max_patches=8, dim=16, layers=1), 0)
+    model.train()
+    before = torch.get_rng_state()
+    feats = probe_features(model, ls, data, batch_size=7)
+    assert model.training and feats.shape == (len(ls), 16) and feats.dtype == torch.float32
+    torch.testing.assert_close(probe_features(model, ls, data, batch_size=7), feats, rtol=0, atol=0)
+    one = probe_model(model, ls, data, 3, seed=1)
+    assert one == probe_model(model, ls, data, 3, seed=1)
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+# --------------------------------------------------------------------------- the command
+
+
+@pytest.fixture(scope="module")
+def attempt(tmp_path_factory):
+    """A tiny trained attempt (3 steps) and labelled probe data from another synth seed."""
+    root = tmp_path_factory.mktemp("probe")
+    tables = {
+        "run": {"dir": os.fspath(root / "run"), "seed": 3},
+        "data": {
+            "patch_len": 8,
+            "seq_patches": 8,
+            "batch_size": 4,
+            "synthetic": {
+                "train_recordings": 1,
+                "val_recordings": 1,
+                "samples": 2048,
+                "cache_dir": os.fspath(root / "cache"),
+            },
+        },
+        "model": {"dim": 16, "layers": 1, "heads": 2},
+        "schedule": {"warmup_steps": 1, "decay_steps": 1},
+        "training": {"max_steps": 3, "eval_every": 2, "checkpoint_every": 2},
+    }
+    result = run_pretraining_attempt(build_config(tables))
+    synthesize(root / "labelled", recordings=2, samples=16384, datatype="ci16_le", seed=9)
+    return result.attempt, os.fspath(root / "labelled" / "*.sigmf-meta")
+
+
+def test_probe_command_end_to_end_json(attempt, capsys):
+    path, data = attempt
+    assert main(["probe", os.fspath(path), "--data", data, "--folds", "3", "--json"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert "pretrained" in out[2] and "random-init" in out[2]
+    doc = json.loads(out[-1])
+    assert doc["checkpoint"] == "step_00000003" and doc["step"] == 3 and doc["folds"] == 3
+    assert doc["windows"] > 0 and doc["annotations"] >= 3 and len(doc["classes"]) >= 2
+    for key in ("pretrained", "random_init"):
+        assert 0.0 <= doc[key]["accuracy"] <= 1.0
+        assert set(doc[key]["per_class"]) == set(doc["classes"])
+        assert np.sum(doc[key]["confusion"]) == doc["windows"]
+    assert 0.0 < doc["chance"] <= 1.0
+    assert main(["probe", os.fspath(path), "--data", data, "--from", "step_2", "--folds", "2"]) == 0
+    assert "step_00000002 (step 2)" in capsys.readouterr().out
+
+
+def _refused(capsys, argv, *names):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("iqtrain: error: "), err
+    for name in names:
+        assert name in err[0], err[0]
+
+
+def test_probe_command_refusals_are_one_line_exit_2(attempt, tmp_path, capsys):
+    path, data = attempt
+    a = os.fspath(path)
+    _refused(capsys, ["probe", a, "--data", os.fspath(tmp_path / "none*.sigmf-meta")], "none*")
+    bad = tmp_path / "bad.sigmf-meta"
+    bad.write_text("{not json")
+    _refused(capsys, ["probe", a, "--data", os.fspath(bad)], os.fspath(bad))
+    _refused(capsys, ["probe", a, "--data", data, "--from", "step_999"], "step_00000999")
+    _refused(capsys, ["probe", a, "--data", data, "--from", "newest"], "--from")
+    _refused(capsys, ["probe", a, "--data", data, "--folds", "500"], "--folds")
+    _refused(capsys, ["probe", a, "--data", data, "--folds", "1"], "--folds")
+    one = write_annotated(
+        tmp_path, "one", random_iq(np.random.default_rng(0), 512, "ci8"), "ci8", [(0, 512, "x")]
+    )
+    _refused(capsys, ["probe", a, "--data", os.fspath(one)], "one.sigmf-meta", "2 classes")
+    _refused(capsys, ["probe", os.fspath(tmp_path), "--data", data], os.fspath(tmp_path))

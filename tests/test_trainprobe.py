@@ -1,0 +1,87 @@
+"""``[probe]`` during training: probe records, and training exactly as without them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from iqtrain.attempt import ParentRef, run_pretraining_attempt
+from iqtrain.config import build_config
+from iqtrain.errors import ConfigError, DataError
+from iqtrain.evidence import check_attempt
+from iqtrain.metrics import read_metrics, strip_timing
+from iqtrain.synth import synthesize
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def labelled(tmp_path_factory) -> str:
+    root = tmp_path_factory.mktemp("labelled")
+    synthesize(root, recordings=2, samples=16384, datatype="ci16_le", seed=9)
+    return str(root / "*.sigmf-meta")
+
+
+def _tables(tmp_path: Path, name: str, probe: dict | None) -> dict:
+    from test_attempt import tiny_tables
+
+    tables = tiny_tables(tmp_path / name, tmp_path / "cache", checkpoint_every=4, keep_last=0)
+    if probe is not None:
+        tables["probe"] = probe
+    return tables
+
+
+def _weights(attempt: Path, step: int) -> dict[str, torch.Tensor]:
+    return load_file(attempt / "checkpoints" / f"step_{step:08d}" / "model.safetensors")
+
+
+def test_probe_records_leave_training_and_its_resume_exact(tmp_path, labelled):
+    probe = {"every": 2, "data": [labelled], "folds": 2}
+    with_probe = run_pretraining_attempt(build_config(_tables(tmp_path, "a", probe))).attempt
+    without = run_pretraining_attempt(build_config(_tables(tmp_path, "b", None))).attempt
+    records = read_metrics(with_probe / "metrics.jsonl")
+    probes = [r for r in records if r["kind"] == "probe"]
+    # validations at 4, 8, 12: every 2nd (the 2nd, at step 8) and the last
+    assert [r["step"] for r in probes] == [8, 12]
+    for r in probes:
+        assert 0.0 <= r["accuracy"] <= 1.0 and 0.0 < r["chance"] <= 1.0
+        assert r["random_init_accuracy"] == probes[0]["random_init_accuracy"]
+        assert r["folds"] == 2 and r["windows"] > 0 and set(r["per_class"])
+    # The probe reads the model and nothing else: the same training, number for number.
+    others = [r for r in records if r["kind"] != "probe"]
+    assert strip_timing(others) == strip_timing(read_metrics(without / "metrics.jsonl"))
+    a, b = _weights(with_probe, 12), _weights(without, 12)
+    assert all(torch.equal(a[k], b[k]) for k in b)
+    assert check_attempt(with_probe).problems == []
+    # Exact resume with the probe on: from step 4, the same records (probes included).
+    child = run_pretraining_attempt(
+        build_config(_tables(tmp_path, "a", probe)), ParentRef(with_probe, "step_4")
+    ).attempt
+    assert strip_timing(read_metrics(child / "metrics.jsonl")) == strip_timing(records)
+
+
+def test_probe_settings_are_checked_before_the_attempt_exists(tmp_path, labelled):
+    bad = {"every": 1, "data": [str(tmp_path / "none" / "*.sigmf-meta")]}
+    with pytest.raises(DataError):
+        run_pretraining_attempt(build_config(_tables(tmp_path, "c", bad)))
+    with pytest.raises(ConfigError, match="probe.folds"):
+        tables = _tables(tmp_path, "c", {"every": 1, "data": [labelled], "folds": 500})
+        run_pretraining_attempt(build_config(tables))
+    assert not (tmp_path / "c" / "attempts").exists()
+    with pytest.raises(ConfigError, match="probe.every"):
+        build_config(_tables(tmp_path, "c", {"every": -1}))
+
+
+def test_the_probe_defaults_to_the_validation_recordings(tmp_path):
+    from iqtrain.cli import main
+
+    tables = _tables(tmp_path, "d", {"every": 3, "folds": 2})
+    tables["data"]["synthetic"].update(val_recordings=2, samples=16384)
+    result = run_pretraining_attempt(build_config(tables))
+    probes = [r for r in read_metrics(result.attempt / "metrics.jsonl") if r["kind"] == "probe"]
+    assert [r["step"] for r in probes] == [12]
+    # ... and so does `iqtrain probe` without --data.
+    assert main(["probe", str(result.attempt), "--folds", "2", "--json"]) == 0
