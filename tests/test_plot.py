@@ -80,7 +80,7 @@ def test_no_spike_markers_without_spikes_and_a_probe_panel_only_with_probes(tmp_
     lines = _lines(probe)
     assert list(lines["probe accuracy"].get_ydata()) == [0.5, 0.7]
     assert list(lines["random-init model"].get_xdata()) == [50, 100]
-    assert list(lines["chance"].get_ydata()) == [0.25, 0.25]
+    assert list(lines["chance"].get_ydata()) == [0.25, 0.25]  # a horizontal line across
     assert probe.get_ylim() == (0, 1.02)
     # Only what is there: accuracy alone draws one line.
     one = {"kind": "probe", "step": 3, "accuracy": 0.9}

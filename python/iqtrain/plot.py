@@ -201,7 +201,11 @@ def _probe_panel(ax: Axes, probes: list[dict[str, Any]]) -> None:
         ("chance", "chance", dict(color="0.25", ls=":", lw=1.1)),
     ):
         steps, values = _series(probes, key)
-        if steps:
+        if steps and key == "chance" and len(set(values)) == 1:
+            # One probe set, one majority-class rate: a line across, even for a single probe.
+            ax.axhline(values[0], label=name, **style)
+            shown += values
+        elif steps:
             ax.plot(steps, values, label=name, **style)
             shown += values
     if shown and all(0 <= v <= 1 for v in shown):
