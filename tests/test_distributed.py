@@ -222,6 +222,31 @@ def test_a_rank_that_refuses_its_input_stops_every_rank_before_anything_exists(t
     assert not (tmp_path / "run" / "attempts").exists()
 
 
+def test_a_non_finite_loss_on_one_rank_stops_every_rank_naming_the_global_batch(tmp_path):
+    import numpy as np
+    from conftest import write_sigmf
+
+    rng = np.random.default_rng(0)
+    window = 128  # seq_patches 16 x patch_len 8
+    train = rng.standard_normal((40 * window, 2)).astype(np.float32)
+    train[17 * window + 5] = np.nan  # window 17: in one rank's half of its global batch
+    write_sigmf(tmp_path / "d", "train", train, "cf32_le")
+    write_sigmf(tmp_path / "d", "val", rng.standard_normal((8 * window, 2)), "cf32_le")
+    tabs = tables(tmp_path / "run", tmp_path / "cache")
+    tabs["data"]["train"] = [os.fspath(tmp_path / "d" / "train.sigmf-meta")]
+    tabs["data"]["val"] = [os.fspath(tmp_path / "d" / "val.sigmf-meta")]
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(dumps_toml(tabs))
+    proc = torchrun(2, "run", cfg)
+    assert proc.returncode == 1 and proc.stderr.count("exitcode  : 1") == 2, proc.stderr[-3000:]
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("iqtrain: error:")]
+    assert len(lines) == 1 and "non-finite loss" in lines[0], proc.stderr[-3000:]
+    ids = json.loads(lines[0].split("window ids ")[1].split(";")[0])
+    assert len(ids) == 8 and 17 in ids  # both ranks' rows, in global batch order
+    info = json.loads((tmp_path / "run" / "attempts" / "0001" / "attempt.json").read_text())
+    assert info["status"] == "failed" and "17" in info["error"]
+
+
 def _pythonpath() -> str:
     return os.environ.get("PYTHONPATH", "")
 
@@ -337,6 +362,17 @@ class _FakeWorld(World):
     def all_gather_object(self, obj):
         return list(self._gathered)
 
+    def wait_for_main(self):
+        pass
+
+
+@pytest.fixture
+def keep_sigterm(monkeypatch):
+    """agree() ignores SIGTERM once the ranks agreed to fail: not in the test process."""
+    import iqtrain.distributed
+
+    monkeypatch.setattr(iqtrain.distributed.signal, "signal", lambda *a: None)
+
 
 def _failure(exc):
     from iqtrain.errors import CheckpointError
@@ -345,7 +381,7 @@ def _failure(exc):
     return (bad, f"{type(exc).__name__}: {exc}", str(exc))
 
 
-def test_agree_rank_0_reports_and_the_others_exit_silently():
+def test_agree_rank_0_reports_and_the_others_exit_silently(keep_sigterm):
     err = DataError("x.sigmf-data: truncated")
     gathered = [None, _failure(err)]
     with pytest.raises(ConfigError, match="rank 1: x.sigmf-data: truncated"):

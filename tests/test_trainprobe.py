@@ -85,3 +85,27 @@ def test_the_probe_defaults_to_the_validation_recordings(tmp_path):
     assert [r["step"] for r in probes] == [12]
     # ... and so does `iqtrain probe` without --data.
     assert main(["probe", str(result.attempt), "--folds", "2", "--json"]) == 0
+
+
+def test_probe_runs_at_an_early_stop_and_a_failing_probe_does_not_end_training(
+    tmp_path, labelled, monkeypatch, capsys
+):
+    from iqtrain.trainprobe import TrainingProbe
+
+    tables = _tables(tmp_path, "e", {"every": 10, "data": [labelled], "folds": 2})
+    tables["training"].update(eval_every=2, early_stop_patience=2, early_stop_min_delta=1.0)
+    result = run_pretraining_attempt(build_config(tables))
+    assert result.stopped_early["step"] == 6
+    probes = [r for r in read_metrics(result.attempt / "metrics.jsonl") if r["kind"] == "probe"]
+    assert [r["step"] for r in probes] == [6]  # the last validation, though not every 10th
+
+    def broken(self, model, step):
+        raise DataError(f"{labelled}: changed while training")
+
+    monkeypatch.setattr(TrainingProbe, "record", broken)
+    tables = _tables(tmp_path, "f", {"every": 1, "data": [labelled], "folds": 2})
+    done = run_pretraining_attempt(build_config(tables))
+    assert done.final_step == 12
+    assert not [r for r in read_metrics(done.attempt / "metrics.jsonl") if r["kind"] == "probe"]
+    assert capsys.readouterr().err.count("skipped: ") == 3  # validations at 4, 8, 12
+    assert check_attempt(done.attempt).problems == []

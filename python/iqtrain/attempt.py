@@ -330,14 +330,17 @@ def _run(config: Config, parent: ParentRef | None, world: World) -> AttemptResul
         status = "completed"  # only once the manifest exists
     except Interrupted:
         status = "interrupted"
+        world.ending()  # the checkpoint is saved; finish the record before any SIGTERM
         raise
     except IQTrainError as exc:
+        world.ending()
         info["error"] = f"{type(exc).__name__}: {exc}"
         if isinstance(exc, TrainingError | NonFiniteError):
             raise
         # The attempt exists: any failure now is a failure of the run (exit 1), not bad input.
         raise TrainingError(f"{attempt}: {exc}") from exc
     except BaseException as exc:
+        world.ending()
         info["error"] = f"{type(exc).__name__}: {exc}"
         raise
     finally:
@@ -385,14 +388,15 @@ def _follow(
     trainer = _trainer(config, attempt, run_dir, ready, None, config_text)
     try:
         trainer.train()
-    except Interrupted as exc:
-        raise RankExit(exc.exit_code, str(exc)) from None
-    except NonFiniteError as exc:
-        raise RankExit(1, str(exc)) from None
-    except IQTrainError as exc:
-        if isinstance(exc, TrainingError):
-            raise
-        raise TrainingError(f"rank {world.rank}: {exc}") from exc
+    except BaseException as exc:
+        world.ending()
+        if isinstance(exc, Interrupted):
+            raise RankExit(exc.exit_code, str(exc)) from None
+        if isinstance(exc, NonFiniteError):
+            raise RankExit(1, str(exc)) from None
+        if isinstance(exc, IQTrainError) and not isinstance(exc, TrainingError):
+            raise TrainingError(f"rank {world.rank}: {exc}") from exc
+        raise
     return _result(trainer, attempt, world)
 
 

@@ -2,7 +2,8 @@
 
 Exit codes (DESIGN.md section 8): 0 success; 2 bad input (one line naming the key or file, no
 traceback, no attempt created); 1 training failure (non-finite, I/O; the attempt stays
-verifiable); 130/143 after SIGINT/SIGTERM, with a checkpoint saved and the resume command printed.
+verifiable); 130/143/129 after SIGINT/SIGTERM/SIGHUP, with a checkpoint saved and the resume
+command printed.
 """
 
 from __future__ import annotations

@@ -27,8 +27,10 @@ class Interrupted(Exception):  # noqa: N818 - it is a control-flow signal, not a
 
 
 class SignalGuard:
-    """Turn SIGINT/SIGTERM into a flag the loop checks after each completed step (announced
-    on stderr unless ``announce`` is false: ranks other than 0 stay quiet)."""
+    """Turn SIGINT/SIGTERM/SIGHUP into a flag the loop checks after each completed step
+    (announced on stderr unless ``announce`` is false: ranks other than 0 stay quiet). SIGHUP
+    is there because torchrun forwards it (a closed terminal or SSH session): it ends the run
+    like SIGTERM, with a checkpoint, exit 129."""
 
     def __init__(self, announce: bool = True) -> None:
         self.signum: int | None = None
@@ -37,7 +39,9 @@ class SignalGuard:
 
     def __enter__(self) -> SignalGuard:
         if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                if signal.getsignal(sig) is signal.SIG_IGN and sig == signal.SIGHUP:
+                    continue  # started under nohup: a hang-up must not end the run
                 self._old[sig] = signal.signal(sig, self._handle)
         return self
 

@@ -17,9 +17,11 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import signal
 import socket
+import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from iqtrain.errors import (
@@ -35,6 +37,9 @@ __all__ = ["PeerError", "RankExit", "World", "agree", "world_from_env"]
 #: Errors a user's input causes: exit 2 on every rank when any rank raises one before the
 #: attempt exists (the CLI's mapping, DESIGN.md section 8).
 _BAD_INPUT = (ConfigError, DataError, CheckpointError)
+#: How long ranks wait for work rank 0 does alone (a digest of a 1 TB dataset from disk takes
+#: about half an hour). Generous on purpose: a rank 0 that dies ends the wait at once.
+RANK0_WORK_TIMEOUT = datetime.timedelta(hours=24)
 
 
 class PeerError(TrainingError):
@@ -71,6 +76,8 @@ class World:
     world_size: int = 1
     local_rank: int = 0
     backend: str | None = None  # "gloo" or "nccl" once connected; None for one process
+    # A CPU group whose barrier waits as long as rank 0 works alone (see wait_for_main).
+    wait_group: Any = field(default=None, compare=False, repr=False)
 
     @property
     def is_main(self) -> bool:
@@ -104,9 +111,21 @@ class World:
             dist.init_process_group(
                 backend=backend, timeout=datetime.timedelta(seconds=timeout_s), **extra
             )
+            wait_group = dist.new_group(backend="gloo", timeout=RANK0_WORK_TIMEOUT)
         except (RuntimeError, ValueError) as exc:  # rendezvous failed or timed out
             raise PeerError(f"rank {self.rank}: cannot join the process group: {exc}") from None
-        return World(self.rank, self.world_size, self.local_rank, backend)
+        return World(self.rank, self.world_size, self.local_rank, backend, wait_group)
+
+    def wait_for_main(self) -> None:
+        """Every rank calls it at the same point; the others wait there while rank 0 does work
+        of its own (digesting every data file for the first checkpoint or a resume, a probe,
+        writing a checkpoint). That wait is bounded by ``RANK0_WORK_TIMEOUT``, not by
+        ``training.dist_timeout_s``, which keeps bounding the collectives of the loop; if rank 0
+        dies meanwhile, the connection closes and the wait ends at once."""
+        if self.distributed:
+            import torch.distributed as dist
+
+            self._guard(dist.barrier, group=self.wait_group)
 
     def close(self) -> None:
         if self.backend is None:
@@ -162,15 +181,27 @@ class World:
         if not self.distributed:
             yield
             return
+        import torch
+        from torch._dynamo.exc import TorchDynamoException
+
         try:
             yield
+        except (torch.OutOfMemoryError, TorchDynamoException):
+            raise  # this rank's own failure, with its own message
         except RuntimeError as exc:
             text = str(exc).strip()
             first = text.splitlines()[0] if text else type(exc).__name__
             raise PeerError(
-                f"rank {self.rank}: {what} failed (usually another rank ended or timed out; "
-                f"see its output): {first}"
+                f"rank {self.rank}: {what} failed (when another rank ended or timed out, its "
+                f"output says why): {first}"
             ) from None
+
+    def ending(self) -> None:
+        """This rank is on its way out with a known exit code. torchrun sends SIGTERM to the
+        workers still running as soon as one has exited: a rank that is merely slower to
+        write its last record or to exit must not be killed (-15) on the way."""
+        if self.distributed and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
     def hosts(self) -> list[str]:
         """Every rank's host name, in rank order."""
@@ -195,8 +226,8 @@ def world_from_env() -> World:
 def agree(world: World, error: BaseException | None) -> None:
     """Every rank calls this at the same point with the error it hit (or None); if any rank
     failed, every rank raises. Rank 0 raises its own error, or one naming the first failed rank
-    and its message, of the same exit class (bad input: exit 2; otherwise 1); other ranks raise
-    :class:`RankExit` (silent) unless the error is their own and rank 0's is different."""
+    and its message, of the same exit class (bad input: exit 2; otherwise 1); the other ranks
+    raise :class:`RankExit` with that code and print nothing (one line per job)."""
     if not world.distributed:
         if error is not None:
             raise error
@@ -204,20 +235,16 @@ def agree(world: World, error: BaseException | None) -> None:
     mine = None
     if error is not None:
         mine = (isinstance(error, _BAD_INPUT), f"{type(error).__name__}: {error}", str(error))
+    world.wait_for_main()  # rank 0 may still be digesting every data file of a resume
     failures = world.all_gather_object(mine)
     failed = [(r, f) for r, f in enumerate(failures) if f is not None]
     if not failed:
         return
+    world.ending()
     rank, (bad_input, _, message) = failed[0]
     if world.is_main:
         if error is not None:
             raise error
         cls = ConfigError if bad_input else TrainingError
         raise cls(f"rank {rank}: {message}")
-    if error is not None and failures[0] is not None and failures[0][2] == str(error):
-        raise RankExit(2 if bad_input else 1, message)  # rank 0 prints the same line
-    if error is not None and failures[0] is None and rank == world.rank:
-        raise RankExit(2 if bad_input else 1, message)  # rank 0 prints it, naming this rank
-    if error is not None:
-        raise error  # a different failure of this rank's own: print it too
-    raise RankExit(2 if bad_input else 1, message)
+    raise RankExit(2 if bad_input else 1, message)  # rank 0 prints the job's one line

@@ -311,12 +311,26 @@ def verify_manifest(attempt: Path, manifest: Any, info: dict, problems: list[str
         _check_against_records(attempt, manifest, latest_step, problems)
     _check_inherited(attempt, manifest, info, problems)
     _check_record(attempt, manifest, info, problems)
-    _check_end(manifest, info, latest_step, problems)
+    _check_end(attempt, manifest, info, latest_step, problems)
 
 
-def _check_end(manifest: dict, info: dict, latest_step: int | None, problems: list[str]) -> None:
+def _early_stop_settings(attempt: Path) -> tuple[int, int]:
+    """(early_stop_patience, eval_every) from the attempt's config.toml (bound by its hash)."""
+    import tomllib
+
+    try:
+        training = tomllib.loads((attempt / "config.toml").read_text()).get("training", {})
+        return int(training.get("early_stop_patience", 0)), int(training.get("eval_every", 0))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return 0, 0  # the config checks report an unreadable config
+
+
+def _check_end(
+    attempt: Path, manifest: dict, info: dict, latest_step: int | None, problems: list[str]
+) -> None:
     """A completed attempt ends at its plan's max_steps, or earlier with a ``stopped_early``
-    entry that names its last step and its best step."""
+    entry that names its last step and its best step, written by an attempt whose config has
+    early stopping on, at a validation step."""
     plan = info.get("plan")
     max_steps = plan.get("max_steps") if isinstance(plan, dict) else None
     stopped = manifest.get("stopped_early")
@@ -347,3 +361,15 @@ def _check_end(manifest: dict, info: dict, latest_step: int | None, problems: li
             f"manifest.json stopped_early: best_step {stopped['best_step']!r}, but best is "
             f"step {best_step!r}"
         )
+    else:
+        patience, eval_every = _early_stop_settings(attempt)
+        if patience <= 0:
+            problems.append(
+                "manifest.json stopped_early: set, but config.toml has early stopping off "
+                "(training.early_stop_patience = 0)"
+            )
+        elif eval_every <= 0 or latest_step % eval_every:
+            problems.append(
+                f"manifest.json stopped_early: step {latest_step} is not a validation step "
+                f"(training.eval_every = {eval_every})"
+            )

@@ -197,7 +197,16 @@ def probe_features(
                 out.append(model.hidden_states(patches).float().mean(dim=1).cpu())
     finally:
         model.train(was_training)
-    return torch.cat(out)
+    features = torch.cat(out)
+    bad = (~torch.isfinite(features).all(dim=1)).nonzero().flatten().tolist()
+    if bad:  # one such row would turn every standardised feature into NaN
+        i = bad[0]
+        rec = labelled.dataset.recordings[int(labelled.recordings[i])]
+        raise DataError(
+            f"{rec.data_path}: the window at sample {int(labelled.starts[i])} gives non-finite "
+            f"features ({len(bad)} window(s) in all; non-finite samples in the recording?)"
+        )
+    return features
 
 
 # --------------------------------------------------------------------------- classifier

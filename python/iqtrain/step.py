@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
@@ -118,11 +118,14 @@ def _strip_compile_prefix(state: Mapping[str, Any]) -> dict[str, Any]:
     return {k.removeprefix(_COMPILE_PREFIX): v for k, v in state.items()}
 
 
-def format_ids(window_ids: object) -> str:
-    # Tensors and numpy arrays print as plain lists, so the message reads the same either way.
+def _id_list(window_ids: object) -> list:
+    # Tensors and numpy arrays become plain lists, so a message reads the same either way.
     tolist = getattr(window_ids, "tolist", None)
-    ids = tolist() if callable(tolist) else list(window_ids)  # type: ignore[call-overload]
-    return repr(ids)
+    return tolist() if callable(tolist) else list(window_ids)  # type: ignore[call-overload]
+
+
+def format_ids(window_ids: object) -> str:
+    return repr(_id_list(window_ids))
 
 
 def _adamw(groups: list[dict[str, Any]], opt_cfg: OptimizerConfig) -> torch.optim.AdamW:
@@ -337,7 +340,7 @@ class TrainStep:
         *,
         step: int | None = None,
         window_ids: object = None,
-        stop: bool = False,
+        stop: bool | Callable[[], bool] = False,
     ) -> StepResult:
         """One optimizer step over ``microbatches`` (each ``[b, N, 2P]``) at learning rate ``lr``.
 
@@ -370,6 +373,9 @@ class TrainStep:
                 (mean / accum).backward()
             loss_sum = mean.detach() if loss_sum is None else loss_sum + mean.detach()
         assert loss_sum is not None
+        # A callable is asked as late as possible: a signal during this step's backward still
+        # stops every rank after this step.
+        stop = stop() if callable(stop) else stop
         loss_t, stop_t = self._global_loss(loss_sum / accum, stop)
 
         grads = [p.grad for p in self._params if p.grad is not None]
@@ -381,6 +387,10 @@ class TrainStep:
         if not (math.isfinite(loss_v) and math.isfinite(norm_v)):
             self.optimizer.zero_grad(set_to_none=True)
             where = "training step" if step is None else f"training step {step}"
+            if window_ids is not None and self.world.distributed:
+                # Every rank is here (the check is agreed): name the whole global batch.
+                parts = self.world.all_gather_object(_id_list(window_ids))
+                window_ids = [i for part in parts for i in part]
             ids = "" if window_ids is None else f"; window ids {format_ids(window_ids)}"
             raise NonFiniteError(
                 f"{where}: non-finite loss={loss_v!r} or grad_norm={norm_v!r}{ids}; "

@@ -16,6 +16,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -28,14 +29,14 @@ from iqtrain.config import Config
 from iqtrain.console import Interrupted, Progress, SignalGuard
 from iqtrain.data import IQDataset, TrainStream
 from iqtrain.distributed import World
-from iqtrain.errors import CheckpointError, DataError
+from iqtrain.errors import CheckpointError, DataError, IQTrainError
 from iqtrain.flops import achieved_tflops, device_peak_tflops, mfu
 from iqtrain.lineage import STATE_VERSION, Parent
 from iqtrain.metrics import MetricWriter
 from iqtrain.schedule import Plan, lr_at
 from iqtrain.sigmf_meta import BYTES_PER_SAMPLE
 from iqtrain.step import StepResult, TrainStep
-from iqtrain.trainprobe import TrainingProbe
+from iqtrain.trainprobe import TrainingProbe, probe_due
 from iqtrain.validation import prepare_batch, validate
 
 __all__ = [
@@ -302,7 +303,10 @@ class Trainer:
         t = config.training
         self.ring = _ring(stream, stepper.device, config)
         self.flops_per_patch = stepper.model.train_flops_per_patch(config.data.seq_patches)
-        self.peak_tflops = device_peak_tflops(t.device, t.precision, t.peak_tflops or None)
+        # The records' TFLOP/s are the whole job's (the global batch), so MFU divides by the
+        # peak of every rank's device together.
+        peak = device_peak_tflops(t.device, t.precision, t.peak_tflops or None)
+        self.peak_tflops = None if peak is None else peak * self.world.world_size
         self.last_val: dict[str, Any] | None = None
 
     def components(self) -> dict[str, Any]:
@@ -318,21 +322,24 @@ class Trainer:
             with SignalGuard(announce=self.world.is_main) as guard:
                 while self.loop.step < self.plan.max_steps:
                     t0 = time.perf_counter()
-                    result = self._step(stop=guard.signum is not None)
+                    result = self._step(stop=lambda: guard.signum is not None)
                     self._record(result, time.perf_counter() - t0, progress)
                     final = self.loop.step == self.plan.max_steps
                     improved = stop_early = False
                     if self.loop.step % t.eval_every == 0 or final:
-                        improved = self._validate(progress, final)
+                        improved = self._validate(progress)
                         stop_early = not final and self._patience_exhausted()
+                        self._maybe_probe(progress, last=final or stop_early)
                     end = final or stop_early
                     if self.checkpoints.due(self.loop.step, final=end, improved=improved):
                         self.checkpoint()
                     if stop_early:
                         self._stop_early(progress)
                         break
-                    # result.stop: a signal on any rank (agreed in the step's all-reduce).
-                    if result.stop and not final:
+                    # result.stop: a signal on any rank (agreed in the step's all-reduce); one
+                    # process also stops for a signal that came after it.
+                    stop = result.stop or (not self.world.distributed and guard.signum is not None)
+                    if stop and not final:
                         if self.checkpointed_at != self.loop.step:
                             self.checkpoint()
                         # A rank whose peer was signalled ends as if terminated.
@@ -355,7 +362,7 @@ class Trainer:
         self.stopped_early = {"step": loop.step, "best_step": loop.best_step, "reason": reason}
         progress.note(f"stopped early at step {loop.step}: {reason}")
 
-    def _step(self, stop: bool) -> StepResult:
+    def _step(self, stop: Callable[[], bool]) -> StepResult:
         """Read A microbatches into the ring, prepare them and run one optimizer step."""
         micro, ids, slots = [], [], []
         try:
@@ -402,7 +409,7 @@ class Trainer:
             self.metrics.write(record)
         progress.update(self.loop.step, result.loss, result.lr, samples / dt if dt > 0 else 0.0)
 
-    def _validate(self, progress: Progress, final: bool) -> bool:
+    def _validate(self, progress: Progress) -> bool:
         """Full validation, its record, and whether it improved on the best."""
         v0 = time.perf_counter()
         step = self.loop.step
@@ -418,20 +425,28 @@ class Trainer:
             f"val step {step}: loss {rec['loss']:.5f} "
             f"({rec['pred_snr_db']:.2f} dB){'  best' if improved else ''}"
         )
-        if self.probe is not None and self.probe.due(self.loop.validations, final):
-            self._probe(progress)
         return improved
 
-    def _probe(self, progress: Progress) -> None:
-        assert self.probe is not None and self.metrics is not None
-        p0 = time.perf_counter()
-        rec = self.probe.record(self.stepper.model, self.loop.step)
-        rec["time_s"] = time.perf_counter() - p0
-        self.metrics.write(rec)
-        progress.note(
-            f"probe step {rec['step']}: accuracy {rec['accuracy']:.4f} (random-init "
-            f"{rec['random_init_accuracy']:.4f}, chance {rec['chance']:.4f})"
-        )
+    def _maybe_probe(self, progress: Progress, last: bool) -> None:
+        """``[probe]`` after a validation it is due at (and the last): rank 0 probes while the
+        others wait for it. Probe data that fails now (changed, unreadable, non-finite) costs
+        the probe record, not the training run: one note line, training goes on."""
+        if not probe_due(self.config, self.loop.validations, last):
+            return
+        if self.probe is not None and self.metrics is not None:
+            p0 = time.perf_counter()
+            try:
+                rec = self.probe.record(self.stepper.model, self.loop.step)
+            except (IQTrainError, OSError) as exc:
+                progress.note(f"probe step {self.loop.step}: skipped: {exc}")
+            else:
+                rec["time_s"] = time.perf_counter() - p0
+                self.metrics.write(rec)
+                progress.note(
+                    f"probe step {rec['step']}: accuracy {rec['accuracy']:.4f} (random-init "
+                    f"{rec['random_init_accuracy']:.4f}, chance {rec['chance']:.4f})"
+                )
+        self.world.wait_for_main()
 
     def checkpoint(self) -> Path | None:
         """Save every component's state; the manager prunes what its policy drops.
@@ -440,9 +455,13 @@ class Trainer:
         only rank 0 writes, and returns the checkpoint's path (None elsewhere). The model and
         optimizer are replicated, so rank 0's hold every rank's state.
         """
+        if self.identity is not None:
+            self.identity.digests()  # the first checkpoint waits for the background digests
+        self.world.wait_for_main()  # ... and the other ranks wait for rank 0 to have them
         components = {name: c.state_dict() for name, c in self.components().items()}
         self.checkpointed_at = self.loop.step
         if self.metrics is None or self.identity is None:
+            self.world.wait_for_main()  # while rank 0 writes the checkpoint
             return None
         state = {
             "version": STATE_VERSION,
@@ -457,10 +476,12 @@ class Trainer:
         self.identity.check_lengths()
         self.metrics.sync()  # the cursor must never point past what is on disk
         tensors = self.stepper.state_dict()
-        return self.checkpoints.save(
+        path = self.checkpoints.save(
             self.loop.step,
             tensors["model"],
             tensors["optimizer"],
             state,
             protect=self.loop.best_checkpoint,
         )
+        self.world.wait_for_main()
+        return path

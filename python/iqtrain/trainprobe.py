@@ -26,7 +26,13 @@ from iqtrain.probe import (
     random_init_model,
 )
 
-__all__ = ["TrainingProbe"]
+__all__ = ["TrainingProbe", "probe_due"]
+
+
+def probe_due(config: Config, validations: int, last: bool) -> bool:
+    """Whether the validation just counted is followed by a probe (the same on every rank)."""
+    every = config.probe.every
+    return every > 0 and (validations % every == 0 or last)
 
 
 class TrainingProbe:
@@ -42,9 +48,6 @@ class TrainingProbe:
         counts = np.bincount(self.labelled.labels, minlength=len(self.labelled.classes))
         self.chance = float(counts.max() / counts.sum())
         self._random_init: ProbeScore | None = None
-
-    def due(self, validations: int, final: bool) -> bool:
-        return self.every > 0 and (validations % self.every == 0 or final)
 
     def record(self, model: nn.Module, step: int) -> dict[str, Any]:
         """The ``probe`` record of ``model`` at ``step`` (without its ``time_s``)."""
