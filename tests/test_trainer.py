@@ -176,3 +176,13 @@ def test_verify_binds_the_early_stop_entry(tmp_path):
         path.write_text(json.dumps(forged))
         problems = check_attempt(result.attempt).problems
         assert any(expect in p for p in problems), problems
+    # A stopped_early entry in an attempt whose config has early stopping off.
+    config = result.attempt / "config.toml"
+    os.chmod(config, 0o644)
+    config.write_text(
+        config.read_text().replace("early_stop_patience = 2", "early_stop_patience = 0")
+    )
+    os.chmod(path, 0o644)
+    path.write_text(json.dumps(original))
+    problems = check_attempt(result.attempt).problems
+    assert any("early stopping off" in p for p in problems), problems
