@@ -26,40 +26,23 @@ import subprocess
 import sys
 from pathlib import Path
 
+from test_loop import SEQ_PATCHES, loop_tables
+
 from iqtrain.config import dumps_toml
 from iqtrain.metrics import read_metrics
 
 STEPS = 40
 WARMUP = 8
 ROUNDS = 2
-PATCH_LEN, SEQ_PATCHES, BATCH = 8, 64, 16
 
 
 def _tables(run_dir: Path, cache: Path) -> dict:
-    return {
-        "run": {"dir": os.fspath(run_dir), "seed": 0},
-        "data": {
-            "patch_len": PATCH_LEN,
-            "seq_patches": SEQ_PATCHES,
-            "batch_size": BATCH,
-            "val_batch_size": 64,
-            "synthetic": {
-                "train_recordings": 2,
-                "val_recordings": 1,
-                "samples": 1 << 16,
-                "cache_dir": os.fspath(cache),
-            },
-        },
-        "model": {"dim": 128, "layers": 4, "heads": 4},
-        "schedule": {"kind": "wsd", "warmup_steps": 4, "decay_steps": 8},
-        "training": {
-            "compile": True,
-            "max_steps": STEPS,
-            "eval_every": 10 * STEPS,
-            "checkpoint_every": 10 * STEPS,
-            "log_every": 10 * STEPS,
-        },
-    }
+    """bench/test_loop.py's compiled model and data, for ``STEPS`` steps."""
+    tables = loop_tables(run_dir, cache)
+    tables["training"].update(
+        max_steps=STEPS, eval_every=10 * STEPS, checkpoint_every=10 * STEPS, log_every=10 * STEPS
+    )
+    return tables
 
 
 def _env(threads: int) -> dict:

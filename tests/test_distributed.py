@@ -169,24 +169,33 @@ def test_a_two_rank_checkpoint_resumes_on_one_process_and_back(runs, tmp_path):
     ok(single("verify", back))
 
 
-def test_a_rank_that_raises_ends_the_job_with_exit_1(tmp_path):
+def on_rank_1(tmp_path: Path, body: str) -> dict:
+    """The environment for a torchrun whose rank 1 runs ``body`` at start-up (a sitecustomize
+    module, which every Python imports first): how a test makes one rank fail."""
     inject = tmp_path / "inject"
     inject.mkdir()
-    # Loaded by every Python at start-up (sitecustomize): rank 1 raises in its third step.
-    (inject / "sitecustomize.py").write_text(
-        "import os\n"
-        "if os.environ.get('RANK') == '1':\n"
-        "    import iqtrain.step as s\n"
-        "    orig = s.TrainStep.train_step\n"
-        "    def boom(self, *a, step=None, **k):\n"
-        "        if step == 3:\n"
-        "            raise RuntimeError('injected failure on rank 1')\n"
-        "        return orig(self, *a, step=step, **k)\n"
-        "    s.TrainStep.train_step = boom\n"
+    lines = ["import os", "if os.environ.get('RANK') == '1':"]
+    lines += ["    " + line for line in body.strip().splitlines()]
+    (inject / "sitecustomize.py").write_text("\n".join(lines) + "\n")
+    return {"PYTHONPATH": f"{inject}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+
+
+def test_a_rank_that_raises_ends_the_job_with_exit_1(tmp_path):
+    env = on_rank_1(  # rank 1 raises in its third step
+        tmp_path,
+        """
+import iqtrain.step as s
+orig = s.TrainStep.train_step
+def boom(self, *a, step=None, **k):
+    if step == 3:
+        raise RuntimeError('injected failure on rank 1')
+    return orig(self, *a, step=step, **k)
+s.TrainStep.train_step = boom
+""",
     )
     cfg = write_config(tmp_path / "c.toml", tmp_path / "run", tmp_path / "cache")
     t0 = time.monotonic()
-    proc = torchrun(2, "run", cfg, env={"PYTHONPATH": f"{inject}{os.pathsep}{_pythonpath()}"})
+    proc = torchrun(2, "run", cfg, env=env)
     assert proc.returncode == 1, proc.stderr[-4000:]
     assert time.monotonic() - t0 < TIMEOUT / 2
     assert "injected failure on rank 1" in proc.stderr
@@ -200,21 +209,20 @@ def test_a_rank_that_raises_ends_the_job_with_exit_1(tmp_path):
 
 
 def test_a_rank_that_refuses_its_input_stops_every_rank_before_anything_exists(tmp_path):
-    inject = tmp_path / "inject"
-    inject.mkdir()
     # Rank 1 alone cannot open its data (as if its node lacked the files): every rank exits 2,
     # rank 0 prints the one line naming rank 1, and no attempt directory is created.
-    (inject / "sitecustomize.py").write_text(
-        "import os\n"
-        "if os.environ.get('RANK') == '1':\n"
-        "    import iqtrain.attempt as a\n"
-        "    from iqtrain.errors import DataError\n"
-        "    def refuse(config):\n"
-        "        raise DataError('/data/x.sigmf-data: no such file')\n"
-        "    a.open_datasets = refuse\n"
+    env = on_rank_1(
+        tmp_path,
+        """
+import iqtrain.attempt as a
+from iqtrain.errors import DataError
+def refuse(config):
+    raise DataError('/data/x.sigmf-data: no such file')
+a.open_datasets = refuse
+""",
     )
     cfg = write_config(tmp_path / "c.toml", tmp_path / "run", tmp_path / "cache")
-    proc = torchrun(2, "run", cfg, env={"PYTHONPATH": f"{inject}{os.pathsep}{_pythonpath()}"})
+    proc = torchrun(2, "run", cfg, env=env)
     assert proc.returncode != 0
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("iqtrain: error:")]
     assert lines == ["iqtrain: error: rank 1: /data/x.sigmf-data: no such file"], proc.stderr
@@ -245,10 +253,6 @@ def test_a_non_finite_loss_on_one_rank_stops_every_rank_naming_the_global_batch(
     assert len(ids) == 8 and 17 in ids  # both ranks' rows, in global batch order
     info = json.loads((tmp_path / "run" / "attempts" / "0001" / "attempt.json").read_text())
     assert info["status"] == "failed" and "17" in info["error"]
-
-
-def _pythonpath() -> str:
-    return os.environ.get("PYTHONPATH", "")
 
 
 def test_a_batch_size_that_does_not_divide_is_exit_2_on_every_rank(tmp_path):
