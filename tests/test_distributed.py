@@ -169,20 +169,21 @@ def test_a_two_rank_checkpoint_resumes_on_one_process_and_back(runs, tmp_path):
     ok(single("verify", back))
 
 
-def on_rank_1(tmp_path: Path, body: str) -> dict:
-    """The environment for a torchrun whose rank 1 runs ``body`` at start-up (a sitecustomize
-    module, which every Python imports first): how a test makes one rank fail."""
+def on_rank(tmp_path: Path, rank: int, body: str) -> dict:
+    """The environment for a torchrun whose rank ``rank`` runs ``body`` at start-up (a
+    sitecustomize module, which every Python imports first): how a test makes one rank fail."""
     inject = tmp_path / "inject"
     inject.mkdir()
-    lines = ["import os", "if os.environ.get('RANK') == '1':"]
+    lines = ["import os", f"if os.environ.get('RANK') == '{rank}':"]
     lines += ["    " + line for line in body.strip().splitlines()]
     (inject / "sitecustomize.py").write_text("\n".join(lines) + "\n")
     return {"PYTHONPATH": f"{inject}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
 
 
 def test_a_rank_that_raises_ends_the_job_with_exit_1(tmp_path):
-    env = on_rank_1(  # rank 1 raises in its third step
+    env = on_rank(  # rank 1 raises in its third step
         tmp_path,
+        1,
         """
 import iqtrain.step as s
 orig = s.TrainStep.train_step
@@ -211,8 +212,9 @@ s.TrainStep.train_step = boom
 def test_a_rank_that_refuses_its_input_stops_every_rank_before_anything_exists(tmp_path):
     # Rank 1 alone cannot open its data (as if its node lacked the files): every rank exits 2,
     # rank 0 prints the one line naming rank 1, and no attempt directory is created.
-    env = on_rank_1(
+    env = on_rank(
         tmp_path,
+        1,
         """
 import iqtrain.attempt as a
 from iqtrain.errors import DataError
@@ -253,6 +255,35 @@ def test_a_non_finite_loss_on_one_rank_stops_every_rank_naming_the_global_batch(
     assert len(ids) == 8 and 17 in ids  # both ranks' rows, in global batch order
     info = json.loads((tmp_path / "run" / "attempts" / "0001" / "attempt.json").read_text())
     assert info["status"] == "failed" and "17" in info["error"]
+
+
+def test_work_rank_0_does_alone_is_not_bounded_by_the_collective_timeout(tmp_path):
+    from iqtrain.synth import synthesize
+
+    synthesize(tmp_path / "labelled", recordings=2, samples=16384, datatype="ci16_le", seed=9)
+    # Rank 0's probe takes 15 s, three times training.dist_timeout_s: the other rank waits for
+    # it at the long-timeout barrier, not in the loop's next collective.
+    env = on_rank(
+        tmp_path,
+        0,
+        """
+import time
+import iqtrain.trainprobe as t
+orig = t.TrainingProbe.record
+def slow(self, *a, **k):
+    time.sleep(15)
+    return orig(self, *a, **k)
+t.TrainingProbe.record = slow
+""",
+    )
+    tabs = tables(tmp_path / "run", tmp_path / "cache", dist_timeout_s=5, max_steps=8)
+    tabs["probe"] = {"every": 2, "data": [os.fspath(tmp_path / "labelled" / "*.sigmf-meta")]}
+    tabs["probe"]["folds"] = 2
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(dumps_toml(tabs))
+    ok(torchrun(2, "run", cfg, env=env))
+    recs = records(tmp_path / "run" / "attempts" / "0001")
+    assert [r["step"] for r in recs if r["kind"] == "probe"] == [8]
 
 
 def test_a_batch_size_that_does_not_divide_is_exit_2_on_every_rank(tmp_path):
