@@ -25,7 +25,7 @@ def iqtrain(*args, cwd=None):
     )
 
 
-def _tables(run_dir: Path, cache: Path, **training):
+def cli_tables(run_dir: Path, cache: Path, **training):
     return {
         "run": {"dir": os.fspath(run_dir)},
         "data": {
@@ -49,7 +49,7 @@ def _real_config(tmp_path, train_iq, val_iq, *, data=None, **training) -> Path:
     """cf32 SigMF train/val recordings under ``tmp_path/d`` and a config that trains on them."""
     write_sigmf(tmp_path / "d", "train", train_iq, "cf32_le")
     write_sigmf(tmp_path / "d", "val", val_iq, "cf32_le")
-    tables = _tables(tmp_path / "run", tmp_path / "cache", **training)
+    tables = cli_tables(tmp_path / "run", tmp_path / "cache", **training)
     tables["data"]["train"] = [os.fspath(tmp_path / "d" / "train.sigmf-meta")]
     tables["data"]["val"] = [os.fspath(tmp_path / "d" / "val.sigmf-meta")]
     tables["data"].update(data or {})
@@ -61,7 +61,7 @@ def _real_config(tmp_path, train_iq, val_iq, *, data=None, **training) -> Path:
 @pytest.fixture
 def cfg(tmp_path):
     path = tmp_path / "cfg.toml"
-    path.write_text(dumps_toml(_tables(tmp_path / "run", tmp_path / "cache")))
+    path.write_text(dumps_toml(cli_tables(tmp_path / "run", tmp_path / "cache")))
     return path
 
 

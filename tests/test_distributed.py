@@ -302,14 +302,8 @@ def test_a_batch_size_that_does_not_divide_is_exit_2_on_every_rank(tmp_path):
 
 def test_sigterm_stops_every_rank_at_one_step_and_resumes_exactly(tmp_path):
     steps = 60
-    cfg = write_config(
-        tmp_path / "c.toml",
-        tmp_path / "run",
-        tmp_path / "cache",
-        max_steps=steps,
-        eval_every=20,
-        checkpoint_every=100,
-    )
+    settings = {"max_steps": steps, "eval_every": 20, "checkpoint_every": 100}
+    cfg = write_config(tmp_path / "c.toml", tmp_path / "run", tmp_path / "cache", **settings)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
     cmd += ["2", "-m", "iqtrain", "run", os.fspath(cfg)]
     proc = subprocess.Popen(
@@ -332,14 +326,7 @@ def test_sigterm_stops_every_rank_at_one_step_and_resumes_exactly(tmp_path):
     assert err.count("checkpoint saved. Resume with:") == 1  # rank 0 alone reports
     ok(torchrun(2, "resume", "--attempt", attempt))
     child = attempt.parent / "0002"
-    ref = write_config(
-        tmp_path / "r.toml",
-        tmp_path / "ref",
-        tmp_path / "cache",
-        max_steps=steps,
-        eval_every=20,
-        checkpoint_every=100,
-    )
+    ref = write_config(tmp_path / "r.toml", tmp_path / "ref", tmp_path / "cache", **settings)
     ok(torchrun(2, "run", ref))
     want = tmp_path / "ref" / "attempts" / "0001"
     assert strip_timing(records(child)) == strip_timing(records(want))

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_cli import _tables
+from test_cli import cli_tables
 
 import iqtrain
 from iqtrain.config import dumps_toml
@@ -158,7 +158,7 @@ def test_old_homes_reexport_the_config_classes() -> None:
 def attempt(tmp_path_factory) -> Path:
     """A finished three-step attempt, trained by ``iqtrain run`` in a child process."""
     root = tmp_path_factory.mktemp("imports")
-    tables = _tables(root / "run", root / "cache")  # the CLI tests' tiny config
+    tables = cli_tables(root / "run", root / "cache")  # the CLI tests' tiny config
     cfg = root / "cfg.toml"
     cfg.write_text(dumps_toml(tables))
     proc = subprocess.run(

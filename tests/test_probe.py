@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import COMPONENT_DTYPES, random_iq
+from test_cli import cli_tables
 
 from iqtrain.attempt import run_pretraining_attempt
 from iqtrain.cli import main
@@ -227,23 +228,8 @@ def test_a_window_with_non_finite_features_is_a_data_error_naming_the_recording(
 def attempt(tmp_path_factory):
     """A tiny trained attempt (3 steps) and labelled probe data from another synth seed."""
     root = tmp_path_factory.mktemp("probe")
-    tables = {
-        "run": {"dir": os.fspath(root / "run"), "seed": 3},
-        "data": {
-            "patch_len": 8,
-            "seq_patches": 8,
-            "batch_size": 4,
-            "synthetic": {
-                "train_recordings": 1,
-                "val_recordings": 1,
-                "samples": 2048,
-                "cache_dir": os.fspath(root / "cache"),
-            },
-        },
-        "model": {"dim": 16, "layers": 1, "heads": 2},
-        "schedule": {"warmup_steps": 1, "decay_steps": 1},
-        "training": {"max_steps": 3, "eval_every": 2, "checkpoint_every": 2},
-    }
+    tables = cli_tables(root / "run", root / "cache")
+    tables["run"]["seed"] = 3
     result = run_pretraining_attempt(build_config(tables))
     synthesize(root / "labelled", recordings=2, samples=16384, datatype="ci16_le", seed=9)
     return result.attempt, os.fspath(root / "labelled" / "*.sigmf-meta")
