@@ -267,7 +267,11 @@ def run_pretraining_attempt(config: Config, parent: ParentRef | None = None) -> 
     preflight and agree on its outcome, and rank 0 claims the attempt and writes everything.
     """
     world = world_from_env()
-    config.check_world_size(world.world_size)  # exit 2 on every rank, nobody waiting
+    try:
+        config.check_world_size(world.world_size)  # exit 2 on every rank, nobody waiting
+    except ConfigError:
+        world.ending()  # every rank fails alike: torchrun's SIGTERM must not beat the exit
+        raise
     world = world.connect(config.training.device, config.training.dist_timeout_s)
     result = _run(config, parent, world)
     world.close()  # only on success: after a failure a peer may be gone, and ending ends it
