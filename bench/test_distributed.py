@@ -61,16 +61,24 @@ def _patches_per_s(run_dir: Path, cmd: list[str], threads: int) -> float:
     return statistics.median(rates)
 
 
+def _command(tmp_path: Path, name: str, nproc: int, **training) -> tuple[Path, list[str]]:
+    """(run dir, command) of variant ``name``: one process, or ``nproc`` ranks under torchrun."""
+    run_dir = tmp_path / name
+    tables = _tables(run_dir, tmp_path / "cache")
+    tables["training"].update(training)
+    cfg = tmp_path / f"{name}.toml"
+    cfg.write_text(dumps_toml(tables))
+    cmd = [sys.executable, "-m"]
+    if nproc > 1:
+        cmd += ["torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), "-m"]
+    return run_dir, [*cmd, "iqtrain", "run", os.fspath(cfg)]
+
+
 def test_two_ranks_vs_one_process_of_two_threads(benchmark, bench_summary, tmp_path) -> None:
-    cache = tmp_path / "cache"
-    runs = {}
-    for name in ("one", "two"):
-        runs[name] = tmp_path / name
-        (tmp_path / f"{name}.toml").write_text(dumps_toml(_tables(runs[name], cache)))
-    py = [sys.executable, "-m"]
-    one = [*py, "iqtrain", "run", os.fspath(tmp_path / "one.toml")]
-    two = [*py, "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    two += ["-m", "iqtrain", "run", os.fspath(tmp_path / "two.toml")]
+    runs, cmds = {}, {}
+    runs["one"], cmds["one"] = _command(tmp_path, "one", 1)
+    runs["two"], cmds["two"] = _command(tmp_path, "two", 2)
+    one, two = cmds["one"], cmds["two"]
     rates: dict[str, list[float]] = {"one": [], "two": []}
 
     def round_trip() -> None:
@@ -93,4 +101,30 @@ def test_two_ranks_vs_one_process_of_two_threads(benchmark, bench_summary, tmp_p
         f"(per round {', '.join(f'{r:.3f}' for r in per_round)}; "
         f"one {statistics.median(rates['one']):.0f}, two {statistics.median(rates['two']):.0f} "
         f"patches/s)"
+    )
+
+
+def test_fsdp_vs_ddp_on_two_ranks(benchmark, bench_summary, tmp_path) -> None:
+    """training.parallel = "fsdp" against "ddp", both 2 ranks of 1 thread, alternating rounds:
+    what sharding costs here (an all-gather of every block's parameters in the forward and
+    again in the backward, a reduce-scatter instead of an all-reduce, and per-block compiled
+    graphs with eager hooks between them instead of one graph)."""
+    runs, cmds = {}, {}
+    for name in ("ddp", "fsdp"):
+        runs[name], cmds[name] = _command(tmp_path, name, 2, parallel=name)
+    rates: dict[str, list[float]] = {"ddp": [], "fsdp": []}
+
+    def round_trip() -> None:
+        for name in ("ddp", "fsdp"):
+            rates[name].append(_patches_per_s(runs[name], cmds[name], threads=1))
+
+    benchmark.pedantic(round_trip, rounds=ROUNDS, iterations=1, warmup_rounds=0)
+    per_round = [b / a for a, b in zip(rates["ddp"], rates["fsdp"], strict=True)]
+    ratio = statistics.median(rates["fsdp"]) / statistics.median(rates["ddp"])
+    benchmark.extra_info.update(
+        {"patches_per_s": rates, "fsdp_over_ddp": ratio, "per_round": per_round}
+    )
+    bench_summary(
+        f"sharding: FSDP2 / DDP on 2 ranks x 1 thread = {ratio:.3f}x patches/s "
+        f"(per round {', '.join(f'{r:.3f}' for r in per_round)})"
     )

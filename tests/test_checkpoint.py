@@ -21,8 +21,6 @@ from iqtrain.checkpoint import (
     list_checkpoints,
     load_checkpoint,
     remove_checkpoint,
-    restore_rng_state,
-    rng_state,
     save_checkpoint,
     verify_checkpoint,
     write_json_atomic,
@@ -114,13 +112,6 @@ def test_never_overwrites_and_torn_checkpoints_are_not_listed(tmp_path):
     torn = tmp_path / "step_00000003"
     torn.mkdir()
     assert "missing" in verify_checkpoint(torn)[0]
-
-
-def test_rng_state_round_trip():
-    state = json.loads(json.dumps(rng_state()))
-    a = torch.rand(5)
-    restore_rng_state(state)
-    assert torch.equal(torch.rand(5), a)
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -428,3 +419,98 @@ def test_verify_never_raises_on_a_malformed_checkpoint_json(tmp_path, index):
     (path / "checkpoint.json").write_text(json.dumps(index))
     problems = verify_checkpoint(path)
     assert problems and all(isinstance(p, str) for p in problems)
+
+
+# --------------------------------------------------------------------- sharded (dcp) format
+
+
+def _shards(directory):
+    """A stand-in for the ranks' torch.distributed.checkpoint write (tested in test_parallel)."""
+    directory.mkdir()
+    (directory / ".metadata").write_bytes(b"meta")
+    for rank in range(2):
+        (directory / f"__{rank}_0.distcp").write_bytes(bytes([rank]) * 64)
+
+
+def _sharded(tmp_path, step=3):
+    s = _stepper(1)
+    return save_checkpoint(
+        tmp_path, step, s.model_state_dict(), None, {"step": step}, sharded=_shards
+    )
+
+
+def test_a_sharded_checkpoint_lists_every_shard_and_loads_without_an_optimizer(tmp_path):
+    path = _sharded(tmp_path)
+    index = json.loads((path / "checkpoint.json").read_text())
+    assert index["format"] == "dcp"
+    assert sorted(index["files"]) == [
+        "dcp/.metadata",
+        "dcp/__0_0.distcp",
+        "dcp/__1_0.distcp",
+        "model.safetensors",
+        "state.json",
+    ]
+    assert verify_checkpoint(path) == []
+    model, optim, state = load_checkpoint(path)
+    assert optim is None and state == {"step": 3} and model
+    assert checkpoint_mod.sharded_state_dir(path) == path / "dcp"
+    assert checkpoint_mod.sharded_state_dir(_tiny(tmp_path, 4)) is None
+
+
+def test_a_changed_missing_or_extra_shard_fails_verification(tmp_path):
+    path = _sharded(tmp_path)
+    shard = path / "dcp" / "__1_0.distcp"
+    shard.write_bytes(b"\x00" * 64)
+    (problem,) = verify_checkpoint(path)
+    assert str(shard) in problem and "sha256" in problem
+    shard.unlink()
+    assert verify_checkpoint(path) == [f"{shard}: missing"]
+    # A shard nothing lists would be read by a load without being verified.
+    other = _sharded(tmp_path, step=4)
+    (other / "dcp" / "__2_0.distcp").write_bytes(b"x")
+    (problem,) = verify_checkpoint(other)
+    assert "__2_0.distcp" in problem and "not listed" in problem
+    with pytest.raises(CheckpointError, match="not listed"):
+        load_checkpoint(other)
+
+
+@pytest.mark.parametrize(
+    ("edit", "expect"),
+    [
+        (lambda i: i["files"].pop("dcp/.metadata"), "does not list dcp/.metadata"),
+        (lambda i: i.update(format="zarr"), "unknown format 'zarr'"),
+        (lambda i: i["files"].update({"../step_00000003/state.json": {}}), "which no checkpoint"),
+        (lambda i: i.pop("format"), "does not list optimizer.safetensors"),
+    ],
+)
+def test_a_forged_sharded_listing_fails_verification(tmp_path, edit, expect):
+    path = _sharded(tmp_path)
+    index = json.loads((path / "checkpoint.json").read_text())
+    edit(index)
+    (path / "checkpoint.json").write_text(json.dumps(index))
+    problems = verify_checkpoint(path)
+    assert any(expect in p for p in problems), problems
+
+
+def test_a_failed_shard_write_loses_nothing(tmp_path):
+    _sharded(tmp_path, step=2)
+
+    def full(directory):
+        _shards(directory)
+        raise StorageError(f"{directory}: cannot write the sharded state on rank(s) [1]")
+
+    s = _stepper(1)
+    with pytest.raises(StorageError, match="rank"):
+        save_checkpoint(tmp_path, 3, s.model_state_dict(), None, {"step": 3}, sharded=full)
+    assert _names(tmp_path) == ["step_00000002"]
+    assert crash_leftovers(tmp_path) == []
+
+
+def test_exactly_one_of_optimizer_state_and_shards(tmp_path):
+    s = _stepper(1)
+    with pytest.raises(ValueError, match="exactly one"):
+        save_checkpoint(tmp_path, 1, s.model_state_dict(), None, {"step": 1})
+    with pytest.raises(ValueError, match="exactly one"):
+        save_checkpoint(
+            tmp_path, 1, s.model_state_dict(), s.optimizer.state_dict(), {}, sharded=_shards
+        )

@@ -23,7 +23,6 @@ from iqtrain.config import dumps_toml
 from iqtrain.distributed import RankExit, World, agree, world_from_env
 from iqtrain.errors import ConfigError, DataError, TrainingError
 from iqtrain.metrics import read_metrics, strip_timing
-from iqtrain.trainer import RNGState
 
 MAX_STEPS = 12
 TIMEOUT = 300  # a hang fails the test instead of the CI job
@@ -419,21 +418,147 @@ def test_agree_rank_0_reports_and_the_others_exit_silently(keep_sigterm):
     assert info.value.exit_code == 2
 
 
-def test_rng_state_restores_at_the_same_world_size_and_rederives_at_another():
-    torch.manual_seed(1)
-    saved = RNGState(World()).state_dict()
-    expected = torch.rand(3)
-    torch.manual_seed(99)
-    RNGState(World()).load_state_dict(saved)
-    assert torch.equal(torch.rand(3), expected)
-    # A version 2 state (one process's generators, no "ranks") reads as a world of one.
-    RNGState(World()).load_state_dict(saved["ranks"][0])
-    assert torch.equal(torch.rand(3), expected)
-    # At another world size every rank is seeded from the checkpoint, rank and world size.
-    draws = []
-    for rank in (0, 1, 0):
-        RNGState(_FakeWorld(rank, [None, None])).load_state_dict(saved)
-        draws.append(torch.rand(3))
-    assert torch.equal(draws[0], draws[2]) and not torch.equal(draws[0], draws[1])
-    with pytest.raises(ValueError, match="2 rank states"):
-        RNGState(World()).load_state_dict({"world_size": 3, "ranks": saved["ranks"] * 2})
+# -------------------------------------------------------------- FSDP2 (training.parallel = fsdp)
+
+
+def fsdp_config(path: Path, run_dir: Path, cache: Path, **training) -> Path:
+    """The runs' config, sharded; 3 validation batches, so one rank has a batch fewer."""
+    tabs = tables(run_dir, cache, parallel="fsdp", **training)
+    tabs["data"]["val_batch_size"] = 5
+    path.write_text(dumps_toml(tabs))
+    return path
+
+
+def ckpt(attempt: Path, step: int) -> Path:
+    return attempt / "checkpoints" / f"step_{step:08d}"
+
+
+def training_records(attempt: Path) -> list[dict]:
+    return [r for r in records(attempt) if r["kind"] in ("train", "val")]
+
+
+@pytest.fixture(scope="module")
+def fsdp(runs):
+    """A 2-rank FSDP2 attempt of the config of runs["two"] (DDP)."""
+    root = runs["root"]
+    ok(torchrun(2, "run", fsdp_config(root / "fsdp.toml", root / "fsdp", root / "cache")))
+    return root / "fsdp" / "attempts" / "0001"
+
+
+def test_fsdp_trains_as_ddp_does_and_writes_sharded_checkpoints(fsdp, runs):
+    ok(single("verify", fsdp))
+    assert sorted(p.name for p in fsdp.parent.iterdir()) == ["0001"]
+    a, b = records(fsdp), records(runs["two"])
+    # The same first step: FSDP2 averages the gradients as DDP does (eager FSDP2 and DDP
+    # parameters are bit-identical); the norm is summed shard by shard, so only close.
+    assert a[0]["loss"] == b[0]["loss"]
+    assert a[0]["grad_norm"] == pytest.approx(b[0]["grad_norm"], rel=1e-6)
+    close(a, b, rel=1e-4)
+    for path in sorted((fsdp / "checkpoints").iterdir()):
+        assert sorted(p.name for p in path.iterdir()) == [
+            "checkpoint.json",
+            "dcp",
+            "model.safetensors",
+            "state.json",
+        ]
+        shards = sorted(p.name for p in (path / "dcp").iterdir())
+        assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    # model.safetensors holds the whole model (gathered), as a DDP checkpoint does.
+    got, want = model_at(fsdp, MAX_STEPS), model_at(runs["two"], MAX_STEPS)
+    assert sorted(got) == sorted(want)
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=1e-3, atol=1e-5)
+
+
+def test_an_fsdp_resume_at_the_same_world_size_is_bit_exact(fsdp):
+    ok(torchrun(2, "resume", "--attempt", fsdp, "--from", "step_5"))
+    child = sorted(fsdp.parent.iterdir())[-1]
+    assert strip_timing(records(child)) == strip_timing(records(fsdp))
+    got, want = model_at(child, MAX_STEPS), model_at(fsdp, MAX_STEPS)
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    ok(single("verify", child))
+
+
+def test_an_fsdp_checkpoint_reshards_to_one_process_and_back(fsdp):
+    ok(single("resume", "--attempt", fsdp, "--from", "step_5"))
+    one = sorted(fsdp.parent.iterdir())[-1]
+    assert json.loads((one / "attempt.json").read_text())["world"]["size"] == 1
+    close(records(one), records(fsdp), rel=1e-4)
+    assert state_at(one, MAX_STEPS)["cursor"] == state_at(fsdp, MAX_STEPS)["cursor"]
+    # One process writes one shard; two ranks read it, each its own half.
+    assert sorted(p.name for p in (ckpt(one, 10) / "dcp").iterdir()) == [
+        ".metadata",
+        "__0_0.distcp",
+    ]
+    ok(torchrun(2, "resume", "--attempt", one, "--from", "step_10"))
+    back = sorted(fsdp.parent.iterdir())[-1]
+    close(records(back), records(fsdp), rel=1e-4)
+    assert state_at(back, MAX_STEPS)["cursor"] == state_at(fsdp, MAX_STEPS)["cursor"]
+    ok(single("verify", back))
+
+
+def test_a_changed_shard_refuses_the_resume_before_anything_exists(fsdp):
+    shard = ckpt(fsdp, 10) / "dcp" / "__1_0.distcp"
+    good = shard.read_bytes()
+    bad = bytearray(good)
+    bad[100] ^= 0xFF
+    before = sorted(p.name for p in fsdp.parent.iterdir())
+    try:
+        shard.write_bytes(bytes(bad))
+        proc = torchrun(2, "resume", "--attempt", fsdp, "--from", "step_10")
+        assert single("verify", fsdp).returncode != 0
+    finally:
+        shard.write_bytes(good)
+    # Exit 2 on both ranks, one line from rank 0 naming the shard, no child attempt.
+    assert proc.returncode != 0 and "exitcode  : 2" in proc.stderr
+    assert "exitcode  : 1" not in proc.stderr and "exitcode  : -" not in proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("iqtrain: error:")]
+    assert len(lines) == 1 and "__1_0.distcp" in lines[0], proc.stderr[-3000:]
+    assert sorted(p.name for p in fsdp.parent.iterdir()) == before
+
+
+def test_a_failed_shard_write_ends_every_rank_and_loses_nothing(tmp_path):
+    env = on_rank(  # rank 1's disk is full when the first checkpoint is written
+        tmp_path,
+        1,
+        """
+import torch.distributed.checkpoint.filesystem as fs
+def full(self, *a, **k):
+    raise OSError(28, 'No space left on device (injected)')
+fs.FileSystemWriter.write_data = full
+""",
+    )
+    cfg = fsdp_config(tmp_path / "c.toml", tmp_path / "run", tmp_path / "cache")
+    proc = torchrun(2, "run", cfg, env=env)
+    assert proc.returncode == 1, proc.stderr[-4000:]
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("iqtrain: error:")]
+    assert len(lines) == 1, proc.stderr[-4000:]
+    assert "cannot write the sharded state on rank(s) [1]" in lines[0]
+    assert "No space left on device (injected)" in lines[0]
+    attempt = tmp_path / "run" / "attempts" / "0001"
+    info = json.loads((attempt / "attempt.json").read_text())
+    assert info["status"] == "failed" and info["final_step"] == 4
+    assert list((attempt / "checkpoints").iterdir()) == []  # no torn checkpoint, no leftover
+    ok(single("verify", attempt))
+
+
+def test_compiled_fsdp_matches_eager_fsdp_and_probes_the_whole_model(fsdp, tmp_path):
+    from iqtrain.synth import synthesize
+
+    synthesize(tmp_path / "labelled", recordings=2, samples=16384, datatype="ci16_le", seed=9)
+    labelled = os.fspath(tmp_path / "labelled" / "*.sigmf-meta")
+    cfg = fsdp_config(tmp_path / "c.toml", tmp_path / "run", tmp_path / "cache", compile=True)
+    tabs = __import__("tomllib").loads(cfg.read_text())
+    tabs["probe"] = {"every": 3, "data": [labelled], "folds": 2}
+    cfg.write_text(dumps_toml(tabs))
+    ok(torchrun(2, "run", cfg))
+    attempt = tmp_path / "run" / "attempts" / "0001"
+    close(training_records(attempt), training_records(fsdp), rel=1e-4)
+    (probe,) = [r for r in records(attempt) if r["kind"] == "probe"]
+    # Rank 0 probed the model gathered from both ranks' shards: the same model as the
+    # checkpoint's model.safetensors, so the same accuracy as `iqtrain probe` finds there.
+    proc = single("probe", attempt, "--data", labelled, "--folds", "2", "--json")
+    ok(proc)
+    offline = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert probe["step"] == MAX_STEPS
+    assert probe["accuracy"] == offline["pretrained"]["accuracy"]

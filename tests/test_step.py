@@ -14,8 +14,9 @@ import torch
 
 from iqtrain.errors import ConfigError, NonFiniteError
 from iqtrain.model import ModelConfig, NextPatchModel, next_patch_loss
+from iqtrain.optim import split_parameters
 from iqtrain.prepare import prepare_iq_input_reference
-from iqtrain.step import OptimizerConfig, StepResult, TrainStep, split_parameters
+from iqtrain.step import OptimizerConfig, StepResult, TrainStep
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -52,12 +52,12 @@ from iqtrain.lineage import (
 )
 from iqtrain.metrics import MetricCursor, MetricWriter
 from iqtrain.model import NextPatchModel
+from iqtrain.rngstate import RNGState
 from iqtrain.schedule import Plan
 from iqtrain.step import TrainStep
 from iqtrain.trainer import (
     DataIdentity,
     LoopState,
-    RNGState,
     Trainer,
     compute_digests,
     restore,
@@ -189,6 +189,7 @@ def _preflight(config: Config, ref: ParentRef | None, world: World) -> _Ready:
         precision=t.precision,
         compile=t.compile,
         world=world,
+        parallel=t.parallel,
     )
     if world.rank > 0:  # rank 0 continues the one-process stream; the others their own
         torch.manual_seed(config.run.seed + 1_000_003 * world.rank)
@@ -221,6 +222,16 @@ def _preflight(config: Config, ref: ParentRef | None, world: World) -> _Ready:
     identity = DataIdentity(train, val, digests) if world.is_main else None
     probe = TrainingProbe(config) if world.is_main and config.probe.every else None
     return _Ready(parent, changes, plan, start_step, stepper, stream, val, identity, loop, probe)
+
+
+def _load_shards(stepper: TrainStep, directory: Path) -> IQTrainError | None:
+    """A sharded parent's tensors, once the step is sharded (every rank together), still
+    before the child exists: a failure is exit 2 on every rank, as in preflight."""
+    try:
+        stepper.load_sharded(directory)
+    except IQTrainError as exc:
+        return exc
+    return None
 
 
 def _attempt_info(config: Config, run_dir: Path, ready: _Ready, world: World) -> dict[str, Any]:
@@ -286,6 +297,8 @@ def _run(config: Config, parent: ParentRef | None, world: World) -> AttemptResul
         error = exc
     agree(world, error)  # every rank raises if any rank's input was refused
     ready.stepper.data_parallel()
+    if ready.parent is not None and ready.parent.sharded is not None:
+        agree(world, _load_shards(ready.stepper, ready.parent.sharded))
     run_dir = Path(expand_path(config.run.dir))
     if parent is not None:  # the child joins its parent, and its config.toml says so
         run_dir = Path(parent.attempt).resolve().parent.parent
@@ -398,7 +411,7 @@ def _follow(
             raise RankExit(exc.exit_code, str(exc)) from None
         if isinstance(exc, NonFiniteError):
             raise RankExit(1, str(exc)) from None
-        if isinstance(exc, IQTrainError) and not isinstance(exc, TrainingError):
+        if isinstance(exc, IQTrainError) and not isinstance(exc, TrainingError | RankExit):
             raise TrainingError(f"rank {world.rank}: {exc}") from exc
         raise
     return _result(trainer, attempt, world)

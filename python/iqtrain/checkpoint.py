@@ -8,6 +8,13 @@ Layout of ``checkpoints/step_00000500/``::
                            cursor, optimizer hyperparameters, CPU/CUDA RNG states, config hash
     checkpoint.json        bytes and SHA-256 of each file above; written last
 
+With ``training.parallel = "fsdp"`` the optimizer is not gathered: ``optimizer.safetensors`` is
+replaced by ``dcp/``, the model and optimizer state as torch.distributed.checkpoint writes it
+from every rank's shards (``.metadata`` plus one ``__<rank>_0.distcp`` per rank), which loads
+and reshards at any world size. ``model.safetensors`` stays: the whole model, gathered, for
+everything that reads a model. ``checkpoint.json`` then says ``"format": "dcp"`` and lists every
+file of ``dcp/`` with its hash; a file there that it does not list fails verification.
+
 A checkpoint is written into a temporary sibling directory, every file fsynced, then renamed into
 place and the parent directory fsynced: a crash leaves either the previous set of checkpoints or
 the new one, never a half-written one under a real name. Non-finite model or optimizer tensors
@@ -24,11 +31,11 @@ listed name and is found by :func:`crash_leftovers`.
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -49,7 +56,6 @@ if TYPE_CHECKING:
 
 # torch (and safetensors.torch) are imported inside the functions that handle tensors: listing,
 # verifying and pruning checkpoints — what ``verify`` and ``report`` need — import no torch.
-
 __all__ = [
     "CHECKPOINT_FILES",
     "CheckpointManager",
@@ -61,14 +67,18 @@ __all__ = [
     "list_checkpoints",
     "load_checkpoint",
     "remove_checkpoint",
-    "rng_state",
-    "restore_rng_state",
     "save_checkpoint",
+    "sharded_state_dir",
     "verify_checkpoint",
     "write_json_atomic",
 ]
 
 CHECKPOINT_FILES = ("model.safetensors", "optimizer.safetensors", "state.json")
+#: What a ``"format": "dcp"`` checkpoint must list (its shards are named by the writer).
+SHARDED_FILES = ("model.safetensors", "state.json", "dcp/.metadata")
+SHARDED_DIR = "dcp"
+# The only names checkpoint.json may list: a forged listing cannot point outside the directory.
+_LISTED = re.compile(r"^((model|optimizer)\.safetensors|state\.json|dcp/[\w.]+)$", re.ASCII)
 _NAME = re.compile(r"^step_(\d{8})$")
 # What a crash can leave in a checkpoints or attempt directory (never a listed name):
 # a checkpoint being written, one being pruned, a JSON file being replaced.
@@ -77,34 +87,6 @@ _LEFTOVER = re.compile(r"^(\.tmp-step_\d{8}-\d+|\.pruned-step_\d{8}-\d+|\..+\.tm
 
 def checkpoint_name(step: int) -> str:
     return f"step_{step:08d}"
-
-
-# ------------------------------------------------------------------------------- RNG state
-
-
-def rng_state() -> dict[str, Any]:
-    import torch
-
-    state = {"cpu": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = [
-            base64.b64encode(s.numpy().tobytes()).decode() for s in torch.cuda.get_rng_state_all()
-        ]
-    return state
-
-
-def _bytes_tensor(text: str) -> torch.Tensor:
-    import torch
-
-    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
-
-
-def restore_rng_state(state: dict[str, Any]) -> None:
-    import torch
-
-    torch.set_rng_state(_bytes_tensor(state["cpu"]))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([_bytes_tensor(s) for s in state["cuda"]])
 
 
 # ------------------------------------------------------------------------------- optimizer
@@ -175,10 +157,15 @@ def save_checkpoint(
     root: Path,
     step: int,
     model_state: dict[str, torch.Tensor],
-    optimizer_state: dict[str, Any],
+    optimizer_state: dict[str, Any] | None,
     state: dict[str, Any],
+    *,
+    sharded: Callable[[Path], None] | None = None,
 ) -> Path:
     """Write checkpoint ``root/step_XXXXXXXX`` atomically; returns its path.
+
+    ``sharded`` (with ``optimizer_state=None``) writes the ``dcp/`` directory it is given,
+    together with the other ranks (a collective); the checkpoint then has format ``dcp``.
 
     Raises ``NonFiniteError`` (a non-finite tensor) before anything is written,
     ``CheckpointError`` if the checkpoint exists, and ``StorageError`` naming the file or
@@ -187,16 +174,21 @@ def save_checkpoint(
     """
     from safetensors.torch import save_file
 
+    if (sharded is None) == (optimizer_state is None):
+        raise ValueError("save_checkpoint: pass exactly one of optimizer_state and sharded")
     model_t = {k: v.detach().to("cpu").contiguous() for k, v in model_state.items()}
-    optim_t, optim_meta = _split_optimizer(optimizer_state)
-    optim_t = {k: v.detach().to("cpu").contiguous() for k, v in optim_t.items()}
     _check_finite("model", model_t)
-    _check_finite("optimizer", optim_t)
+    optim_t: dict[str, torch.Tensor] = {}
+    extra: dict[str, Any] = {}
+    if optimizer_state is not None:
+        optim_t, optim_meta = _split_optimizer(optimizer_state)
+        optim_t = {k: v.detach().to("cpu").contiguous() for k, v in optim_t.items()}
+        _check_finite("optimizer", optim_t)
+        extra["optimizer"] = optim_meta
 
     # Encoded before anything is written: a non-JSON-able state is a bug, not a storage error.
     state_bytes = (
-        json.dumps({**state, "optimizer": optim_meta}, indent=1, sort_keys=True, allow_nan=False)
-        + "\n"
+        json.dumps({**state, **extra}, indent=1, sort_keys=True, allow_nan=False) + "\n"
     ).encode()
 
     name = checkpoint_name(step)
@@ -213,17 +205,27 @@ def save_checkpoint(
         tmp.mkdir()
         current = tmp / "model.safetensors"
         save_file(model_t, current)
-        current = tmp / "optimizer.safetensors"
-        save_file(optim_t, current)
+        if sharded is None:
+            current = tmp / "optimizer.safetensors"
+            save_file(optim_t, current)
+            listed = list(CHECKPOINT_FILES)
+        else:
+            current = tmp / SHARDED_DIR
+            sharded(current)  # every rank writes its shards (fsynced by the writer)
+            fsync_dir(current)
+            shards = sorted(p.name for p in current.iterdir())
+            listed = ["model.safetensors", "state.json", *(f"{SHARDED_DIR}/{n}" for n in shards)]
         current = tmp / "state.json"
         write_file(current, state_bytes)
         files = {}
-        for fname in CHECKPOINT_FILES:
+        for fname in listed:
             current = tmp / fname
             fsync_file(current)
             files[fname] = file_digest(current)
         current = tmp / "checkpoint.json"
-        index = {"name": name, "step": step, "files": files}
+        index: dict[str, Any] = {"name": name, "step": step, "files": files}
+        if sharded is not None:
+            index["format"] = SHARDED_DIR
         write_file(current, (json.dumps(index, indent=2, sort_keys=True) + "\n").encode())
         current = tmp
         fsync_dir(tmp)
@@ -298,11 +300,18 @@ def verify_checkpoint(path: Path) -> list[str]:
     files = listing.get("files") if isinstance(listing, dict) else None
     if not isinstance(files, dict):
         return [f"{index}: unreadable: no 'files' table"]
+    fmt = listing.get("format", "safetensors")
+    if fmt not in ("safetensors", SHARDED_DIR):
+        return [f"{index}: unknown format {fmt!r}"]
     problems = []
-    for fname in CHECKPOINT_FILES:
+    for fname in CHECKPOINT_FILES if fmt == "safetensors" else SHARDED_FILES:
         if fname not in files:
             problems.append(f"{index}: does not list {fname}")
+    problems.extend(_unlisted_shards(path, files))
     for fname, want in files.items():
+        if not _LISTED.match(str(fname)):
+            problems.append(f"{index}: lists {fname!r}, which no checkpoint contains")
+            continue
         p = path / str(fname)
         if not p.is_file():
             problems.append(f"{p}: missing")
@@ -323,6 +332,32 @@ def verify_checkpoint(path: Path) -> list[str]:
             )
     problems.extend(_step_problems(path, listing))
     return problems
+
+
+def _unlisted_shards(path: Path, files: dict[str, Any]) -> list[str]:
+    """A file in ``dcp/`` that checkpoint.json does not list would be read by a load that
+    nothing verified (an extra or substituted shard)."""
+    shards = path / SHARDED_DIR
+    if not shards.is_dir():
+        return []
+    try:
+        names = sorted(p.name for p in shards.iterdir())
+    except OSError as exc:
+        return [f"{shards}: unreadable: {exc.strerror or exc}"]
+    return [
+        f"{shards / n}: not listed in {path / 'checkpoint.json'}"
+        for n in names
+        if f"{SHARDED_DIR}/{n}" not in files
+    ]
+
+
+def sharded_state_dir(path: Path) -> Path | None:
+    """The ``dcp/`` directory of a verified checkpoint of format ``dcp``, else None."""
+    try:
+        listing = json.loads((Path(path) / "checkpoint.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path / 'checkpoint.json'}: unreadable: {exc}") from None
+    return Path(path) / SHARDED_DIR if listing.get("format") == SHARDED_DIR else None
 
 
 def _step_problems(path: Path, listing: dict[str, Any]) -> list[str]:
@@ -355,19 +390,28 @@ def _step_problems(path: Path, listing: dict[str, Any]) -> list[str]:
     return problems
 
 
-def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any]]:
-    """Verify, then load ``(model_state, optimizer_state, state)`` from a checkpoint."""
+def load_checkpoint(
+    path: Path,
+) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None, dict[str, Any]]:
+    """Verify, then load ``(model_state, optimizer_state, state)`` from a checkpoint.
+
+    ``optimizer_state`` is None for a ``dcp`` checkpoint: its sharded state is loaded by the
+    ranks together (:func:`sharded_state_dir`), into whatever layout they train with.
+    """
     from safetensors.torch import load_file
 
     problems = verify_checkpoint(path)
     if problems:
         raise CheckpointError("; ".join(problems))
+    sharded = sharded_state_dir(path) is not None
     try:
         model_state = load_file(path / "model.safetensors")
-        optim_tensors = load_file(path / "optimizer.safetensors")
+        optim_tensors = {} if sharded else load_file(path / "optimizer.safetensors")
         state = json.loads((path / "state.json").read_text())
     except (OSError, ValueError, SafetensorError) as exc:
         raise CheckpointError(f"{path}: cannot load: {exc}") from None
+    if sharded and isinstance(state, dict):
+        return model_state, None, state  # the optimizer is loaded with the ranks' shards
     if not isinstance(state, dict) or "optimizer" not in state:
         raise CheckpointError(f"{path / 'state.json'}: no 'optimizer' table")
     optim_meta = state.pop("optimizer")
@@ -428,14 +472,18 @@ class CheckpointManager:
         self,
         step: int,
         model_state: dict[str, torch.Tensor],
-        optimizer_state: dict[str, Any],
+        optimizer_state: dict[str, Any] | None,
         state: dict[str, Any],
         *,
         protect: str | None = None,
+        sharded: Callable[[Path], None] | None = None,
     ) -> Path:
-        """Write the checkpoint of ``step``, then prune; ``protect`` (the best, relative to the
-        run directory, possibly in an ancestor attempt) is never pruned."""
-        path = save_checkpoint(self.root, step, model_state, optimizer_state, state)
+        """Write the checkpoint of ``step`` (``sharded``: see :func:`save_checkpoint`), then
+        prune; ``protect`` (the best, relative to the run directory, possibly in an ancestor
+        attempt) is never pruned."""
+        path = save_checkpoint(
+            self.root, step, model_state, optimizer_state, state, sharded=sharded
+        )
         self.saved.append(path)
         self._prune(None if protect is None else (self.run_dir / protect).resolve())
         return path

@@ -30,6 +30,7 @@ from iqtrain.errors import ConfigError
 from iqtrain.sections import (
     DEVICES,
     KINDS,
+    PARALLEL,
     PRECISIONS,
     SHAPES,
     SIGMF_DATATYPES,
@@ -49,6 +50,7 @@ from iqtrain.sections import (
 __all__ = [
     "DEVICES",
     "KINDS",
+    "PARALLEL",
     "PRECISIONS",
     "SHAPES",
     "SIGMF_DATATYPES",

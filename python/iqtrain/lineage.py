@@ -27,8 +27,9 @@ from iqtrain.checkpoint import (
     file_digest,
     list_checkpoints,
     load_checkpoint,
+    sharded_state_dir,
 )
-from iqtrain.config import Config, config_to_dict
+from iqtrain.config import Config, build_config, config_to_dict
 from iqtrain.errors import CheckpointError, ConfigError, CursorMismatchError, StorageError
 from iqtrain.evidence import AttemptLock, attempt_status, check_attempt, checkpoint_problems
 from iqtrain.storage import fsync_dir, write_bytes_atomic, write_json_atomic
@@ -204,10 +205,11 @@ class Parent:
     attempt: Path
     checkpoint: Path
     model_state: dict
-    optimizer_state: dict
+    optimizer_state: dict | None  # None when the checkpoint is sharded (``sharded``)
     state: dict
     config_tables: dict
     skipped: list[dict]
+    sharded: Path | None = None  # the dcp/ directory of a training.parallel = "fsdp" checkpoint
 
 
 _STATE_SHAPE = {
@@ -284,6 +286,7 @@ def load_parent(ref: ParentRef) -> Parent:
         state=state,
         config_tables=config_tables,
         skipped=skipped,
+        sharded=sharded_state_dir(ckpt),
     )
 
 
@@ -299,7 +302,12 @@ def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
 
 
 def config_changes(parent_tables: dict, config: Config) -> dict[str, tuple[Any, Any]]:
-    old = _flatten(parent_tables)
+    # The parent's config as this version resolves it: a key added since (training.parallel)
+    # has its default there, which is what the parent ran with.
+    try:
+        old = _flatten(config_to_dict(build_config(parent_tables)))
+    except ConfigError as exc:
+        raise CheckpointError(f"the parent's config.toml: {exc}") from None
     new = _flatten(config_to_dict(config))
     changes = {
         k: (old.get(k), new.get(k)) for k in old.keys() | new.keys() if old.get(k) != new.get(k)

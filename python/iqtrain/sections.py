@@ -18,6 +18,7 @@ from iqtrain.errors import ConfigError
 __all__ = [
     "DEVICES",
     "KINDS",
+    "PARALLEL",
     "PRECISIONS",
     "SHAPES",
     "SIGMF_DATATYPES",
@@ -43,6 +44,8 @@ __all__ = [
 DEVICES = ("cpu", "cuda")
 #: ``training.precision``; bf16 requires cuda.
 PRECISIONS = ("fp32", "bf16")
+#: ``training.parallel``: how several ranks hold the model (DESIGN.md section 9).
+PARALLEL = ("ddp", "fsdp")
 #: ``schedule.kind`` and ``schedule.decay_shape`` (DESIGN.md section 5).
 KINDS = ("wsd", "cosine", "constant")
 SHAPES = ("linear", "cosine", "sqrt")
@@ -377,6 +380,12 @@ class TrainingConfig:
     # the other ranks before this rank gives up with one line (exit 1). Rank 0 digests every
     # data file before a resume while the others wait, so this bounds that too.
     dist_timeout_s: int = 1800
+    # Several ranks: "ddp" replicates the model and optimizer on every rank (checkpoints hold
+    # them once, in safetensors); "fsdp" shards parameters, gradients and optimizer state over
+    # the ranks (FSDP2 fully_shard) and checkpoints them with torch.distributed.checkpoint,
+    # which reshards on load at any world size. One process trains unsharded either way; the
+    # checkpoint format follows this key.
+    parallel: str = "ddp"
     # Early stopping: end the attempt (checkpoint, manifest, exit 0) after this many
     # validations in a row without an improvement larger than early_stop_min_delta over the
     # best so far; 0 = off.
@@ -397,6 +406,7 @@ class TrainingConfig:
         require_int("training.log_every", self.log_every, minimum=1)
         self.peak_tflops = require_float("training.peak_tflops", self.peak_tflops, ge=0.0)
         require_int("training.dist_timeout_s", self.dist_timeout_s, minimum=1)
+        require_str("training.parallel", self.parallel, PARALLEL)
         require_int("training.early_stop_patience", self.early_stop_patience, minimum=0)
         self.early_stop_min_delta = require_float(
             "training.early_stop_min_delta", self.early_stop_min_delta, ge=0.0

@@ -44,11 +44,11 @@ Host synchronisations. Every call the loop makes per step queues device work and
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -56,10 +56,19 @@ from torch import Tensor, nn
 
 # The [optimizer] table and the device/precision names live in the torch-free config module;
 # re-exported here, as before.
-from iqtrain.config import DEVICES, PRECISIONS, OptimizerConfig
+from iqtrain.config import DEVICES, PARALLEL, PRECISIONS, OptimizerConfig
 from iqtrain.distributed import World
 from iqtrain.errors import ConfigError, NonFiniteError
 from iqtrain.model import next_patch_loss
+from iqtrain.optim import build_adamw, split_parameters
+from iqtrain.parallel import (
+    full_model_state,
+    global_norm,
+    load_sharded,
+    replicate,
+    save_sharded,
+    shard,
+)
 from iqtrain.prepare import compiled_reference, prepare_iq_input, prepare_iq_input_reference
 
 __all__ = [
@@ -68,7 +77,6 @@ __all__ = [
     "OptimizerConfig",
     "StepResult",
     "TrainStep",
-    "split_parameters",
 ]
 
 # torch.compile wraps modules in OptimizedModule, whose state dict keys carry this prefix.
@@ -86,34 +94,6 @@ class StepResult:
     stop: bool = False  # some rank asked to stop after this step (see ``train_step``)
 
 
-def split_parameters(
-    model: nn.Module,
-) -> tuple[list[tuple[str, nn.Parameter]], list[tuple[str, nn.Parameter]]]:
-    """(decay, no_decay) lists of ``(name, parameter)`` over trainable parameters.
-
-    Weight decay goes on matrices (ndim >= 2): it limits their scale, which is what capacity
-    control means for a linear map. Norm gains and biases are 1-d offsets and scales whose decay
-    only fights the normalization; embeddings (``nn.Embedding`` and the modules a model names in
-    ``embedding_modules``, the patch embedding here) map inputs rather than mix features, and
-    decaying them shrinks the input signal.
-    """
-    embedding_names = set(getattr(model, "embedding_modules", ()))
-    embedding_params: set[int] = set()
-    for name, module in model.named_modules():
-        if isinstance(module, nn.Embedding) or name in embedding_names:
-            embedding_params.update(id(p) for p in module.parameters())
-    decay: list[tuple[str, nn.Parameter]] = []
-    no_decay: list[tuple[str, nn.Parameter]] = []
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        if p.ndim >= 2 and id(p) not in embedding_params:
-            decay.append((name, p))
-        else:
-            no_decay.append((name, p))
-    return decay, no_decay
-
-
 def _strip_compile_prefix(state: Mapping[str, Any]) -> dict[str, Any]:
     return {k.removeprefix(_COMPILE_PREFIX): v for k, v in state.items()}
 
@@ -126,21 +106,6 @@ def _id_list(window_ids: object) -> list:
 
 def format_ids(window_ids: object) -> str:
     return repr(_id_list(window_ids))
-
-
-def _adamw(groups: list[dict[str, Any]], opt_cfg: OptimizerConfig) -> torch.optim.AdamW:
-    optimizer = torch.optim.AdamW(
-        groups,
-        lr=torch.tensor(opt_cfg.lr, dtype=torch.float64),
-        betas=opt_cfg.betas,
-        eps=opt_cfg.eps,
-        fused=True,
-    )
-    # The default lr tensor is shared by every group; give each its own so a group's value
-    # can be read or changed independently, as with float lrs.
-    for group in optimizer.param_groups:
-        group["lr"] = torch.tensor(opt_cfg.lr, dtype=torch.float64)
-    return optimizer
 
 
 def _check_step_inputs(microbatches: Sequence[Tensor], lr: float) -> list[Tensor]:
@@ -199,6 +164,7 @@ class TrainStep:
         precision: str,
         compile: bool,  # shadows the builtin on purpose: the config key is training.compile
         world: World | None = None,
+        parallel: str = "ddp",
     ) -> None:
         if not isinstance(opt_cfg, OptimizerConfig):
             raise TypeError(f"opt_cfg must be an OptimizerConfig, got {type(opt_cfg).__name__}")
@@ -216,6 +182,8 @@ class TrainStep:
             )
         if not isinstance(compile, bool):
             raise ConfigError(f"training.compile: must be true or false, got {compile!r}")
+        if parallel not in PARALLEL:
+            raise ConfigError(f'training.parallel: must be "ddp" or "fsdp", got {parallel!r}')
         if device == "cuda" and not torch.cuda.is_available():
             raise ConfigError('training.device: "cuda" requested but no CUDA device is available')
 
@@ -232,15 +200,16 @@ class TrainStep:
             raise ValueError("the model has no trainable parameters")
         self.decay_param_names: tuple[str, ...] = tuple(n for n, _ in decay)
         self.no_decay_param_names: tuple[str, ...] = tuple(n for n, _ in no_decay)
-        self._params: list[nn.Parameter] = [p for _, p in decay] + [p for _, p in no_decay]
-        groups = [
-            {"params": [p for _, p in g], "weight_decay": wd}
-            for g, wd in ((decay, opt_cfg.weight_decay), (no_decay, 0.0))
-            if g
-        ]
-        self.optimizer = _adamw(groups, opt_cfg)
+        decay_params, no_decay_params = [p for _, p in decay], [p for _, p in no_decay]
+        self._params: list[nn.Parameter] = decay_params + no_decay_params
+        self.optimizer = build_adamw(decay_params, no_decay_params, opt_cfg)
 
         self.world = World() if world is None else world
+        # "fsdp": checkpoints hold sharded state (save_sharded/load_sharded), at every world
+        # size; the model itself is sharded by data_parallel() when there are several ranks.
+        self.sharded = parallel == "fsdp"
+        # Set once the model is sharded: every forward then gathers parameters with all ranks.
+        self.forward_is_collective = False
         self._loss_module = _ForwardLoss(self.model, self.device.type, precision)
         # fullgraph: a graph break would silently fall back to eager for part of the model.
         # CPU: inductor's C++ wrapper calls the graph's kernels and matmuls from C++ instead of
@@ -268,35 +237,39 @@ class TrainStep:
         return self._loss_module.forward(patches)
 
     def data_parallel(self) -> None:
-        """Wrap the forward and loss in DistributedDataParallel (several ranks only).
+        """Several ranks only: replicate the forward and loss in DistributedDataParallel, or
+        (``training.parallel = "fsdp"``) shard the model with FSDP2 (:mod:`iqtrain.parallel`).
 
-        A collective (DDP broadcasts rank 0's parameters and buffers): every rank calls it at
-        the same point, after the ranks agreed that preflight passed. As PyTorch documents for
-        DDP, the inner module is compiled (``module.compile``) and then wrapped, so dynamo never
-        traces DDP itself; the backward is one compiled graph, so the gradient all-reduce runs
-        when it ends (no overlap with the backward: the models here are small per rank).
-        Evaluation calls the inner compiled module: it needs no gradient synchronisation.
+        A collective: every rank calls it at the same point, after the ranks agreed that
+        preflight passed. Evaluation under DDP calls the inner compiled module: it needs no
+        gradient synchronisation.
         """
-        if not self.world.distributed or self._ddp is not None:
+        if not self.world.distributed or self._ddp is not None or self.forward_is_collective:
             return
-        from torch.nn.parallel import DistributedDataParallel
-
+        if self.sharded:
+            self._shard()
+            return
         if self.compiled:
             self._loss_module.compile(fullgraph=True, options=self._compile_options)
             self._forward_loss_fn = self._loss_module
-        cuda = self.device.type == "cuda"
-        # The only buffers are the rotary tables, constants: nothing to synchronise per step.
-        # (torch 2.15 renamed the switch; older releases know only broadcast_buffers.)
-        params = inspect.signature(DistributedDataParallel.__init__).parameters
-        no_sync = "broadcast_buffers"
-        if "forward_sync_buffers" in params:
-            no_sync = "forward_sync_buffers"
-        self._ddp = DistributedDataParallel(
-            self._loss_module,
-            device_ids=[self.world.local_rank] if cuda else None,
-            **{no_sync: False},
-        )
+        self._ddp = replicate(self._loss_module, self.world, cuda=self.device.type == "cuda")
         self._train_fn = self._ddp
+
+    def _shard(self) -> None:
+        """FSDP2: shard the model, then build the optimizer again
+        over the sharded parameters (same groups, same order, same hyperparameters). A parent's
+        sharded state is loaded afterwards (:meth:`load_sharded`), so nothing is lost here."""
+        if self.optimizer.state:
+            raise RuntimeError("shard the step before it trains or loads optimizer state")
+        shard(self.model, compile_options=self._compile_options, compile=self.compiled)
+        # The blocks are compiled inside (before sharding); the rest runs eagerly around them.
+        self._forward_loss_fn = self._train_fn = self._forward_loss
+        named = dict(self.model.named_parameters())
+        decay = [named[n] for n in self.decay_param_names]
+        no_decay = [named[n] for n in self.no_decay_param_names]
+        self._params = decay + no_decay
+        self.optimizer = build_adamw(decay, no_decay, self.config)
+        self.forward_is_collective = True
 
     # ------------------------------------------------------------------ public API
 
@@ -365,6 +338,8 @@ class TrainStep:
         for i, mb in enumerate(mbs):
             # Several ranks: only the last microbatch's backward all-reduces the gradients.
             last = i == accum - 1
+            if self.forward_is_collective:  # FSDP2: reduce-scatter after the last only
+                self.model.set_requires_gradient_sync(last)
             with (
                 self.world.collective("the step's gradient all-reduce"),
                 self._ddp.no_sync() if self._ddp is not None and not last else nullcontext(),
@@ -379,7 +354,9 @@ class TrainStep:
         loss_t, stop_t = self._global_loss(loss_sum / accum, stop)
 
         grads = [p.grad for p in self._params if p.grad is not None]
-        norm_t = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
+        with self.world.collective("the step's gradient norm"):
+            norm_t = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
+            norm_t = global_norm(norm_t)  # sharded gradients: over every shard
         # The single host sync of the step: the finite check must precede the update.
         values = torch.stack([loss_t.float(), norm_t.float(), *stop_t]).tolist()
         loss_v, norm_v = values[0], values[1]
@@ -440,17 +417,35 @@ class TrainStep:
         """The step's state: ``{"model": ..., "optimizer": ...}`` (what safetensors store).
 
         Live references, as torch's own state dicts are: copy it (a checkpoint does) before
-        loading it into another step that keeps training alongside this one.
+        loading it into another step that keeps training alongside this one. ``sharded``: the
+        optimizer is None (it is saved by :meth:`save_sharded`) and the model is gathered
+        whole (see :meth:`model_state_dict`).
         """
-        return {"model": self.model_state_dict(), "optimizer": self.optimizer.state_dict()}
+        optimizer = None if self.sharded else self.optimizer.state_dict()
+        return {"model": self.model_state_dict(), "optimizer": optimizer}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.load_model_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
 
     def model_state_dict(self) -> dict[str, Tensor]:
-        """The model's state dict; keys never carry a compile prefix."""
+        """The model's state dict; keys never carry a compile prefix. A sharded model is
+        gathered whole onto rank 0's CPU (a collective; the other ranks get ``{}``)."""
+        if self.forward_is_collective:
+            with self.world.collective("gathering the sharded model"):
+                return full_model_state(self.model)
         return _strip_compile_prefix(self.model.state_dict())
+
+    def save_sharded(self, directory: Path) -> None:
+        """``sharded``: write the model and optimizer state into ``directory`` as
+        torch.distributed.checkpoint, every rank its own shards (a collective)."""
+        save_sharded(self.model, self.optimizer, directory, self.world)
+
+    def load_sharded(self, directory: Path) -> None:
+        """``sharded``: load what :meth:`save_sharded` wrote, at any world size (a collective
+        with several ranks); CheckpointError names ``directory`` if it does not fit."""
+        with self.world.collective("loading the sharded checkpoint"):
+            load_sharded(self.model, self.optimizer, directory, self.world)
 
     def load_model_state_dict(self, state: Mapping[str, Tensor]) -> None:
         """Load model weights strictly; foreign ``_orig_mod.`` key prefixes are dropped."""

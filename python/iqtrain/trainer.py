@@ -24,15 +24,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from iqtrain.checkpoint import CheckpointManager, checkpoint_name, restore_rng_state, rng_state
+from iqtrain.checkpoint import CheckpointManager, checkpoint_name
 from iqtrain.config import Config
 from iqtrain.console import Interrupted, Progress, SignalGuard
 from iqtrain.data import IQDataset, TrainStream
-from iqtrain.distributed import World
 from iqtrain.errors import CheckpointError, DataError, IQTrainError
 from iqtrain.flops import achieved_tflops, device_peak_tflops, mfu
 from iqtrain.lineage import STATE_VERSION, Parent
 from iqtrain.metrics import MetricWriter
+from iqtrain.rngstate import RNGState
 from iqtrain.schedule import Plan, lr_at
 from iqtrain.sigmf_meta import BYTES_PER_SAMPLE
 from iqtrain.step import StepResult, TrainStep
@@ -42,7 +42,6 @@ from iqtrain.validation import prepare_batch, validate
 __all__ = [
     "DataIdentity",
     "LoopState",
-    "RNGState",
     "Trainer",
     "compute_digests",
     "spike_update",
@@ -119,38 +118,6 @@ def spike_update(ema: float | None, loss: float) -> tuple[bool, float]:
     spike = ema is not None and loss > SPIKE_FACTOR * ema
     new = loss if ema is None else SPIKE_EMA * ema + (1 - SPIKE_EMA) * loss
     return spike, new
-
-
-class RNGState:
-    """Every rank's CPU (and CUDA) random generators as one component.
-
-    ``state_dict()`` is a collective with several ranks: ``{"world_size": W, "ranks": [the
-    generators of rank 0, ..., rank W-1]}``. Loading at the same world size restores this
-    rank's generators exactly. At another world size no saved stream belongs to a rank (rank r
-    of W' did not exist, or read other rows), so every rank's generators are re-derived: seeded
-    with a hash of rank 0's saved CPU state, the new world size and the rank, the same on every
-    resume of that checkpoint. (State version 2 checkpoints hold one process's generators:
-    ``{"cpu": ..., "cuda": ...}``, read as a world of one.)
-    """
-
-    def __init__(self, world: World | None = None) -> None:
-        self.world = World() if world is None else world
-
-    def state_dict(self) -> dict[str, Any]:
-        ranks = self.world.all_gather_object(rng_state())
-        return {"world_size": self.world.world_size, "ranks": ranks}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if "ranks" not in state:  # state version 2: one process
-            state = {"world_size": 1, "ranks": [state]}
-        ranks, size = state["ranks"], state["world_size"]
-        if not isinstance(ranks, list) or not ranks or len(ranks) != size:
-            raise ValueError(f"rng: {len(ranks)} rank states for world_size {size!r}")
-        if size == self.world.world_size:
-            restore_rng_state(ranks[self.world.rank])
-            return
-        key = f"{ranks[0]['cpu']}:{self.world.world_size}:{self.world.rank}".encode()
-        torch.manual_seed(int.from_bytes(hashlib.sha256(key).digest()[:8], "little"))
 
 
 def compute_digests(train: IQDataset, val: IQDataset) -> dict[str, dict[str, str]]:
@@ -256,9 +223,14 @@ def _ring(stream: TrainStream, device: torch.device, config: Config) -> list[tor
 def restore(parent: Parent, stepper: TrainStep, components: dict[str, Any]) -> None:
     """Continue exactly where ``parent``'s checkpoint stopped: the step's tensors, then one
     loop over the same component mapping a checkpoint writes. Runs before the child exists,
-    so a checkpoint that cannot be restored is a CheckpointError (exit 2) naming its state."""
+    so a checkpoint that cannot be restored is a CheckpointError (exit 2) naming its state.
+    A sharded checkpoint's tensors are loaded later, by every rank together, once the step is
+    sharded (:meth:`TrainStep.load_sharded`); its JSON components are restored here."""
     try:
-        stepper.load_state_dict({"model": parent.model_state, "optimizer": parent.optimizer_state})
+        if parent.sharded is None:
+            stepper.load_state_dict(
+                {"model": parent.model_state, "optimizer": parent.optimizer_state}
+            )
         for name, component in components.items():
             component.load_state_dict(parent.state[name])
     except (KeyError, TypeError, ValueError, AttributeError, RuntimeError, IndexError) as exc:
@@ -433,10 +405,13 @@ class Trainer:
         the probe record, not the training run: one note line, training goes on."""
         if not probe_due(self.config, self.loop.validations, last):
             return
+        p0 = time.perf_counter()
+        model: Any = self.stepper.model
+        if self.stepper.forward_is_collective:  # sharded: gathered whole onto rank 0
+            model = self.stepper.model_state_dict()
         if self.probe is not None and self.metrics is not None:
-            p0 = time.perf_counter()
             try:
-                rec = self.probe.record(self.stepper.model, self.loop.step)
+                rec = self.probe.record(model, self.loop.step)
             except (IQTrainError, OSError) as exc:
                 progress.note(f"probe step {self.loop.step}: skipped: {exc}")
             else:
@@ -460,7 +435,11 @@ class Trainer:
         self.world.wait_for_main()  # ... and the other ranks wait for rank 0 to have them
         components = {name: c.state_dict() for name, c in self.components().items()}
         self.checkpointed_at = self.loop.step
+        # Sharded: gathers the whole model onto rank 0 for model.safetensors (a collective).
+        tensors = self.stepper.state_dict()
         if self.metrics is None or self.identity is None:
+            if self.stepper.sharded:  # into rank 0's temporary directory, with rank 0
+                self.stepper.save_sharded(Path(self.world.broadcast_object(None)))
             self.world.wait_for_main()  # while rank 0 writes the checkpoint
             return None
         state = {
@@ -475,13 +454,18 @@ class Trainer:
         }
         self.identity.check_lengths()
         self.metrics.sync()  # the cursor must never point past what is on disk
-        tensors = self.stepper.state_dict()
         path = self.checkpoints.save(
             self.loop.step,
             tensors["model"],
             tensors["optimizer"],
             state,
             protect=self.loop.best_checkpoint,
+            sharded=self._write_shards if self.stepper.sharded else None,
         )
         self.world.wait_for_main()
         return path
+
+    def _write_shards(self, directory: Path) -> None:
+        """Rank 0's half of a sharded checkpoint: tell the others where, then write together."""
+        self.world.broadcast_object(os.fspath(directory))
+        self.stepper.save_sharded(directory)

@@ -11,10 +11,11 @@ exact resume are untouched.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from torch import nn
+from torch import Tensor, nn
 
 from iqtrain.config import Config
 from iqtrain.datasets import validation_patterns
@@ -49,9 +50,14 @@ class TrainingProbe:
         self.chance = float(counts.max() / counts.sum())
         self._random_init: ProbeScore | None = None
 
-    def record(self, model: nn.Module, step: int) -> dict[str, Any]:
-        """The ``probe`` record of ``model`` at ``step`` (without its ``time_s``)."""
+    def record(self, model: nn.Module | Mapping[str, Tensor], step: int) -> dict[str, Any]:
+        """The ``probe`` record of ``model`` (a module, or a whole model's state dict) at
+        ``step`` (without its ``time_s``)."""
         c = self.config
+        if isinstance(model, Mapping):
+            weights = model
+            model = random_init_model(c.model, c.run.seed)  # every weight is overwritten
+            model.load_state_dict(weights, strict=True)
         score = probe_model(model, self.labelled, c.data, self.folds, c.run.seed)
         if self._random_init is None:
             baseline = random_init_model(c.model, c.run.seed)

@@ -43,10 +43,18 @@ def _batch_sums(
     n, bs = val.num_windows, d.val_batch_size
     batches = (n + bs - 1) // bs
     table = torch.zeros((batches, 4), dtype=torch.float64, device=stepper.device)
-    for b in range(world.rank, batches, world.world_size):
-        raw = val.windows(np.arange(b * bs, min((b + 1) * bs, n), dtype=np.uint64))
+    rounds = (batches + world.world_size - 1) // world.world_size
+    for b in range(world.rank, rounds * world.world_size, world.world_size):
+        if b >= batches and not stepper.forward_is_collective:
+            break
+        # A sharded model's forward gathers parameters with every rank: a rank without a
+        # batch of its own in the last round evaluates batch 0 again, and drops the result.
+        src = b if b < batches else 0
+        raw = val.windows(np.arange(src * bs, min((src + 1) * bs, n), dtype=np.uint64))
         patches, _ = prepare_batch(raw, stepper, config)
         total, count = stepper.eval_loss_sum(patches)  # no host sync per batch
+        if b >= batches:
+            continue
         table[b, 0] = total
         table[b, 1] = count
         if baselines:

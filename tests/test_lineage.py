@@ -1,0 +1,46 @@
+"""What may change on resume (``config_changes``): the parent's config is read as this version
+resolves it, so a key added since is its default, not a change."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from test_attempt import tiny_tables
+
+from iqtrain.config import build_config, config_to_dict
+from iqtrain.errors import CheckpointError, ConfigError
+from iqtrain.lineage import config_changes
+
+
+@pytest.fixture
+def parent_tables(tmp_path):
+    return config_to_dict(build_config(tiny_tables(tmp_path / "run", tmp_path / "cache")))
+
+
+def test_a_key_the_parent_predates_is_its_default_not_a_change(parent_tables):
+    config = build_config(copy.deepcopy(parent_tables))
+    older = copy.deepcopy(parent_tables)
+    del older["training"]["parallel"]  # written before training.parallel existed
+    assert config_changes(older, config) == {}
+
+
+def test_the_parallel_layout_cannot_change_on_resume(parent_tables):
+    tables = copy.deepcopy(parent_tables)
+    tables["training"]["parallel"] = "fsdp"
+    with pytest.raises(ConfigError, match=r"training.parallel: cannot change on resume \('ddp'"):
+        config_changes(parent_tables, build_config(tables))
+
+
+def test_resumable_keys_are_reported(parent_tables):
+    tables = copy.deepcopy(parent_tables)
+    tables["training"]["max_steps"] += 4
+    changes = config_changes(parent_tables, build_config(tables))
+    assert changes == {"training.max_steps": (12, 16)}
+
+
+def test_a_parent_config_this_version_cannot_read_is_a_checkpoint_error(parent_tables):
+    broken = copy.deepcopy(parent_tables)
+    broken["training"]["parallel"] = "zero3"
+    with pytest.raises(CheckpointError, match="parent's config.toml: training.parallel"):
+        config_changes(broken, build_config(copy.deepcopy(parent_tables)))
