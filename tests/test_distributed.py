@@ -497,6 +497,30 @@ def test_an_fsdp_checkpoint_reshards_to_one_process_and_back(fsdp):
     ok(single("verify", back))
 
 
+def test_parallel_changes_on_resume_both_ways(fsdp, runs):
+    ddp = runs["two"]
+    ok(
+        torchrun(
+            2, "resume", "--attempt", ddp, "--from", "step_5", "--set", "training.parallel=fsdp"
+        )
+    )
+    sharded = sorted(ddp.parent.iterdir())[-1]
+    assert (ckpt(sharded, 10) / "dcp" / "__1_0.distcp").is_file()
+    info = json.loads((sharded / "attempt.json").read_text())
+    assert info["config_changes"] == {"training.parallel": {"from": "ddp", "to": "fsdp"}}
+    close(records(sharded), records(ddp), rel=1e-4)
+    ok(
+        single(
+            "resume", "--attempt", sharded, "--from", "step_10", "--set", "training.parallel=ddp"
+        )
+    )
+    back = sorted(ddp.parent.iterdir())[-1]
+    assert (ckpt(back, MAX_STEPS) / "optimizer.safetensors").is_file()
+    close(records(back), records(ddp), rel=1e-4)
+    for attempt in (sharded, back):
+        ok(single("verify", attempt))
+
+
 def test_a_changed_shard_refuses_the_resume_before_anything_exists(fsdp):
     shard = ckpt(fsdp, 10) / "dcp" / "__1_0.distcp"
     good = shard.read_bytes()

@@ -25,18 +25,19 @@ def test_a_key_the_parent_predates_is_its_default_not_a_change(parent_tables):
     assert config_changes(older, config) == {}
 
 
-def test_the_parallel_layout_cannot_change_on_resume(parent_tables):
+def test_the_experiment_cannot_change_on_resume(parent_tables):
     tables = copy.deepcopy(parent_tables)
-    tables["training"]["parallel"] = "fsdp"
-    with pytest.raises(ConfigError, match=r"training.parallel: cannot change on resume \('ddp'"):
+    tables["model"]["dim"] *= 2
+    with pytest.raises(ConfigError, match=r"model.dim: cannot change on resume \(32 -> 64\)"):
         config_changes(parent_tables, build_config(tables))
 
 
 def test_resumable_keys_are_reported(parent_tables):
     tables = copy.deepcopy(parent_tables)
     tables["training"]["max_steps"] += 4
+    tables["training"]["parallel"] = "fsdp"  # the same state, held another way
     changes = config_changes(parent_tables, build_config(tables))
-    assert changes == {"training.max_steps": (12, 16)}
+    assert changes == {"training.max_steps": (12, 16), "training.parallel": ("ddp", "fsdp")}
 
 
 def test_a_parent_config_this_version_cannot_read_is_a_checkpoint_error(parent_tables):

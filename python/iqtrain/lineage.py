@@ -63,6 +63,7 @@ RESUMABLE_KEYS = frozenset(
         "training.log_every",
         "training.peak_tflops",
         "training.dist_timeout_s",
+        "training.parallel",  # how ranks hold the same state; a checkpoint loads into either
         "training.early_stop_patience",
         "training.early_stop_min_delta",
         "probe.every",  # the probe reads the model and nothing else

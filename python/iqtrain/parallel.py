@@ -40,7 +40,9 @@ from iqtrain.errors import CheckpointError, NonFiniteError, StorageError
 
 __all__ = [
     "full_model_state",
+    "full_optimizer_state",
     "global_norm",
+    "load_full_optimizer_state",
     "load_sharded",
     "replicate",
     "save_sharded",
@@ -88,6 +90,27 @@ def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     return get_model_state_dict(model, options=options)
+
+
+def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict | None:
+    """An unsharded optimizer's state keyed by parameter name (what survives sharding, which
+    replaces the parameters), or None when it has none yet."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    if not optimizer.state:  # get_optimizer_state_dict would initialise it (step 1)
+        return None
+    return get_optimizer_state_dict(model, optimizer)
+
+
+def load_full_optimizer_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+) -> None:
+    """Load :func:`full_optimizer_state`'s result into the optimizer of the sharded ``model``:
+    every rank holds the whole state and keeps its own shard of each moment."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True)
+    set_optimizer_state_dict(model, optimizer, state, options=options)
 
 
 def _local(t: Any) -> Any:

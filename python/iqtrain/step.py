@@ -63,7 +63,9 @@ from iqtrain.model import next_patch_loss
 from iqtrain.optim import build_adamw, split_parameters
 from iqtrain.parallel import (
     full_model_state,
+    full_optimizer_state,
     global_norm,
+    load_full_optimizer_state,
     load_sharded,
     replicate,
     save_sharded,
@@ -256,11 +258,11 @@ class TrainStep:
         self._train_fn = self._ddp
 
     def _shard(self) -> None:
-        """FSDP2: shard the model, then build the optimizer again
-        over the sharded parameters (same groups, same order, same hyperparameters). A parent's
-        sharded state is loaded afterwards (:meth:`load_sharded`), so nothing is lost here."""
-        if self.optimizer.state:
-            raise RuntimeError("shard the step before it trains or loads optimizer state")
+        """FSDP2: shard the model, then build the optimizer again over the sharded parameters
+        (same groups, same order, same hyperparameters). Optimizer state already restored (from
+        a replicated checkpoint: training.parallel changed on resume) is carried over, sharded;
+        a sharded parent's state is loaded afterwards (:meth:`load_sharded`)."""
+        carried = full_optimizer_state(self.model, self.optimizer)
         shard(self.model, compile_options=self._compile_options, compile=self.compiled)
         # The blocks are compiled inside (before sharding); the rest runs eagerly around them.
         self._forward_loss_fn = self._train_fn = self._forward_loss
@@ -269,6 +271,8 @@ class TrainStep:
         no_decay = [named[n] for n in self.no_decay_param_names]
         self._params = decay + no_decay
         self.optimizer = build_adamw(decay, no_decay, self.config)
+        if carried is not None:
+            load_full_optimizer_state(self.model, self.optimizer, carried)
         self.forward_is_collective = True
 
     # ------------------------------------------------------------------ public API
