@@ -128,6 +128,7 @@ def test_two_ranks_write_one_attempt_that_matches_one_process(runs):
     ok(single("verify", two))
     info = json.loads((two / "attempt.json").read_text())
     assert info["world"]["size"] == 2 and info["world"]["backend"] == "gloo"
+    assert info["world"]["parallel"] == "ddp"
     assert len(info["world"]["hosts"]) == 2
     assert json.loads((one / "attempt.json").read_text())["world"]["size"] == 1
     a, b = records(two), records(one)
@@ -447,6 +448,7 @@ def fsdp(runs):
 
 def test_fsdp_trains_as_ddp_does_and_writes_sharded_checkpoints(fsdp, runs):
     ok(single("verify", fsdp))
+    assert json.loads((fsdp / "attempt.json").read_text())["world"]["parallel"] == "fsdp"
     assert sorted(p.name for p in fsdp.parent.iterdir()) == ["0001"]
     a, b = records(fsdp), records(runs["two"])
     # The same first step: FSDP2 averages the gradients as DDP does (eager FSDP2 and DDP

@@ -89,6 +89,17 @@ def test_a_completed_attempt(tmp_path):
     assert "note" not in text
 
 
+def test_several_ranks_are_named_in_the_header(tmp_path):
+    world = {"size": 4, "backend": "nccl", "hosts": ["a", "b"], "parallel": "fsdp"}
+    att = _attempt(tmp_path, world=world)
+    assert report(att).splitlines()[0].endswith("fp32, 4 ranks (nccl, fsdp)")
+    # One process says nothing about ranks; older attempts have no "parallel".
+    one = write_attempt(tmp_path / "one", world={"size": 1})
+    assert report(one).splitlines()[0].endswith("device test-cpu, fp32")
+    old = write_attempt(tmp_path / "old", world={"size": 2, "backend": "gloo"})
+    assert report(old).splitlines()[0].endswith("fp32, 2 ranks (gloo)")
+
+
 def test_a_crashed_attempt_is_shown_as_crashed(tmp_path):
     att = _attempt(tmp_path, status="running")  # nobody holds its lock
     text = report(att)

@@ -253,7 +253,12 @@ def _attempt_info(config: Config, run_dir: Path, ready: _Ready, world: World) ->
         "plan": ready.plan.to_dict(),
         "argv": sys.argv,
         "pid": os.getpid(),
-        "world": {"size": world.world_size, "backend": world.backend, "hosts": hosts},
+        "world": {
+            "size": world.world_size,
+            "backend": world.backend,
+            "hosts": hosts,
+            "parallel": t.parallel,
+        },
     }
     p = ready.parent
     if p is not None:

@@ -78,6 +78,11 @@ def _header(attempt: Path, info: dict[str, Any], status: str) -> list[str]:
     device = device if isinstance(device, dict) else {}
     parts = [str(device[k]) for k in ("name", "precision") if device.get(k)]
     lines = [f"attempt {attempt} ({status})" + (f", device {', '.join(parts)}" if parts else "")]
+    world = info.get("world")
+    size = world.get("size") if isinstance(world, dict) else None
+    if isinstance(size, int) and size > 1:  # under torchrun: how many, connected and held how
+        how = [str(world[k]) for k in ("backend", "parallel") if isinstance(world.get(k), str)]
+        lines[0] += f", {size} ranks" + (f" ({', '.join(how)})" if how else "")
     parent = info.get("parent")
     if isinstance(parent, dict):
         lines.append(
