@@ -434,9 +434,8 @@ def _shards(directory):
 
 def _sharded(tmp_path, step=3):
     s = _stepper(1)
-    return save_checkpoint(
-        tmp_path, step, s.model_state_dict(), None, {"step": step}, sharded=_shards
-    )
+    state = {"step": step, "rng": {"world_size": 2, "ranks": [{}, {}]}}
+    return save_checkpoint(tmp_path, step, s.model_state_dict(), None, state, sharded=_shards)
 
 
 def test_a_sharded_checkpoint_lists_every_shard_and_loads_without_an_optimizer(tmp_path):
@@ -452,7 +451,7 @@ def test_a_sharded_checkpoint_lists_every_shard_and_loads_without_an_optimizer(t
     ]
     assert verify_checkpoint(path) == []
     model, optim, state = load_checkpoint(path)
-    assert optim is None and state == {"step": 3} and model
+    assert optim is None and state["step"] == 3 and model
     assert checkpoint_mod.sharded_state_dir(path) == path / "dcp"
     assert checkpoint_mod.sharded_state_dir(_tiny(tmp_path, 4)) is None
 
@@ -465,6 +464,12 @@ def test_a_changed_missing_or_extra_shard_fails_verification(tmp_path):
     assert str(shard) in problem and "sha256" in problem
     shard.unlink()
     assert verify_checkpoint(path) == [f"{shard}: missing"]
+    # ... and unlisted too: two ranks wrote the checkpoint, so two shards must be listed.
+    index = json.loads((path / "checkpoint.json").read_text())
+    del index["files"]["dcp/__1_0.distcp"]
+    (path / "checkpoint.json").write_text(json.dumps(index))
+    (problem,) = verify_checkpoint(path)
+    assert str(shard) in problem and "not listed (2 ranks wrote one each)" in problem
     # A shard nothing lists would be read by a load without being verified.
     other = _sharded(tmp_path, step=4)
     (other / "dcp" / "__2_0.distcp").write_bytes(b"x")

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import iqtrain
 from iqtrain.checkpoint import load_checkpoint
 from iqtrain.config import dumps_toml
 from iqtrain.distributed import RankExit, World, agree, world_from_env
@@ -543,29 +544,62 @@ def test_a_changed_shard_refuses_the_resume_before_anything_exists(fsdp):
     assert sorted(p.name for p in fsdp.parent.iterdir()) == before
 
 
-def test_a_failed_shard_write_ends_every_rank_and_loses_nothing(tmp_path):
-    env = on_rank(  # rank 1's disk is full when the first checkpoint is written
+@pytest.mark.parametrize(
+    ("body", "expect"),
+    [
+        (  # rank 1's disk is full
+            "raise OSError(28, 'No space left on device (injected)')",
+            "cannot write the sharded state on rank(s) [1]: [Errno 28] No space left on device",
+        ),
+        ("os._exit(3)", "rank 0: writing the sharded checkpoint failed"),  # rank 1 dies
+    ],
+)
+def test_a_failed_shard_write_ends_every_rank_and_loses_nothing(tmp_path, body, expect):
+    env = on_rank(  # on rank 1, when the first checkpoint is written
         tmp_path,
         1,
-        """
+        f"""
 import torch.distributed.checkpoint.filesystem as fs
-def full(self, *a, **k):
-    raise OSError(28, 'No space left on device (injected)')
-fs.FileSystemWriter.write_data = full
+def fail(self, *a, **k):
+    {body}
+fs.FileSystemWriter.write_data = fail
 """,
     )
     cfg = fsdp_config(tmp_path / "c.toml", tmp_path / "run", tmp_path / "cache")
     proc = torchrun(2, "run", cfg, env=env)
     assert proc.returncode == 1, proc.stderr[-4000:]
+    # No worker traceback (torchrun prints its own, of the launcher, on any failed worker).
+    assert f'File "{Path(iqtrain.__file__).parent}' not in proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("iqtrain: error:")]
-    assert len(lines) == 1, proc.stderr[-4000:]
-    assert "cannot write the sharded state on rank(s) [1]" in lines[0]
-    assert "No space left on device (injected)" in lines[0]
+    assert len(lines) == 1 and expect in lines[0], proc.stderr[-4000:]
     attempt = tmp_path / "run" / "attempts" / "0001"
     info = json.loads((attempt / "attempt.json").read_text())
     assert info["status"] == "failed" and info["final_step"] == 4
     assert list((attempt / "checkpoints").iterdir()) == []  # no torn checkpoint, no leftover
     ok(single("verify", attempt))
+
+
+def test_rank_0_writing_the_whole_model_alone_is_not_bounded_by_the_collective_timeout(
+    tmp_path,
+):
+    env = on_rank(  # model.safetensors takes three times training.dist_timeout_s to write
+        tmp_path,
+        0,
+        """
+import time
+import safetensors.torch as st
+orig = st.save_file
+def slow(*a, **k):
+    time.sleep(15)
+    return orig(*a, **k)
+st.save_file = slow
+""",
+    )
+    cfg = fsdp_config(
+        tmp_path / "c.toml", tmp_path / "run", tmp_path / "cache", dist_timeout_s=5, max_steps=6
+    )
+    ok(torchrun(2, "run", cfg, env=env))
+    ok(single("verify", tmp_path / "run" / "attempts" / "0001"))
 
 
 def test_compiled_fsdp_matches_eager_fsdp_and_probes_the_whole_model(fsdp, tmp_path):

@@ -89,59 +89,6 @@ def checkpoint_name(step: int) -> str:
     return f"step_{step:08d}"
 
 
-# ------------------------------------------------------------------------------- optimizer
-
-
-def _split_optimizer(optim_sd: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Optimizer state dict -> (tensors for safetensors, JSON-able remainder)."""
-    import torch
-
-    tensors: dict[str, torch.Tensor] = {}
-    scalars: dict[str, dict[str, Any]] = {}
-    for idx, entry in optim_sd["state"].items():
-        for key, value in entry.items():
-            if isinstance(value, torch.Tensor):
-                tensors[f"state.{idx}.{key}"] = value
-            else:
-                scalars.setdefault(str(idx), {})[key] = value
-    groups = []
-    for group in optim_sd["param_groups"]:
-        g = {}
-        for key, value in group.items():
-            if isinstance(value, torch.Tensor):
-                # A tensor hyperparameter (the lr) stays a tensor on restore, with its dtype.
-                g[key] = {"tensor": value.item(), "dtype": str(value.dtype).removeprefix("torch.")}
-            elif isinstance(value, tuple):
-                g[key] = {"tuple": list(value)}
-            else:
-                g[key] = value
-        groups.append(g)
-    return tensors, {"scalars": scalars, "param_groups": groups}
-
-
-def _join_optimizer(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> dict[str, Any]:
-    import torch
-
-    state: dict[int, dict[str, Any]] = {}
-    for name, value in tensors.items():
-        _, idx, key = name.split(".", 2)
-        state.setdefault(int(idx), {})[key] = value
-    for idx, entry in meta["scalars"].items():
-        state.setdefault(int(idx), {}).update(entry)
-    groups = []
-    for g in meta["param_groups"]:
-        group = {}
-        for key, value in g.items():
-            if isinstance(value, dict) and "tensor" in value:
-                group[key] = torch.tensor(value["tensor"], dtype=getattr(torch, value["dtype"]))
-            elif isinstance(value, dict) and "tuple" in value:
-                group[key] = tuple(value["tuple"])
-            else:
-                group[key] = value
-        groups.append(group)
-    return {"state": state, "param_groups": groups}
-
-
 # ------------------------------------------------------------------------------- save / load
 
 
@@ -181,7 +128,9 @@ def save_checkpoint(
     optim_t: dict[str, torch.Tensor] = {}
     extra: dict[str, Any] = {}
     if optimizer_state is not None:
-        optim_t, optim_meta = _split_optimizer(optimizer_state)
+        from iqtrain.optim import split_optimizer_state
+
+        optim_t, optim_meta = split_optimizer_state(optimizer_state)
         optim_t = {k: v.detach().to("cpu").contiguous() for k, v in optim_t.items()}
         _check_finite("optimizer", optim_t)
         extra["optimizer"] = optim_meta
@@ -331,6 +280,8 @@ def verify_checkpoint(path: Path) -> list[str]:
                 f"records {recorded}"
             )
     problems.extend(_step_problems(path, listing))
+    if fmt == SHARDED_DIR:
+        problems.extend(_missing_shards(path, files))
     return problems
 
 
@@ -348,6 +299,22 @@ def _unlisted_shards(path: Path, files: dict[str, Any]) -> list[str]:
         f"{shards / n}: not listed in {path / 'checkpoint.json'}"
         for n in names
         if f"{SHARDED_DIR}/{n}" not in files
+    ]
+
+
+def _missing_shards(path: Path, files: dict[str, Any]) -> list[str]:
+    """Every rank writes one shard file, ``__<rank>_0.distcp``, and state.json records how many
+    ranks there were (``rng.world_size``): a listing with fewer files could not load."""
+    state_path = path / "state.json"
+    try:
+        size = json.loads(state_path.read_text())["rng"]["world_size"]
+    except (OSError, ValueError, KeyError, TypeError):
+        size = None
+    if type(size) is not int or size < 1:
+        return [f"{state_path}: no rng.world_size to check the shards in {SHARDED_DIR}/ against"]
+    names = (f"{SHARDED_DIR}/__{rank}_0.distcp" for rank in range(size))
+    return [
+        f"{path / n}: not listed ({size} ranks wrote one each)" for n in names if n not in files
     ]
 
 
@@ -400,6 +367,8 @@ def load_checkpoint(
     """
     from safetensors.torch import load_file
 
+    from iqtrain.optim import join_optimizer_state
+
     problems = verify_checkpoint(path)
     if problems:
         raise CheckpointError("; ".join(problems))
@@ -416,7 +385,7 @@ def load_checkpoint(
         raise CheckpointError(f"{path / 'state.json'}: no 'optimizer' table")
     optim_meta = state.pop("optimizer")
     try:
-        optimizer_state = _join_optimizer(optim_tensors, optim_meta)
+        optimizer_state = join_optimizer_state(optim_tensors, optim_meta)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise CheckpointError(
             f"{path / 'state.json'}: optimizer: malformed ({type(exc).__name__}: {exc})"

@@ -1,14 +1,22 @@
-"""The optimizer of a step: which parameters get weight decay, and fused AdamW with a tensor lr
-per group (DESIGN.md section 4)."""
+"""The optimizer of a step: which parameters get weight decay, fused AdamW with a tensor lr per
+group (DESIGN.md section 4), and its state as a checkpoint stores it (tensors for safetensors,
+the rest as JSON)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import nn
 
 from iqtrain.config import OptimizerConfig
 
-__all__ = ["build_adamw", "split_parameters"]
+__all__ = [
+    "build_adamw",
+    "join_optimizer_state",
+    "split_optimizer_state",
+    "split_parameters",
+]
 
 
 def split_parameters(
@@ -61,3 +69,51 @@ def build_adamw(
     for group in optimizer.param_groups:
         group["lr"] = torch.tensor(opt_cfg.lr, dtype=torch.float64)
     return optimizer
+
+
+def split_optimizer_state(
+    optim_sd: dict[str, Any],
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Optimizer state dict -> (tensors for safetensors, JSON-able remainder)."""
+    tensors: dict[str, torch.Tensor] = {}
+    scalars: dict[str, dict[str, Any]] = {}
+    for idx, entry in optim_sd["state"].items():
+        for key, value in entry.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"state.{idx}.{key}"] = value
+            else:
+                scalars.setdefault(str(idx), {})[key] = value
+    groups = []
+    for group in optim_sd["param_groups"]:
+        g = {}
+        for key, value in group.items():
+            if isinstance(value, torch.Tensor):
+                # A tensor hyperparameter (the lr) stays a tensor on restore, with its dtype.
+                g[key] = {"tensor": value.item(), "dtype": str(value.dtype).removeprefix("torch.")}
+            elif isinstance(value, tuple):
+                g[key] = {"tuple": list(value)}
+            else:
+                g[key] = value
+        groups.append(g)
+    return tensors, {"scalars": scalars, "param_groups": groups}
+
+
+def join_optimizer_state(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> dict[str, Any]:
+    state: dict[int, dict[str, Any]] = {}
+    for name, value in tensors.items():
+        _, idx, key = name.split(".", 2)
+        state.setdefault(int(idx), {})[key] = value
+    for idx, entry in meta["scalars"].items():
+        state.setdefault(int(idx), {}).update(entry)
+    groups = []
+    for g in meta["param_groups"]:
+        group = {}
+        for key, value in g.items():
+            if isinstance(value, dict) and "tensor" in value:
+                group[key] = torch.tensor(value["tensor"], dtype=getattr(torch, value["dtype"]))
+            elif isinstance(value, dict) and "tuple" in value:
+                group[key] = tuple(value["tuple"])
+            else:
+                group[key] = value
+        groups.append(group)
+    return {"state": state, "param_groups": groups}

@@ -27,6 +27,10 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import io
+import logging
+import os
+import pickle
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -134,12 +138,84 @@ def _non_finite(state: dict[str, Any], prefix: str = "") -> str | None:
     return None
 
 
+class _DCPLogs(logging.Filter):
+    """DCP logs its internal failures, tracebacks included, on the root logger; they reach the
+    user as the one error line its exception becomes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "torch/distributed/checkpoint/" not in record.pathname.replace(os.sep, "/")
+
+
 @contextlib.contextmanager
-def _one_process_is_intended() -> Iterator[None]:
+def _dcp_quietly() -> Iterator[None]:
     """One process has no group: DCP warns that it assumes a single-process save or load."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*assuming the intent is to (save|load)")
-        yield
+    quiet, root = _DCPLogs(), logging.getLogger()
+    root.addFilter(quiet)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*assuming the intent is to (save|load)")
+            yield
+    finally:
+        root.removeFilter(quiet)
+
+
+# ------------------------------------------------------------- reading what others wrote, safely
+# DCP unpickles ``.metadata`` and every non-tensor item (the optimizer's hyperparameters) with
+# full powers: a forged checkpoint would run code on load. checkpoint.json's hashes prove only
+# that the files are the ones it lists, so both are read first by unpicklers that build only
+# what a checkpoint holds.
+
+
+def _metadata_global(module: str, name: str) -> bool:
+    """What a DCP ``.metadata`` may name (torch 2.15 writes exactly these): DCP's metadata
+    classes and file records, torch sizes, dtypes and layouts, and the path it was saved to."""
+    from torch.distributed.checkpoint import metadata
+
+    if module == metadata.__name__:
+        obj = getattr(metadata, name, None)
+        return isinstance(obj, type) and obj.__module__ == module
+    if module == "torch":
+        return name == "Size" or isinstance(getattr(torch, name, None), torch.dtype)
+    return (module, name) in _METADATA_GLOBALS
+
+
+_METADATA_GLOBALS = {
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch.serialization", "_get_layout"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "WindowsPath"),
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if not _metadata_global(module, name):
+            raise pickle.UnpicklingError(f"it names {module}.{name}, not checkpoint metadata")
+        return super().find_class(module, name)
+
+
+def _check_metadata(directory: Path) -> None:
+    """CheckpointError naming ``directory/.metadata`` unless it unpickles as metadata only."""
+    path = directory / ".metadata"
+    try:
+        with open(path, "rb") as f:
+            _MetadataUnpickler(f).load()
+    except Exception as exc:  # untrusted bytes: any failure is a refusal
+        raise CheckpointError(f"{path}: refused: {type(exc).__name__}: {exc}") from None
+
+
+def _plain_data_planner() -> Any:
+    """DCP's default load planner, except that a non-tensor item must unpickle with
+    ``weights_only`` (plain data and tensors) before DCP unpickles it."""
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+
+    class PlainDataPlanner(DefaultLoadPlanner):
+        def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+            data = value.read()
+            torch.load(io.BytesIO(data), weights_only=True)  # raises on anything else
+            super().load_bytes(read_item, io.BytesIO(data))
+
+    return PlainDataPlanner()
 
 
 def _train_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
@@ -170,7 +246,7 @@ def save_sharded(
         raise NonFiniteError(f"checkpoint refused: {where} is not finite")
     try:
         # CheckpointException derives from BaseException: ``except Exception`` misses it.
-        with _one_process_is_intended():
+        with _dcp_quietly():
             dcp.save(state, storage_writer=dcp.FileSystemWriter(directory, sync_files=True))
     except CheckpointException as exc:
         failures = getattr(exc, "failures", {}) or {}
@@ -193,10 +269,12 @@ def load_sharded(
     from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
+    _check_metadata(directory)
     state = _train_state(model, optimizer)
     try:
-        with _one_process_is_intended():
-            dcp.load(state, storage_reader=dcp.FileSystemReader(directory))
+        with _dcp_quietly():
+            reader, planner = dcp.FileSystemReader(directory), _plain_data_planner()
+            dcp.load(state, storage_reader=reader, planner=planner)
     except CheckpointException as exc:  # a missing or misshapen key, on any rank
         failures = getattr(exc, "failures", {}) or {}
         first = next(iter(failures.values()), (exc,))[0]

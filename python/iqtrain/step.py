@@ -443,7 +443,8 @@ class TrainStep:
     def save_sharded(self, directory: Path) -> None:
         """``sharded``: write the model and optimizer state into ``directory`` as
         torch.distributed.checkpoint, every rank its own shards (a collective)."""
-        save_sharded(self.model, self.optimizer, directory, self.world)
+        with self.world.collective("writing the sharded checkpoint"):
+            save_sharded(self.model, self.optimizer, directory, self.world)
 
     def load_sharded(self, directory: Path) -> None:
         """``sharded``: load what :meth:`save_sharded` wrote, at any world size (a collective

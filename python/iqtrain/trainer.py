@@ -427,8 +427,9 @@ class Trainer:
         """Save every component's state; the manager prunes what its policy drops.
 
         Every rank calls it at the same step (the RNG component gathers all ranks' generators);
-        only rank 0 writes, and returns the checkpoint's path (None elsewhere). The model and
-        optimizer are replicated, so rank 0's hold every rank's state.
+        only rank 0 writes, and returns the checkpoint's path (None elsewhere). Replicated (DDP),
+        rank 0's model and optimizer are every rank's; sharded (FSDP), the model is gathered
+        onto rank 0 and every rank writes its own shards into rank 0's checkpoint directory.
         """
         if self.identity is not None:
             self.identity.digests()  # the first checkpoint waits for the background digests
@@ -439,6 +440,7 @@ class Trainer:
         tensors = self.stepper.state_dict()
         if self.metrics is None or self.identity is None:
             if self.stepper.sharded:  # into rank 0's temporary directory, with rank 0
+                self.world.wait_for_main()  # while rank 0 writes model.safetensors alone
                 self.stepper.save_sharded(Path(self.world.broadcast_object(None)))
             self.world.wait_for_main()  # while rank 0 writes the checkpoint
             return None
@@ -467,5 +469,6 @@ class Trainer:
 
     def _write_shards(self, directory: Path) -> None:
         """Rank 0's half of a sharded checkpoint: tell the others where, then write together."""
+        self.world.wait_for_main()
         self.world.broadcast_object(os.fspath(directory))
         self.stepper.save_sharded(directory)
