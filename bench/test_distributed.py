@@ -14,8 +14,9 @@ above 1, what one process loses to intra-op threading of small kernels.
 
 Measured on the shared 2-core AMD EPYC VM (torch 2.15), 2026-11-30, two runs of 2 rounds:
 0.823x and 0.786x (rounds 0.861, 0.791; 0.711, 0.867); about 10.7k against 13.0k patches/s.
-FSDP2 against DDP, both 2 ranks (``test_fsdp_vs_ddp_on_two_ranks``): 0.526x (rounds 0.505,
-0.547), measured while other work shared the cores.
+FSDP2 against DDP, both 2 ranks (``test_fsdp_vs_ddp_on_two_ranks``): 0.578x (rounds 0.592,
+0.565) with the last block kept gathered for the backward; 0.526x before that change, in a run
+that shared the cores with other work.
 
     pytest bench/test_distributed.py --benchmark-only -s
 """

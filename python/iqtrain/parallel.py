@@ -73,10 +73,13 @@ def shard(model: nn.Module, *, compile_options: dict[str, Any] | None, compile: 
     set-up): each of ``model.blocks`` (compiled first when ``compile``), then the root."""
     from torch.distributed.fsdp import fully_shard
 
-    for block in getattr(model, "blocks", ()):
+    blocks = list(getattr(model, "blocks", ()))
+    for i, block in enumerate(blocks):
         if compile:
             block.compile(fullgraph=True, options=compile_options)
-        fully_shard(block)
+        # The backward starts with the last block: keeping it gathered after the forward saves
+        # an all-gather per step for one block's memory (FSDP2 does the same for the root).
+        fully_shard(block, reshard_after_forward=i < len(blocks) - 1)
     fully_shard(model)
 
 
