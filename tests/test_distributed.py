@@ -181,6 +181,27 @@ def on_rank(tmp_path: Path, rank: int, body: str) -> dict:
     return {"PYTHONPATH": f"{inject}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
 
 
+def slow_on_rank(tmp_path: Path, rank: int, module: str, attr: str, seconds: float) -> dict:
+    """:func:`on_rank` making ``module``'s ``attr`` (``Class.method`` too) sleep ``seconds``
+    before it runs."""
+    return on_rank(
+        tmp_path,
+        rank,
+        f"""
+import importlib, time
+*path, name = "{attr}".split(".")
+owner = importlib.import_module("{module}")
+for part in path:
+    owner = getattr(owner, part)
+orig = getattr(owner, name)
+def slow(*a, **k):
+    time.sleep({seconds})
+    return orig(*a, **k)
+setattr(owner, name, slow)
+""",
+    )
+
+
 def test_a_rank_that_raises_ends_the_job_with_exit_1(tmp_path):
     env = on_rank(  # rank 1 raises in its third step
         tmp_path,
@@ -264,19 +285,7 @@ def test_work_rank_0_does_alone_is_not_bounded_by_the_collective_timeout(tmp_pat
     synthesize(tmp_path / "labelled", recordings=2, samples=16384, datatype="ci16_le", seed=9)
     # Rank 0's probe takes 15 s, three times training.dist_timeout_s: the other rank waits for
     # it at the long-timeout barrier, not in the loop's next collective.
-    env = on_rank(
-        tmp_path,
-        0,
-        """
-import time
-import iqtrain.trainprobe as t
-orig = t.TrainingProbe.record
-def slow(self, *a, **k):
-    time.sleep(15)
-    return orig(self, *a, **k)
-t.TrainingProbe.record = slow
-""",
-    )
+    env = slow_on_rank(tmp_path, 0, "iqtrain.trainprobe", "TrainingProbe.record", 15)
     tabs = tables(tmp_path / "run", tmp_path / "cache", dist_timeout_s=5, max_steps=8)
     tabs["probe"] = {"every": 2, "data": [os.fspath(tmp_path / "labelled" / "*.sigmf-meta")]}
     tabs["probe"]["folds"] = 2
@@ -299,6 +308,21 @@ def test_a_batch_size_that_does_not_divide_is_exit_2_on_every_rank(tmp_path):
     assert proc.stderr.count("data.batch_size: 5 is not divisible by the world size 2") == 2
     assert "exitcode  : 2" in proc.stderr and "exitcode  : 1" not in proc.stderr
     assert not (tmp_path / "run").exists() and not (tmp_path / "cache").exists()
+
+
+def test_a_worker_still_starting_when_its_peer_refuses_the_config_exits_2_as_well(tmp_path):
+    # Rank 0 is slow to read its config: rank 1 refuses it and exits first.
+    env = slow_on_rank(tmp_path, 0, "iqtrain.config", "load_config", 5)
+    tabs = tables(tmp_path / "run", tmp_path / "cache")
+    tabs["training"]["max_stepz"] = 3
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(dumps_toml(tabs))
+    proc = torchrun(2, "run", cfg, env=env)
+    # torchrun sent rank 0 SIGTERM while it slept: remembered, not fatal, and rank 0 reached
+    # the same refusal (without the deferral it showed exitcode -15).
+    assert proc.stderr.count("training.max_stepz") == 2, proc.stderr[-4000:]
+    assert proc.stderr.count("exitcode  : 2") == 2, proc.stderr[-4000:]
+    assert not (tmp_path / "run").exists()
 
 
 def test_sigterm_stops_every_rank_at_one_step_and_resumes_exactly(tmp_path):
@@ -582,19 +606,8 @@ fs.FileSystemWriter.write_data = fail
 def test_rank_0_writing_the_whole_model_alone_is_not_bounded_by_the_collective_timeout(
     tmp_path,
 ):
-    env = on_rank(  # model.safetensors takes three times training.dist_timeout_s to write
-        tmp_path,
-        0,
-        """
-import time
-import safetensors.torch as st
-orig = st.save_file
-def slow(*a, **k):
-    time.sleep(15)
-    return orig(*a, **k)
-st.save_file = slow
-""",
-    )
+    # model.safetensors takes three times training.dist_timeout_s to write.
+    env = slow_on_rank(tmp_path, 0, "safetensors.torch", "save_file", 15)
     cfg = fsdp_config(
         tmp_path / "c.toml", tmp_path / "run", tmp_path / "cache", dist_timeout_s=5, max_steps=6
     )

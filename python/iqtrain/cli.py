@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from iqtrain.config import SYNTH_DATATYPES
-from iqtrain.distributed import RankExit
+from iqtrain.distributed import RankExit, defer_sigterm_until_connected
 from iqtrain.errors import (
     CheckpointError,
     ConfigError,
@@ -38,6 +38,7 @@ def _err(msg: str) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    defer_sigterm_until_connected()  # before torch's import: see its docstring
     from iqtrain.attempt import run_pretraining_attempt
     from iqtrain.config import load_config
 
@@ -46,6 +47,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
+    defer_sigterm_until_connected()
     from iqtrain.attempt import ParentRef, run_pretraining_attempt
     from iqtrain.config import apply_overrides, build_config, read_toml
 

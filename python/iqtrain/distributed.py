@@ -32,7 +32,14 @@ from iqtrain.errors import (
     TrainingError,
 )
 
-__all__ = ["PeerError", "RankExit", "World", "agree", "world_from_env"]
+__all__ = [
+    "PeerError",
+    "RankExit",
+    "World",
+    "agree",
+    "defer_sigterm_until_connected",
+    "world_from_env",
+]
 
 #: Errors a user's input causes: exit 2 on every rank when any rank raises one before the
 #: attempt exists (the CLI's mapping, DESIGN.md section 8).
@@ -53,6 +60,24 @@ class RankExit(IQTrainError):
     def __init__(self, exit_code: int, message: str) -> None:
         self.exit_code = exit_code
         super().__init__(message)
+
+
+_terminated_early = threading.Event()
+
+
+def _remember_sigterm(signum: int, frame: Any) -> None:
+    _terminated_early.set()
+
+
+def defer_sigterm_until_connected() -> None:
+    """Under torchrun, from a worker's start until it joins the group: remember a SIGTERM
+    instead of dying of it. torchrun sends SIGTERM to the other workers as soon as one exits,
+    so a worker still importing torch or reading the config when a peer exited 2 for a bad
+    config would show -15 instead of reaching the same error itself. Remembered, the worker
+    exits with its own code, or with 143 when it gets to :meth:`World.connect` unharmed."""
+    size = os.environ.get("WORLD_SIZE")
+    if size not in (None, "", "1") and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _remember_sigterm)
 
 
 def _env_int(name: str, minimum: int) -> int | None:
@@ -97,6 +122,10 @@ class World:
         import torch
         import torch.distributed as dist
 
+        if _terminated_early.is_set():  # a peer exited (or the user stopped the job) meanwhile
+            raise RankExit(143, "terminated before the ranks connected")
+        if signal.getsignal(signal.SIGTERM) is _remember_sigterm:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the rendezvous blocks in C
         backend = "nccl" if device == "cuda" else "gloo"
         if device == "cuda":
             if torch.cuda.device_count() <= self.local_rank:
