@@ -603,6 +603,25 @@ fs.FileSystemWriter.write_data = fail
     ok(single("verify", attempt))
 
 
+def test_a_rank_lost_in_a_sharded_validation_ends_the_job_in_one_line(tmp_path):
+    env = on_rank(  # rank 1 dies at its first validation batch: rank 0 is in a forward
+        tmp_path,
+        1,
+        """
+import os
+import iqtrain.step as s
+s.TrainStep.eval_loss_sum = lambda *a, **k: os._exit(3)
+""",
+    )
+    cfg = fsdp_config(tmp_path / "c.toml", tmp_path / "run", tmp_path / "cache")
+    proc = torchrun(2, "run", cfg, env=env)
+    assert f'File "{Path(iqtrain.__file__).parent}' not in proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("iqtrain: error:")]
+    assert len(lines) == 1 and "rank 0: a forward of the sharded model failed" in lines[0]
+    info = json.loads((tmp_path / "run" / "attempts" / "0001" / "attempt.json").read_text())
+    assert info["status"] == "failed" and info["final_step"] == 4
+
+
 def test_rank_0_writing_the_whole_model_alone_is_not_bounded_by_the_collective_timeout(
     tmp_path,
 ):

@@ -30,11 +30,12 @@ Host synchronisations. Every call the loop makes per step queues device work and
   The contract needs it: a non-finite loss or norm must be rejected before the update, and
   whether to clip (``norm > grad_clip``) is decided from the same value; the loop records
   both numbers anyway. With several ranks the same sync also carries the step's one extra
-  collective (besides DDP's gradient all-reduce): the sum of the ranks' losses and of their
-  stop requests (a signal on any rank), so the logged loss is global, the finite check and the
-  stop step are agreed, and no rank waits for another a second time. The lr is a CPU tensor
-  (``fill_``, no device work), the norm and the clip stay on the device, and fused AdamW
-  reads a CPU lr as a scalar.
+  collective (besides DDP's gradient all-reduce; FSDP2 instead gathers parameters, reduces
+  gradients shard by shard and all-reduces the sharded norm): the sum of the ranks' losses and
+  of their stop requests (a signal on any rank), so the logged loss is global, the finite check
+  and the stop step are agreed, and no rank waits for another a second time. The lr is a CPU
+  tensor (``fill_``, no device work), the norm and the clip stay on the device, and fused
+  AdamW reads a CPU lr as a scalar.
 - ``eval_step``: one per validation batch (its ``float``), for callers that want a number.
   :meth:`TrainStep.eval_loss_sum` is the same pass without it: it returns the device tensor,
   so a validation loop can queue every batch and synchronise once at the end.
@@ -412,7 +413,11 @@ class TrainStep:
             x = patches.to(self.device, non_blocking=True)
             if self.compiled and x.shape[0] > 1:
                 torch._dynamo.maybe_mark_dynamic(x, 0)
-            _, total, count = self._forward_loss_fn(x)
+            # Sharded, a forward gathers parameters with every rank: a peer lost is one line.
+            sharded = self.forward_is_collective
+            what = "a forward of the sharded model"
+            with self.world.collective(what) if sharded else nullcontext():
+                _, total, count = self._forward_loss_fn(x)
             return total, int(count)
         finally:
             self.model.train(was_training)
