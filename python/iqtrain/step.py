@@ -359,9 +359,11 @@ class TrainStep:
         loss_t, stop_t = self._global_loss(loss_sum / accum, stop)
 
         grads = [p.grad for p in self._params if p.grad is not None]
-        with self.world.collective("the step's gradient norm"):
+        if self.forward_is_collective:  # sharded gradients: all-reduced over every shard
+            with self.world.collective("the step's gradient norm"):
+                norm_t = global_norm(torch.nn.utils.get_total_norm(grads, foreach=True))
+        else:
             norm_t = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
-            norm_t = global_norm(norm_t)  # sharded gradients: over every shard
         # The single host sync of the step: the finite check must precede the update.
         values = torch.stack([loss_t.float(), norm_t.float(), *stop_t]).tolist()
         loss_v, norm_v = values[0], values[1]
