@@ -31,8 +31,8 @@ from pathlib import Path
 
 from test_loop import SEQ_PATCHES, loop_tables
 
-from iqtrain.config import dumps_toml
-from iqtrain.metrics import read_metrics
+from iqtrain.config.schema import dumps_toml
+from iqtrain.evidence.metrics import read_metrics
 
 STEPS = 40
 WARMUP = 8

@@ -25,7 +25,7 @@ import pytest
 import torch
 from conftest import median
 
-from iqtrain.data import IQDataset, TrainStream
+from iqtrain.data.dataset import IQDataset, TrainStream
 
 WINDOW = 2048
 BATCH = 256

@@ -61,12 +61,12 @@ import torch.nn.functional as F
 from conftest import median
 from torch import Tensor, nn
 
-import iqtrain.metrics
-from iqtrain.attempt import run_pretraining_attempt
-from iqtrain.config import build_config
-from iqtrain.datasets import ensure_synthetic
-from iqtrain.model import NextPatchModel
-from iqtrain.step import TrainStep
+import iqtrain.evidence.metrics
+from iqtrain.config.schema import build_config
+from iqtrain.data.sources import ensure_synthetic
+from iqtrain.model.transformer import NextPatchModel
+from iqtrain.train.attempt import run_pretraining_attempt
+from iqtrain.train.step import TrainStep
 
 THREADS = 1
 STEPS = 69
@@ -243,7 +243,7 @@ def _run(benchmark, bench_summary, tmp_path: Path) -> None:
     raw = np.random.default_rng(1).integers(-3000, 3000, (BATCH, WINDOW, 2), np.int16)
     bare_batch, _ = bare.prepare(raw, PATCH_LEN)
     # Peer (b): the nanoGPT-style loop on the first synthetic training recording.
-    train_globs, _ = ensure_synthetic(config)
+    train_globs, _ = ensure_synthetic(config.data.synthetic)
     data_path = sorted(glob.glob(train_globs[0]))[0].removesuffix(".sigmf-meta") + ".sigmf-data"
     peer = PeerLoop(data_path)
     t = time.perf_counter()
@@ -258,7 +258,7 @@ def _run(benchmark, bench_summary, tmp_path: Path) -> None:
     bare_s: list[list[float]] = []  # per block, seconds per bare step
     peer_s: list[list[float]] = []  # per block, seconds per peer iteration
     orig_step = TrainStep.train_step
-    orig_write = iqtrain.metrics.MetricWriter.write
+    orig_write = iqtrain.evidence.metrics.MetricWriter.write
 
     def train_step(self, microbatches, lr, **kwargs):
         t = time.perf_counter()
@@ -290,14 +290,14 @@ def _run(benchmark, bench_summary, tmp_path: Path) -> None:
 
     torch._dynamo.utils.counters.clear()
     TrainStep.train_step = train_step
-    iqtrain.metrics.MetricWriter.write = write
+    iqtrain.evidence.metrics.MetricWriter.write = write
     try:
         result = benchmark.pedantic(
             run_pretraining_attempt, args=(config,), rounds=1, iterations=1, warmup_rounds=0
         )
     finally:
         TrainStep.train_step = orig_step
-        iqtrain.metrics.MetricWriter.write = orig_write
+        iqtrain.evidence.metrics.MetricWriter.write = orig_write
     assert result.final_step == STEPS
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
 

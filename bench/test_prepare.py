@@ -24,7 +24,7 @@ import pytest
 import torch
 from conftest import median
 
-from iqtrain.prepare import prepare_iq_input, prepare_iq_input_reference
+from iqtrain.model.prepare import prepare_iq_input, prepare_iq_input_reference
 
 PATCH_LEN = 16
 LENGTH = 4096

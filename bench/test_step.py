@@ -27,8 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from iqtrain.model import ModelConfig, NextPatchModel, next_patch_loss, rope_tables
-from iqtrain.step import OptimizerConfig, TrainStep
+from iqtrain.config.sections import ModelConfig, OptimizerConfig
+from iqtrain.model.transformer import NextPatchModel, next_patch_loss, rope_tables
+from iqtrain.train.step import TrainStep
 
 QUICKSTART = ModelConfig(dim=128, layers=4, heads=4, patch_len=16, max_patches=64)
 CPU_BATCH, CPU_PATCHES = 32, 64

@@ -15,12 +15,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from iqtrain.attempt import ParentRef, run_pretraining_attempt, spike_update, verify_attempt
-from iqtrain.config import build_config
+from iqtrain.config.schema import build_config
+from iqtrain.data.synth import synthesize
 from iqtrain.errors import CheckpointError, ConfigError, CursorMismatchError
-from iqtrain.metrics import read_metrics, strip_timing
-from iqtrain.schedule import Plan, lr_at
-from iqtrain.synth import synthesize
+from iqtrain.evidence.lineage import ParentRef
+from iqtrain.evidence.metrics import read_metrics, strip_timing
+from iqtrain.evidence.verify import verify_attempt
+from iqtrain.train.attempt import run_pretraining_attempt
+from iqtrain.train.loop import spike_update
+from iqtrain.train.schedule import Plan, lr_at
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -208,7 +211,7 @@ def test_interrupt_then_resume_matches_the_straight_run(tmp_path, cache):
             time.sleep(0.005)
         os.kill(os.getpid(), signal.SIGINT)
 
-    from iqtrain.attempt import Interrupted
+    from iqtrain.console import Interrupted
 
     threading.Thread(target=interrupt_soon, daemon=True).start()
     with pytest.raises(Interrupted) as exc:
@@ -318,7 +321,7 @@ def test_compiled_resume_is_exact(tmp_path, cache):
 def test_cli_resume_in_a_fresh_process_after_sigterm(tmp_path, cache):
     import tomllib  # noqa: F401  (the config below is written as TOML)
 
-    from iqtrain.config import dumps_toml
+    from iqtrain.config.schema import dumps_toml
 
     cfg_path = tmp_path / "cfg.toml"
     cfg_path.write_text(dumps_toml(tiny_tables(tmp_path / "run", cache, max_steps=40, keep_last=0)))
@@ -326,7 +329,7 @@ def test_cli_resume_in_a_fresh_process_after_sigterm(tmp_path, cache):
         [
             sys.executable,
             "-m",
-            "iqtrain.cli",
+            "iqtrain.cli.main",
             "run",
             os.fspath(cfg_path),
             "--set",
@@ -337,7 +340,7 @@ def test_cli_resume_in_a_fresh_process_after_sigterm(tmp_path, cache):
     )
     assert straight.returncode == 0, straight.stderr
     proc = subprocess.Popen(
-        [sys.executable, "-m", "iqtrain.cli", "run", os.fspath(cfg_path)],
+        [sys.executable, "-m", "iqtrain.cli.main", "run", os.fspath(cfg_path)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -355,7 +358,7 @@ def test_cli_resume_in_a_fresh_process_after_sigterm(tmp_path, cache):
             [
                 sys.executable,
                 "-m",
-                "iqtrain.cli",
+                "iqtrain.cli.main",
                 "resume",
                 "--attempt",
                 os.fspath(tmp_path / "run" / "attempts" / "0001"),

@@ -14,20 +14,20 @@ import textwrap
 import pytest
 import torch
 
-import iqtrain.checkpoint as checkpoint_mod
-from iqtrain.checkpoint import (
+import iqtrain.checkpoint.files as checkpoint_mod
+from iqtrain.checkpoint.files import (
     crash_leftovers,
-    file_digest,
     list_checkpoints,
     load_checkpoint,
     remove_checkpoint,
     save_checkpoint,
     verify_checkpoint,
-    write_json_atomic,
 )
+from iqtrain.config.sections import ModelConfig, OptimizerConfig
 from iqtrain.errors import CheckpointError, NonFiniteError, StorageError
-from iqtrain.model import ModelConfig, NextPatchModel
-from iqtrain.step import OptimizerConfig, TrainStep
+from iqtrain.model.transformer import NextPatchModel
+from iqtrain.storage import file_digest, write_json_atomic
+from iqtrain.train.step import TrainStep
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -136,7 +136,7 @@ _PRELUDE = """
 import json, os, resource, shutil, signal, sys
 from pathlib import Path
 import torch
-from iqtrain.checkpoint import remove_checkpoint, save_checkpoint, write_json_atomic
+from iqtrain.checkpoint.files import remove_checkpoint, save_checkpoint, write_json_atomic
 from iqtrain.errors import IQTrainError
 
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 from conftest import write_sigmf
 
-from iqtrain.config import dumps_toml
+from iqtrain.config.schema import dumps_toml
 
 
 def iqtrain(*args, cwd=None):
     return subprocess.run(
-        [sys.executable, "-m", "iqtrain.cli", *map(str, args)],
+        [sys.executable, "-m", "iqtrain.cli.main", *map(str, args)],
         capture_output=True,
         text=True,
         cwd=cwd,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from iqtrain.config import (
+from iqtrain.config.schema import (
     apply_overrides,
     build_config,
     config_to_dict,
@@ -219,8 +219,8 @@ def test_load_config_resolves_against_the_cwd_not_the_file(tmp_path, monkeypatch
 def test_one_datatype_table_for_reader_synth_and_config():
     from conftest import COMPONENT_DTYPES
 
-    from iqtrain.config import SIGMF_DATATYPES, SYNTH_DATATYPES, SynthConfig
-    from iqtrain.data import SUPPORTED_DATATYPES
+    from iqtrain.config.sections import SIGMF_DATATYPES, SYNTH_DATATYPES, SynthConfig
+    from iqtrain.data.sigmf_meta import SUPPORTED_DATATYPES
 
     # The reader takes every datatype in the table, and nothing else.
     assert list(SUPPORTED_DATATYPES) == list(SIGMF_DATATYPES)
@@ -237,7 +237,7 @@ def test_one_datatype_table_for_reader_synth_and_config():
 
 
 def test_device_and_precision_names_are_defined_once():
-    from iqtrain.config import DEVICES, PRECISIONS
+    from iqtrain.config.sections import DEVICES, PRECISIONS
 
     for device in DEVICES:
         precision = "bf16" if device == "cuda" else "fp32"
@@ -257,5 +257,5 @@ def test_every_section_is_defined_in_the_torch_free_sections_module():
 
     sections = (config.ModelConfig, config.OptimizerConfig, config.ScheduleConfig)
     for cls in sections:
-        assert dataclasses.is_dataclass(cls) and cls.__module__ == "iqtrain.sections", cls
+        assert dataclasses.is_dataclass(cls) and cls.__module__ == "iqtrain.config.sections", cls
     assert set(config._SECTIONS.values()) >= set(sections)

@@ -15,7 +15,7 @@ import pytest
 from conftest import COMPONENT_DTYPES, random_iq, write_sigmf
 
 from iqtrain._native import digest_files
-from iqtrain.data import IQDataset, TrainStream
+from iqtrain.data.dataset import IQDataset, TrainStream
 from iqtrain.errors import ConfigError, CursorMismatchError, DataError, IQTrainError
 
 
@@ -162,7 +162,7 @@ def test_exact_resume_in_a_fresh_process(ds, tmp_path):
     pattern = os.fspath(ds.recordings[0].meta_path.parent / "*.sigmf-meta")
     code = (
         "import json, sys, numpy as np\n"
-        "from iqtrain.data import IQDataset, TrainStream\n"
+        "from iqtrain.data.dataset import IQDataset, TrainStream\n"
         f"ds = IQDataset({pattern!r}, window=64)\n"
         "s = TrainStream(ds, batch_size=6, seed=21)\n"
         "s.load_state_dict(json.loads(sys.argv[1]))\n"
@@ -602,7 +602,7 @@ def test_verify_content_lists_sha512_problems(make_recording, tmp_path):
 _TRUNCATE_SCRIPT = r"""
 import json, os, sys
 import numpy as np
-from iqtrain.data import IQDataset, TrainStream
+from iqtrain.data.dataset import IQDataset, TrainStream
 from iqtrain.errors import DataError
 
 meta, data = sys.argv[1], sys.argv[2]
@@ -664,7 +664,7 @@ def test_many_recordings_fit_a_low_open_file_limit(tmp_path):
         _vector_recording(tmp_path / "rec", f"r{i:03d}", 64)
     code = (
         "import resource, sys\n"
-        "from iqtrain.data import IQDataset\n"
+        "from iqtrain.data.dataset import IQDataset\n"
         "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
         "resource.setrlimit(resource.RLIMIT_NOFILE, (100, hard))\n"
         "ds = IQDataset(sys.argv[1], window=4)\n"

@@ -19,11 +19,11 @@ import pytest
 import torch
 
 import iqtrain
-from iqtrain.checkpoint import load_checkpoint
-from iqtrain.config import dumps_toml
-from iqtrain.distributed import RankExit, World, agree, world_from_env
+from iqtrain.checkpoint.files import load_checkpoint
+from iqtrain.config.schema import dumps_toml
+from iqtrain.distributed.world import RankExit, World, agree, world_from_env
 from iqtrain.errors import ConfigError, DataError, TrainingError
-from iqtrain.metrics import read_metrics, strip_timing
+from iqtrain.evidence.metrics import read_metrics, strip_timing
 
 MAX_STEPS = 12
 TIMEOUT = 300  # a hang fails the test instead of the CI job
@@ -207,7 +207,7 @@ def test_a_rank_that_raises_ends_the_job_with_exit_1(tmp_path):
         tmp_path,
         1,
         """
-import iqtrain.step as s
+import iqtrain.train.step as s
 orig = s.TrainStep.train_step
 def boom(self, *a, step=None, **k):
     if step == 3:
@@ -238,7 +238,7 @@ def test_a_rank_that_refuses_its_input_stops_every_rank_before_anything_exists(t
         tmp_path,
         1,
         """
-import iqtrain.attempt as a
+import iqtrain.train.attempt as a
 from iqtrain.errors import DataError
 def refuse(config):
     raise DataError('/data/x.sigmf-data: no such file')
@@ -280,12 +280,12 @@ def test_a_non_finite_loss_on_one_rank_stops_every_rank_naming_the_global_batch(
 
 
 def test_work_rank_0_does_alone_is_not_bounded_by_the_collective_timeout(tmp_path):
-    from iqtrain.synth import synthesize
+    from iqtrain.data.synth import synthesize
 
     synthesize(tmp_path / "labelled", recordings=2, samples=16384, datatype="ci16_le", seed=9)
     # Rank 0's probe takes 15 s, three times training.dist_timeout_s: the other rank waits for
     # it at the long-timeout barrier, not in the loop's next collective.
-    env = slow_on_rank(tmp_path, 0, "iqtrain.trainprobe", "TrainingProbe.record", 15)
+    env = slow_on_rank(tmp_path, 0, "iqtrain.train.probe", "TrainingProbe.record", 15)
     tabs = tables(tmp_path / "run", tmp_path / "cache", dist_timeout_s=5, max_steps=8)
     tabs["probe"] = {"every": 2, "data": [os.fspath(tmp_path / "labelled" / "*.sigmf-meta")]}
     tabs["probe"]["folds"] = 2
@@ -312,7 +312,7 @@ def test_a_batch_size_that_does_not_divide_is_exit_2_on_every_rank(tmp_path):
 
 def test_a_worker_still_starting_when_its_peer_refuses_the_config_exits_2_as_well(tmp_path):
     # Rank 0 is slow to read its config: rank 1 refuses it and exits first.
-    env = slow_on_rank(tmp_path, 0, "iqtrain.config", "load_config", 5)
+    env = slow_on_rank(tmp_path, 0, "iqtrain.config.schema", "load_config", 5)
     tabs = tables(tmp_path / "run", tmp_path / "cache")
     tabs["training"]["max_stepz"] = 3
     cfg = tmp_path / "c.toml"
@@ -416,9 +416,9 @@ class _FakeWorld(World):
 @pytest.fixture
 def keep_sigterm(monkeypatch):
     """agree() ignores SIGTERM once the ranks agreed to fail: not in the test process."""
-    import iqtrain.distributed
+    import iqtrain.distributed.world
 
-    monkeypatch.setattr(iqtrain.distributed.signal, "signal", lambda *a: None)
+    monkeypatch.setattr(iqtrain.distributed.world.signal, "signal", lambda *a: None)
 
 
 def _failure(exc):
@@ -609,7 +609,7 @@ def test_a_rank_lost_in_a_sharded_validation_ends_the_job_in_one_line(tmp_path):
         1,
         """
 import os
-import iqtrain.step as s
+import iqtrain.train.step as s
 s.TrainStep.eval_loss_sum = lambda *a, **k: os._exit(3)
 """,
     )
@@ -635,7 +635,7 @@ def test_rank_0_writing_the_whole_model_alone_is_not_bounded_by_the_collective_t
 
 
 def test_compiled_fsdp_matches_eager_fsdp_and_probes_the_whole_model(fsdp, tmp_path):
-    from iqtrain.synth import synthesize
+    from iqtrain.data.synth import synthesize
 
     synthesize(tmp_path / "labelled", recordings=2, samples=16384, datatype="ci16_le", seed=9)
     labelled = os.fspath(tmp_path / "labelled" / "*.sigmf-meta")

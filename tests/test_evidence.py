@@ -12,10 +12,12 @@ from pathlib import Path
 import pytest
 from test_attempt import tiny_tables
 
-from iqtrain.attempt import ParentRef, run_pretraining_attempt
-from iqtrain.config import build_config
+from iqtrain.config.schema import build_config
 from iqtrain.errors import CheckpointError
-from iqtrain.evidence import AttemptLock, attempt_status, check_attempt, verify_attempt
+from iqtrain.evidence.lineage import ParentRef
+from iqtrain.evidence.lock import AttemptLock, attempt_status
+from iqtrain.evidence.verify import check_attempt, verify_attempt
+from iqtrain.train.attempt import run_pretraining_attempt
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -48,7 +50,7 @@ def _config(completed: Path, tmp_path: Path):
 
 def _cli(*args) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "iqtrain.cli", *map(str, args)],
+        [sys.executable, "-m", "iqtrain.cli.main", *map(str, args)],
         capture_output=True,
         text=True,
         timeout=600,

@@ -20,11 +20,13 @@ import torch
 from safetensors.torch import load_file
 from test_attempt import tiny_tables
 
-from iqtrain.checkpoint import list_checkpoints
-from iqtrain.config import dumps_toml
-from iqtrain.evidence import attempt_status, check_attempt, checkpoint_problems
-from iqtrain.metrics import read_metrics, strip_timing
-from iqtrain.synth import synthesize
+from iqtrain.checkpoint.files import list_checkpoints
+from iqtrain.config.schema import dumps_toml
+from iqtrain.data.synth import synthesize
+from iqtrain.evidence.lock import attempt_status
+from iqtrain.evidence.manifest import checkpoint_problems
+from iqtrain.evidence.metrics import read_metrics, strip_timing
+from iqtrain.evidence.verify import check_attempt
 
 KILLS = 6
 MAX_STEPS = 60
@@ -36,7 +38,7 @@ def _env() -> dict[str, str]:
 
 
 def _cli(*args) -> list[str]:
-    return [sys.executable, "-m", "iqtrain.cli", *map(str, args)]
+    return [sys.executable, "-m", "iqtrain.cli.main", *map(str, args)]
 
 
 def _attempts(attempts: Path) -> list[Path]:

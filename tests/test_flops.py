@@ -1,4 +1,4 @@
-"""Tests of iqtrain.flops: the peak table, the device lookup, achieved TFLOP/s and MFU."""
+"""Tests of iqtrain.model.flops: the peak table, the device lookup, achieved TFLOP/s and MFU."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from iqtrain import flops
-from iqtrain.flops import (
+from iqtrain.model.flops import (
     PEAK_TFLOPS,
     achieved_tflops,
     device_peak_tflops,

@@ -18,27 +18,27 @@ import pytest
 from test_cli import cli_tables
 
 import iqtrain
-from iqtrain.config import dumps_toml
+from iqtrain.config.schema import dumps_toml
 
 TORCH_FREE_MODULES = [
     "iqtrain",
     "iqtrain.errors",
-    "iqtrain.config",
-    "iqtrain.schedule",
-    "iqtrain.lineage",
-    "iqtrain.report",
-    "iqtrain.metrics",
-    "iqtrain.checkpoint",
-    "iqtrain.data",
-    "iqtrain.synth",
+    "iqtrain.config.schema",
+    "iqtrain.train.schedule",
+    "iqtrain.evidence.lineage",
+    "iqtrain.report.summary",
+    "iqtrain.evidence.metrics",
+    "iqtrain.checkpoint.files",
+    "iqtrain.data.dataset",
+    "iqtrain.data.synth",
     "iqtrain.console",
-    "iqtrain.cli",
-    "iqtrain.flops",
-    "iqtrain.evidence",
+    "iqtrain.cli.main",
+    "iqtrain.model.flops",
+    "iqtrain.evidence.verify",
     "iqtrain.storage",
-    "iqtrain.sections",
-    "iqtrain.sigmf_meta",
-    "iqtrain.datacheck",
+    "iqtrain.config.sections",
+    "iqtrain.data.sigmf_meta",
+    "iqtrain.data.identity",
 ]
 
 
@@ -92,20 +92,20 @@ def test_module_imports_no_torch(module: str) -> None:
 
 
 def test_the_importtime_parser_sees_torch() -> None:
-    # The negative tests above are only as good as this: a chain through iqtrain.model is found.
-    proc = _run("-c", "import iqtrain.model")
+    # The negative tests above are only as good as this: a chain through iqtrain.model.transformer is found.
+    proc = _run("-c", "import iqtrain.model.transformer")
     assert proc.returncode == 0, proc.stderr[-2000:]
     chain = _torch_chain(proc.stderr)
-    assert chain is not None and chain[-1] == "iqtrain.model", chain
+    assert chain is not None and chain[-1] == "iqtrain.model.transformer", chain
 
 
 def test_config_use_and_package_attributes_stay_torch_free() -> None:
     code = (
         "import sys, iqtrain\n"
         "from iqtrain import Config, ConfigError, ModelConfig, OptimizerConfig, ScheduleConfig\n"
-        "from iqtrain.config import build_config, config_to_dict, dumps_toml\n"
+        "from iqtrain.config.schema import build_config, config_to_dict, dumps_toml\n"
         "dumps_toml(config_to_dict(build_config({'training': {'max_steps': 500}})))\n"
-        "assert iqtrain.config.SYNTH_DATATYPES and isinstance(iqtrain.__version__, str)\n"
+        "assert iqtrain.config.schema.SYNTH_DATATYPES and isinstance(iqtrain.__version__, str)\n"
         "assert set(iqtrain.__all__) <= set(dir(iqtrain))\n"
     )
     proc = _run("-c", code)
@@ -162,7 +162,7 @@ def attempt(tmp_path_factory) -> Path:
     cfg = root / "cfg.toml"
     cfg.write_text(dumps_toml(tables))
     proc = subprocess.run(
-        [sys.executable, "-m", "iqtrain.cli", "run", os.fspath(cfg)],
+        [sys.executable, "-m", "iqtrain.cli.main", "run", os.fspath(cfg)],
         capture_output=True,
         text=True,
         timeout=600,
@@ -172,7 +172,7 @@ def attempt(tmp_path_factory) -> Path:
 
 
 def test_help_imports_no_torch() -> None:
-    proc = _run("-m", "iqtrain.cli", "--help")
+    proc = _run("-m", "iqtrain.cli.main", "--help")
     assert proc.returncode == 0 and "verify" in proc.stdout, proc.stderr[-2000:]
     _assert_no_torch(proc, "iqtrain --help")
 
@@ -183,7 +183,7 @@ def test_help_imports_no_torch() -> None:
     ids=["verify", "verify-data", "report"],
 )
 def test_reading_commands_import_no_torch(attempt: Path, args: list[str]) -> None:
-    proc = _run("-m", "iqtrain.cli", args[0], attempt, *args[1:])
+    proc = _run("-m", "iqtrain.cli.main", args[0], attempt, *args[1:])
     assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
     _assert_no_torch(proc, f"iqtrain {' '.join(args)}")
 
@@ -191,7 +191,7 @@ def test_reading_commands_import_no_torch(attempt: Path, args: list[str]) -> Non
 def test_synth_imports_no_torch(tmp_path: Path) -> None:
     out = tmp_path / "synth"
     proc = _run(
-        "-m", "iqtrain.cli", "synth", out, "--recordings", "1", "--samples", "1024", "--datatype",
+        "-m", "iqtrain.cli.main", "synth", out, "--recordings", "1", "--samples", "1024", "--datatype",
         "ci8",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -8,9 +8,9 @@ import copy
 import pytest
 from test_attempt import tiny_tables
 
-from iqtrain.config import build_config, config_to_dict
+from iqtrain.config.schema import build_config, config_to_dict
 from iqtrain.errors import CheckpointError, ConfigError
-from iqtrain.lineage import config_changes
+from iqtrain.evidence.lineage import config_changes
 
 
 @pytest.fixture

@@ -12,9 +12,9 @@ import textwrap
 
 import pytest
 
-import iqtrain.metrics as metrics_mod
+import iqtrain.evidence.metrics as metrics_mod
 from iqtrain.errors import CheckpointError, StorageError
-from iqtrain.metrics import (
+from iqtrain.evidence.metrics import (
     MetricWriter,
     read_metric_stream,
     read_metrics,
@@ -83,7 +83,7 @@ def _eio(code=errno.EIO):
     return OSError(code, os.strerror(code))
 
 
-# Imports iqtrain.metrics without running iqtrain/__init__ (which imports torch): fast, and
+# Imports iqtrain.evidence.metrics without running iqtrain/__init__ (which imports torch): fast, and
 # proves the module stands alone.
 _STANDALONE = """
 import importlib.util, sys, types
@@ -100,7 +100,7 @@ def test_a_real_efbig_leaves_the_stream_at_its_last_complete_record(tmp_path):
         import json, resource, signal
         from pathlib import Path
         from iqtrain.errors import StorageError
-        from iqtrain.metrics import MetricWriter
+        from iqtrain.evidence.metrics import MetricWriter
 
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]

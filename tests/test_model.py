@@ -1,4 +1,4 @@
-"""Tests of iqtrain.model: config validation, architecture invariants and the loss."""
+"""Tests of iqtrain.model.transformer: config validation, architecture invariants and the loss."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import math
 import pytest
 import torch
 
+from iqtrain.config.sections import ModelConfig, default_mlp_hidden
 from iqtrain.errors import ConfigError, IQTrainError
-from iqtrain.model import ModelConfig, NextPatchModel, default_mlp_hidden, next_patch_loss
+from iqtrain.model.transformer import NextPatchModel, next_patch_loss
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -58,7 +58,7 @@ def test_public_api_and_private_extension():
 
 def test_console_script_is_declared():
     eps = [e for e in md.entry_points(group="console_scripts") if e.name == "iqtrain"]
-    assert eps and eps[0].value == "iqtrain.cli:main"
+    assert eps and eps[0].value == "iqtrain.cli.main:main"
 
 
 def test_triton_is_a_linux_x86_64_dependency():

@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from iqtrain.config.sections import ModelConfig, OptimizerConfig
 from iqtrain.errors import CheckpointError, ConfigError, NonFiniteError
-from iqtrain.model import ModelConfig, NextPatchModel
-from iqtrain.step import OptimizerConfig, TrainStep
+from iqtrain.model.transformer import NextPatchModel
+from iqtrain.train.step import TrainStep
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -108,7 +109,7 @@ def test_a_forged_plain_data_item_is_refused_before_it_runs_anything(tmp_path):
     import io
     import pickle
 
-    from iqtrain.parallel import _plain_data_planner
+    from iqtrain.distributed.dcp import _plain_data_planner
 
     marker = tmp_path / "ran"
     with pytest.raises(pickle.UnpicklingError):

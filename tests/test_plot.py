@@ -9,9 +9,9 @@ import textwrap
 import pytest
 from test_report import RECORDS, train_record, val_record, write_attempt, write_lineage
 
-from iqtrain.cli import main
+from iqtrain.cli.main import main
 from iqtrain.errors import CheckpointError, ConfigError
-from iqtrain.plot import build_figure, ema, smoothing_span, write_plot
+from iqtrain.report.plot import build_figure, ema, smoothing_span, write_plot
 
 BASELINES = {"baseline_zero_loss": 1.0, "baseline_copy_last_loss": 1.5}
 LONG = [
@@ -178,7 +178,7 @@ def test_the_command_writes_the_plot_and_imports_no_torch(tmp_path):
     script = textwrap.dedent(
         """
         import sys
-        from iqtrain.cli import main
+        from iqtrain.cli.main import main
         rc = main(sys.argv[1:])
         loaded = sorted(m for m in sys.modules if m.split(".")[0] == "torch")
         assert not loaded, loaded
@@ -210,8 +210,9 @@ def test_ema_is_bias_corrected():
 def test_a_real_resumed_attempt(tmp_path):
     from test_attempt import tiny_tables
 
-    from iqtrain.attempt import ParentRef, run_pretraining_attempt
-    from iqtrain.config import build_config
+    from iqtrain.config.schema import build_config
+    from iqtrain.evidence.lineage import ParentRef
+    from iqtrain.train.attempt import run_pretraining_attempt
 
     tables = tiny_tables(tmp_path / "run", tmp_path / "cache", checkpoint_every=3, keep_last=0)
     cfg = build_config(tables)

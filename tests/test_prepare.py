@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from iqtrain import prepare
-from iqtrain.prepare import prepare_iq_input, prepare_iq_input_reference
+from iqtrain.model.prepare import prepare_iq_input, prepare_iq_input_reference
 
 REPO = Path(__file__).resolve().parents[1]
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
@@ -29,7 +29,7 @@ needs_triton = pytest.mark.skipif(not HAVE_TRITON, reason="needs triton")
 def _interpreter_on() -> bool:
     if not HAVE_TRITON:
         return False
-    from iqtrain.kernels import normalize_patch
+    from iqtrain.kernels.normalize_patch import normalize_patch
 
     return normalize_patch.interpreted()
 
@@ -324,7 +324,7 @@ def test_bad_argument_raises_value_error_naming_it(raw, kwargs, name, backend) -
 
 @needs_triton
 def test_triton_on_cpu_without_interpreter_names_backend(monkeypatch: pytest.MonkeyPatch) -> None:
-    from iqtrain.kernels import normalize_patch
+    from iqtrain.kernels.normalize_patch import normalize_patch
 
     monkeypatch.setattr(normalize_patch, "interpreted", lambda: False)
     with pytest.raises(ValueError, match=r"^backend: .*TRITON_INTERPRET=1"):
@@ -401,7 +401,7 @@ def test_interpreted_kernel_multi_block_loops(
 ) -> None:
     # The grid's windows fit one block (cap 8192 elements); a 32-element cap makes both passes
     # loop over many blocks with a masked tail (L=48 prefix: 3 x 16 x 2 = 96 values, 3 blocks).
-    from iqtrain.kernels import normalize_patch
+    from iqtrain.kernels.normalize_patch import normalize_patch
 
     monkeypatch.setattr(normalize_patch, "_MAX_BLOCK", 32)
     raw = make_raw(3, length, torch.int16, seed=5)

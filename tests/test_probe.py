@@ -12,12 +12,12 @@ import torch
 from conftest import COMPONENT_DTYPES, random_iq
 from test_cli import cli_tables
 
-from iqtrain.attempt import run_pretraining_attempt
-from iqtrain.cli import main
-from iqtrain.config import DataConfig, ModelConfig, build_config
+from iqtrain.cli.main import main
+from iqtrain.config.schema import build_config
+from iqtrain.config.sections import DataConfig, ModelConfig
+from iqtrain.data.synth import synthesize
 from iqtrain.errors import ConfigError, DataError
-from iqtrain.model import NextPatchModel
-from iqtrain.probe import (
+from iqtrain.eval.probe import (
     assign_folds,
     cross_validate,
     labelled_windows,
@@ -25,7 +25,8 @@ from iqtrain.probe import (
     probe_model,
     random_init_model,
 )
-from iqtrain.synth import synthesize
+from iqtrain.model.transformer import NextPatchModel
+from iqtrain.train.attempt import run_pretraining_attempt
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from iqtrain.errors import CheckpointError
-from iqtrain.evidence import AttemptLock
-from iqtrain.report import load_attempt, report, resume_points
+from iqtrain.evidence.lock import AttemptLock
+from iqtrain.report.summary import load_attempt, report, resume_points
 
 
 def train_record(step, **extra):
@@ -208,10 +208,10 @@ spec = importlib.util.find_spec("iqtrain")
 pkg = types.ModuleType("iqtrain")
 pkg.__path__ = list(spec.submodule_search_locations)
 sys.modules["iqtrain"] = pkg
-import iqtrain.report, iqtrain.metrics, iqtrain.lineage
-import iqtrain.checkpoint  # listing, verifying and pruning need no torch either
+import iqtrain.report.summary, iqtrain.evidence.metrics, iqtrain.evidence.lineage
+import iqtrain.checkpoint.files  # listing, verifying and pruning need no torch either
 assert "torch" not in sys.modules, sorted(m for m in sys.modules if m.startswith("torch"))
-print(iqtrain.report.report(iqtrain.report.Path(sys.argv[1])).splitlines()[0])
+print(iqtrain.report.summary.report(iqtrain.report.summary.Path(sys.argv[1])).splitlines()[0])
 """
     att = _attempt(tmp_path)
     proc = subprocess.run(
@@ -223,7 +223,7 @@ print(iqtrain.report.report(iqtrain.report.Path(sys.argv[1])).splitlines()[0])
 
 def _cli(*args):
     return subprocess.run(
-        [sys.executable, "-m", "iqtrain.cli", *map(str, args)],
+        [sys.executable, "-m", "iqtrain.cli.main", *map(str, args)],
         capture_output=True,
         text=True,
         timeout=300,

@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from iqtrain.distributed import World
-from iqtrain.rngstate import RNGState, restore_rng_state, rng_state
+from iqtrain.distributed.world import World
+from iqtrain.train.rng import RNGState, restore_rng_state, rng_state
 
 
 def test_rng_state_round_trip():

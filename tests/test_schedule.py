@@ -6,8 +6,9 @@ import math
 
 import pytest
 
+from iqtrain.config.sections import ScheduleConfig
 from iqtrain.errors import ConfigError
-from iqtrain.schedule import Plan, ScheduleConfig, lr_at
+from iqtrain.train.schedule import Plan, lr_at
 
 
 def _plan(kind="wsd", S=100, W=10, D=20, shape="linear", lr=1e-3, lo=1e-4):

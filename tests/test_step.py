@@ -1,4 +1,4 @@
-"""Tests of iqtrain.step: the optimizer step, evaluation, and their configuration.
+"""Tests of iqtrain.train.step: the optimizer step, evaluation, and their configuration.
 
 All tests but one run eagerly: torch.compile costs tens of seconds per graph on a cold CPU cache,
 so a single focused test checks that compiled and eager steps agree.
@@ -12,11 +12,12 @@ import math
 import pytest
 import torch
 
+from iqtrain.config.sections import ModelConfig, OptimizerConfig
 from iqtrain.errors import ConfigError, NonFiniteError
-from iqtrain.model import ModelConfig, NextPatchModel, next_patch_loss
-from iqtrain.optim import split_parameters
-from iqtrain.prepare import prepare_iq_input_reference
-from iqtrain.step import OptimizerConfig, StepResult, TrainStep
+from iqtrain.model.prepare import prepare_iq_input_reference
+from iqtrain.model.transformer import NextPatchModel, next_patch_loss
+from iqtrain.train.optim import split_parameters
+from iqtrain.train.step import StepResult, TrainStep
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

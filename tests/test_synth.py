@@ -1,4 +1,4 @@
-"""Tests of iqtrain.synth: determinism, SigMF conformance, labels and signal levels."""
+"""Tests of iqtrain.data.synth: determinism, SigMF conformance, labels and signal levels."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 import sigmf
 from sigmf import validate as sigmf_validate
 
+from iqtrain.data.synth import CLASSES, DATATYPES, SNR_RANGE_DB, synthesize
 from iqtrain.errors import ConfigError
-from iqtrain.synth import CLASSES, DATATYPES, SNR_RANGE_DB, synthesize
 
 # Small enough to keep the file fast, big enough for several bursts and gaps per recording.
 N = 1 << 14
@@ -261,7 +261,7 @@ def test_numpy_integer_arguments_are_accepted(tmp_path):
 
 
 def test_datatypes_come_from_the_one_table():
-    from iqtrain.config import SIGMF_DATATYPES, SYNTH_DATATYPES
+    from iqtrain.config.sections import SIGMF_DATATYPES, SYNTH_DATATYPES
 
     assert list(DATATYPES) == list(SYNTH_DATATYPES)
     assert {k: SIGMF_DATATYPES[k].full_scale for k in SYNTH_DATATYPES} == DATATYPES
@@ -271,8 +271,8 @@ def test_datatypes_come_from_the_one_table():
 
 
 def test_cli_datatype_choices_are_the_table(capsys):
-    from iqtrain.cli import build_parser
-    from iqtrain.config import SIGMF_DATATYPES, SYNTH_DATATYPES
+    from iqtrain.cli.main import build_parser
+    from iqtrain.config.sections import SIGMF_DATATYPES, SYNTH_DATATYPES
 
     parser = build_parser()
     assert parser.parse_args(["synth", "out"]).datatype == SYNTH_DATATYPES[0]

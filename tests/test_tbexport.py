@@ -9,9 +9,9 @@ import sys
 import pytest
 from test_report import RECORDS, train_record, write_attempt, write_lineage
 
-from iqtrain.cli import main
+from iqtrain.cli.main import main
 from iqtrain.errors import CheckpointError, ConfigError
-from iqtrain.tbexport import EVENT_PREFIX, export_tensorboard
+from iqtrain.report.tensorboard import EVENT_PREFIX, export_tensorboard
 
 PROBE = {"kind": "probe", "step": 3, "accuracy": 0.75, "chance": 0.25, "classes": 4}
 

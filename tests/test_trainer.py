@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from iqtrain.checkpoint import CheckpointManager, list_checkpoints
-from iqtrain.config import ModelConfig, OptimizerConfig
-from iqtrain.model import NextPatchModel
-from iqtrain.step import TrainStep
-from iqtrain.trainer import LoopState
+from iqtrain.checkpoint.files import list_checkpoints
+from iqtrain.checkpoint.manager import CheckpointManager
+from iqtrain.config.sections import ModelConfig, OptimizerConfig
+from iqtrain.model.transformer import NextPatchModel
+from iqtrain.train.loop import LoopState
+from iqtrain.train.step import TrainStep
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -120,11 +121,12 @@ def _early_tables(tmp_path: Path, cache: Path, **training) -> dict:
 
 
 def test_early_stopping_saves_publishes_and_resumes_exactly(tmp_path, capsys):
-    from iqtrain.attempt import ParentRef, run_pretraining_attempt
-    from iqtrain.cli import main
-    from iqtrain.config import build_config, dumps_toml
-    from iqtrain.evidence import check_attempt
-    from iqtrain.metrics import read_metrics, strip_timing
+    from iqtrain.cli.main import main
+    from iqtrain.config.schema import build_config, dumps_toml
+    from iqtrain.evidence.lineage import ParentRef
+    from iqtrain.evidence.metrics import read_metrics, strip_timing
+    from iqtrain.evidence.verify import check_attempt
+    from iqtrain.train.attempt import run_pretraining_attempt
 
     cache = tmp_path / "cache"
     cfg = tmp_path / "c.toml"
@@ -159,9 +161,9 @@ def test_verify_binds_the_early_stop_entry(tmp_path):
     import json
     import os
 
-    from iqtrain.attempt import run_pretraining_attempt
-    from iqtrain.config import build_config
-    from iqtrain.evidence import check_attempt
+    from iqtrain.config.schema import build_config
+    from iqtrain.evidence.verify import check_attempt
+    from iqtrain.train.attempt import run_pretraining_attempt
 
     result = run_pretraining_attempt(build_config(_early_tables(tmp_path, tmp_path / "cache")))
     path = result.attempt / "manifest.json"

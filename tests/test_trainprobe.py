@@ -8,12 +8,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from iqtrain.attempt import ParentRef, run_pretraining_attempt
-from iqtrain.config import build_config
+from iqtrain.config.schema import build_config
+from iqtrain.data.synth import synthesize
 from iqtrain.errors import ConfigError, DataError
-from iqtrain.evidence import check_attempt
-from iqtrain.metrics import read_metrics, strip_timing
-from iqtrain.synth import synthesize
+from iqtrain.evidence.lineage import ParentRef
+from iqtrain.evidence.metrics import read_metrics, strip_timing
+from iqtrain.evidence.verify import check_attempt
+from iqtrain.train.attempt import run_pretraining_attempt
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -76,7 +77,7 @@ def test_probe_settings_are_checked_before_the_attempt_exists(tmp_path, labelled
 
 
 def test_the_probe_defaults_to_the_validation_recordings(tmp_path):
-    from iqtrain.cli import main
+    from iqtrain.cli.main import main
 
     tables = _tables(tmp_path, "d", {"every": 3, "folds": 2})
     tables["data"]["synthetic"].update(val_recordings=2, samples=16384)
@@ -90,7 +91,7 @@ def test_the_probe_defaults_to_the_validation_recordings(tmp_path):
 def test_probe_runs_at_an_early_stop_and_a_failing_probe_does_not_end_training(
     tmp_path, labelled, monkeypatch, capsys
 ):
-    from iqtrain.trainprobe import TrainingProbe
+    from iqtrain.train.probe import TrainingProbe
 
     tables = _tables(tmp_path, "e", {"every": 10, "data": [labelled], "folds": 2})
     tables["training"].update(eval_every=2, early_stop_patience=2, early_stop_min_delta=1.0)

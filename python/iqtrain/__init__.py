@@ -4,7 +4,7 @@ The Rust extension (``iqtrain._native``) is private; this module re-exports the 
 
 The re-exports are lazy (PEP 562): ``import iqtrain`` loads no submodule, so neither torch nor
 the extension; ``iqtrain.X`` or ``from iqtrain import X`` imports the module that defines ``X``
-on first use, and ``__version__`` reads the package metadata on first use. ``iqtrain.config``,
+on first use, and ``__version__`` reads the package metadata on first use. ``iqtrain.config.schema``,
 ``iqtrain.errors`` and the evidence readers (``lineage``, ``metrics``, ``report``,
 ``checkpoint``) import no torch either, so the commands that only read or check
 (``iqtrain --help``, ``verify``, ``report``, ``synth``) start without it.
@@ -16,19 +16,19 @@ from importlib.util import find_spec as _find_spec
 
 # Public name -> the submodule that defines it.
 _EXPORTS: dict[str, str] = {
-    "AttemptResult": "iqtrain.attempt",
-    "ParentRef": "iqtrain.attempt",
-    "run_pretraining_attempt": "iqtrain.attempt",
-    "verify_attempt": "iqtrain.attempt",
-    "Config": "iqtrain.config",
-    "ModelConfig": "iqtrain.config",
-    "OptimizerConfig": "iqtrain.config",
-    "ScheduleConfig": "iqtrain.config",
-    "build_config": "iqtrain.config",
-    "load_config": "iqtrain.config",
-    "IQDataset": "iqtrain.data",
-    "Recording": "iqtrain.data",
-    "TrainStream": "iqtrain.data",
+    "AttemptResult": "iqtrain.train.attempt",
+    "ParentRef": "iqtrain.evidence.lineage",
+    "run_pretraining_attempt": "iqtrain.train.attempt",
+    "verify_attempt": "iqtrain.evidence.verify",
+    "Config": "iqtrain.config.schema",
+    "ModelConfig": "iqtrain.config.sections",
+    "OptimizerConfig": "iqtrain.config.sections",
+    "ScheduleConfig": "iqtrain.config.sections",
+    "build_config": "iqtrain.config.schema",
+    "load_config": "iqtrain.config.schema",
+    "IQDataset": "iqtrain.data.dataset",
+    "Recording": "iqtrain.data.sigmf_meta",
+    "TrainStream": "iqtrain.data.dataset",
     "CheckpointError": "iqtrain.errors",
     "ConfigError": "iqtrain.errors",
     "CursorMismatchError": "iqtrain.errors",
@@ -36,17 +36,17 @@ _EXPORTS: dict[str, str] = {
     "IQTrainError": "iqtrain.errors",
     "NonFiniteError": "iqtrain.errors",
     "TrainingError": "iqtrain.errors",
-    "NextPatchModel": "iqtrain.model",
-    "next_patch_loss": "iqtrain.model",
-    "prepare_iq_input": "iqtrain.prepare",
-    "prepare_iq_input_reference": "iqtrain.prepare",
-    "ProbeResult": "iqtrain.probe",
-    "run_probe": "iqtrain.probe",
-    "Plan": "iqtrain.schedule",
-    "lr_at": "iqtrain.schedule",
-    "StepResult": "iqtrain.step",
-    "TrainStep": "iqtrain.step",
-    "synthesize": "iqtrain.synth",
+    "NextPatchModel": "iqtrain.model.transformer",
+    "next_patch_loss": "iqtrain.model.transformer",
+    "prepare_iq_input": "iqtrain.model.prepare",
+    "prepare_iq_input_reference": "iqtrain.model.prepare",
+    "ProbeResult": "iqtrain.eval.probe",
+    "run_probe": "iqtrain.eval.probe",
+    "Plan": "iqtrain.train.schedule",
+    "lr_at": "iqtrain.train.schedule",
+    "StepResult": "iqtrain.train.step",
+    "TrainStep": "iqtrain.train.step",
+    "synthesize": "iqtrain.data.synth",
 }
 
 __all__ = [
@@ -104,7 +104,7 @@ def __getattr__(name: str) -> object:
         value = getattr(_import_module(module), name)
         globals()[name] = value  # later lookups skip __getattr__
         return value
-    # A submodule (``iqtrain.config`` after a bare ``import iqtrain``), as when every one was
+    # A submodule (``iqtrain.config.schema`` after a bare ``import iqtrain``), as when every one was
     # imported eagerly; importing it binds it as an attribute of this package.
     if not name.startswith("__") and _find_spec(f"iqtrain.{name}") is not None:
         return _import_module(f"iqtrain.{name}")
@@ -117,16 +117,11 @@ def __dir__() -> list[str]:
 
 # What type checkers and IDEs see: the eager imports this module used to run.
 if _typing.TYPE_CHECKING:
-    from iqtrain.attempt import AttemptResult, ParentRef, run_pretraining_attempt, verify_attempt
-    from iqtrain.config import (
-        Config,
-        ModelConfig,
-        OptimizerConfig,
-        ScheduleConfig,
-        build_config,
-        load_config,
-    )
-    from iqtrain.data import IQDataset, Recording, TrainStream
+    from iqtrain.config.schema import Config, build_config, load_config
+    from iqtrain.config.sections import ModelConfig, OptimizerConfig, ScheduleConfig
+    from iqtrain.data.dataset import IQDataset, TrainStream
+    from iqtrain.data.sigmf_meta import Recording
+    from iqtrain.data.synth import synthesize
     from iqtrain.errors import (
         CheckpointError,
         ConfigError,
@@ -136,9 +131,11 @@ if _typing.TYPE_CHECKING:
         NonFiniteError,
         TrainingError,
     )
-    from iqtrain.model import NextPatchModel, next_patch_loss
-    from iqtrain.prepare import prepare_iq_input, prepare_iq_input_reference
-    from iqtrain.probe import ProbeResult, run_probe
-    from iqtrain.schedule import Plan, lr_at
-    from iqtrain.step import StepResult, TrainStep
-    from iqtrain.synth import synthesize
+    from iqtrain.eval.probe import ProbeResult, run_probe
+    from iqtrain.evidence.lineage import ParentRef
+    from iqtrain.evidence.verify import verify_attempt
+    from iqtrain.model.prepare import prepare_iq_input, prepare_iq_input_reference
+    from iqtrain.model.transformer import NextPatchModel, next_patch_loss
+    from iqtrain.train.attempt import AttemptResult, run_pretraining_attempt
+    from iqtrain.train.schedule import Plan, lr_at
+    from iqtrain.train.step import StepResult, TrainStep

@@ -2,6 +2,6 @@
 
 import sys
 
-from iqtrain.cli import main
+from iqtrain.cli.main import main
 
 sys.exit(main())

@@ -1,4 +1,4 @@
-"""Stub of the private Rust extension ``iqtrain._native`` (use the wrappers in iqtrain.data)."""
+"""Stub of the private Rust extension ``iqtrain._native`` (use the wrappers in iqtrain.data.dataset)."""
 
 from typing import Literal
 

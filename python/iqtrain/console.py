@@ -1,22 +1,64 @@
-"""What the person at the terminal sees and does: progress lines, signals, interruption.
+"""What the person at the terminal sees and does: progress lines, notes, signals, interruption.
 
-Torch-free, so the CLI can import :class:`Interrupted` without loading the model stack.
+Torch-free, so the CLI can import it without loading the model stack. Library code does not
+print: a note for the user goes through :func:`note` (or a :class:`Progress`'s ``note`` inside
+the loop), an error line through :func:`error`.
+
+Signals. The ``run`` and ``resume`` commands (and every command under torchrun) install one
+:class:`SignalLatch` first thing: SIGINT, SIGTERM and SIGHUP (unless ignored at start, as under
+``nohup``) are blocked in every thread and taken by one thread with ``sigwait``, so a signal is
+seen at once whatever the main thread is doing, a blocking call in C included (a rendezvous, a
+barrier, a digest). What it does depends on the phase the attempt is in (docs/design.md
+section 9):
+
+- ``start`` (until just before the attempt is claimed): nothing exists that a checkpoint could
+  save, so the process ends at once with 128 + signum, saying so on rank 0;
+- ``held`` (from the claim on): the signal is a flag; the loop stops after the step it is in,
+  saves a checkpoint and ends with 128 + signum (:class:`Interrupted`). A second signal in one
+  process means the user insists (KeyboardInterrupt); under torchrun it is dropped (torchrun
+  escalates to SIGKILL on its own);
+- ``ending`` (the process has its exit code): signals are dropped, so torchrun's SIGTERM to the
+  workers still running when one exits cannot turn a rank's own exit code into -15.
+
+Library use (``run_pretraining_attempt`` called from Python) installs no latch: the loop's
+:class:`SignalGuard` then handles SIGINT/SIGTERM/SIGHUP with Python handlers while it runs.
 """
 
 from __future__ import annotations
 
+import _thread
+import os
 import signal
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import Any, ClassVar
 
-__all__ = ["Interrupted", "Progress", "SignalGuard"]
+__all__ = [
+    "Interrupted",
+    "Progress",
+    "SignalGuard",
+    "SignalLatch",
+    "StoppedBeforeStart",
+    "error",
+    "note",
+]
+
+
+def note(text: str) -> None:
+    """One ``iqtrain: note:`` line on stderr (a fact worth knowing that changes no outcome)."""
+    print(f"iqtrain: note: {text}", file=sys.stderr, flush=True)
+
+
+def error(text: str) -> None:
+    """The one ``iqtrain: error:`` line a failed command ends with."""
+    print(f"iqtrain: error: {text}", file=sys.stderr, flush=True)
 
 
 class Interrupted(Exception):  # noqa: N818 - it is a control-flow signal, not an error
-    """SIGINT/SIGTERM arrived; a checkpoint was saved. ``exit_code`` is 130 or 143."""
+    """SIGINT/SIGTERM/SIGHUP arrived; a checkpoint was saved. ``exit_code`` is 128 + signum."""
 
     def __init__(self, signum: int, attempt: Path, world_size: int = 1):
         self.signum = signum
@@ -26,36 +68,138 @@ class Interrupted(Exception):  # noqa: N818 - it is a control-flow signal, not a
         super().__init__(f"interrupted by signal {signum}")
 
 
+class StoppedBeforeStart(Exception):  # noqa: N818 - control flow, like Interrupted
+    """A signal ended the job before its attempt existed (nothing was created)."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        self.exit_code = 128 + signum
+        super().__init__(
+            f"stopped by signal {signum} before the attempt existed; nothing was created"
+        )
+
+
+def _signals() -> list[signal.Signals]:
+    """SIGINT, SIGTERM and SIGHUP, except a SIGHUP ignored at start (as under ``nohup``)."""
+    out = [signal.SIGINT, signal.SIGTERM]
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        out.append(signal.SIGHUP)
+    return out
+
+
+class SignalLatch:
+    """The process's SIGINT/SIGTERM/SIGHUP, from a command's first line to its exit (see the
+    module docstring for the phases). Installed once, from the main thread, before any other
+    thread exists (threads inherit the signal mask: torch's, gloo's and rayon's must block the
+    signals too, or the kernel would deliver them there)."""
+
+    _current: ClassVar[SignalLatch | None] = None
+
+    def __init__(self, *, distributed: bool) -> None:
+        self.distributed = distributed
+        self.announce = True  # rank 0 only, once the rank is known
+        self.signum: int | None = None
+        self.phase = "start"
+        self._signals = _signals()
+        self._lock = threading.Lock()
+        self._arrived = threading.Event()
+
+    @classmethod
+    def install(cls, *, distributed: bool) -> SignalLatch:
+        if cls._current is not None:
+            return cls._current
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError("SignalLatch.install: only from the main thread")
+        latch = cls(distributed=distributed)
+        signal.pthread_sigmask(signal.SIG_BLOCK, latch._signals)
+        threading.Thread(target=latch._run, name="iqtrain-signals", daemon=True).start()
+        cls._current = latch
+        return latch
+
+    @classmethod
+    def current(cls) -> SignalLatch | None:
+        return cls._current
+
+    def hold(self) -> None:
+        """From here a signal is a flag the loop acts on (the attempt is about to exist)."""
+        with self._lock:
+            if self.phase == "start":
+                self.phase = "held"
+
+    def ending(self) -> None:
+        """This process has its exit code: drop every signal from here on."""
+        with self._lock:
+            self.phase = "ending"
+
+    def wait(self, timeout: float) -> int | None:
+        """The signal that arrived, waiting up to ``timeout`` seconds for one."""
+        self._arrived.wait(timeout)
+        return self.signum
+
+    def _run(self) -> None:
+        while True:
+            signum = signal.sigwait(self._signals)
+            with self._lock:
+                if self.phase == "ending":
+                    continue
+                first = self.signum is None
+                if first:
+                    self.signum = int(signum)
+                    self._arrived.set()
+                if self.phase == "start":
+                    if self.announce:
+                        text = StoppedBeforeStart(int(signum))
+                        os.write(2, f"\niqtrain: {text}\n".encode())
+                    os._exit(128 + int(signum))
+                if first:
+                    if self.announce:
+                        os.write(
+                            2,
+                            f"\nsignal {int(signum)}: finishing this step, then saving a "
+                            "checkpoint\n".encode(),
+                        )
+                elif not self.distributed:  # the user insists
+                    _thread.interrupt_main()
+
+
 class SignalGuard:
-    """Turn SIGINT/SIGTERM/SIGHUP into a flag the loop checks after each completed step
-    (announced on stderr unless ``announce`` is false: ranks other than 0 stay quiet). SIGHUP
+    """The loop's view of SIGINT/SIGTERM/SIGHUP: ``signum`` is the first one that arrived.
+
+    Under the CLI it reads the process's :class:`SignalLatch`. Without one (library use) it
+    installs Python handlers while the loop runs, announced on stderr unless ``announce`` is
+    false (ranks other than 0 stay quiet), and a second signal raises KeyboardInterrupt. SIGHUP
     is there because torchrun forwards it (a closed terminal or SSH session): it ends the run
     like SIGTERM, with a checkpoint, exit 129."""
 
     def __init__(self, announce: bool = True) -> None:
-        self.signum: int | None = None
         self.announce = announce
+        self._signum: int | None = None
+        self._latch = SignalLatch.current()
         self._old: dict[int, Any] = {}
 
+    @property
+    def signum(self) -> int | None:
+        return self._latch.signum if self._latch is not None else self._signum
+
     def __enter__(self) -> SignalGuard:
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-                if signal.getsignal(sig) is signal.SIG_IGN and sig == signal.SIGHUP:
-                    continue  # started under nohup: a hang-up must not end the run
+        if self._latch is not None:
+            self._latch.hold()
+        elif threading.current_thread() is threading.main_thread():
+            for sig in _signals():
                 self._old[sig] = signal.signal(sig, self._handle)
         return self
 
-    def _handle(self, signum, frame) -> None:
-        if self.signum is not None:  # a second signal: the user insists
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self._signum is not None:  # a second signal: the user insists
             raise KeyboardInterrupt
-        self.signum = signum
+        self._signum = signum
         if self.announce:
             print(
                 f"\nsignal {signum}: finishing this step, then saving a checkpoint",
                 file=sys.stderr,
             )
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         for sig, old in self._old.items():
             signal.signal(sig, old)
 

@@ -3,6 +3,11 @@
 Every error a user can cause is an :class:`IQTrainError`. The Rust extension raises the same
 classes (it imports them from here with ``pyo3::import_exception!``), so one ``except`` clause
 covers both halves of the data path.
+
+Each class carries the exit code the ``iqtrain`` command ends with when it reaches the top
+(docs/design.md section 8): 2 for input a user can fix before anything exists (config, data,
+a checkpoint or attempt that fails verification), 1 for a failure of a run. :func:`exit_code`
+is the one lookup every caller uses (the CLI, the ranks' agreement).
 """
 
 from __future__ import annotations
@@ -17,19 +22,29 @@ __all__ = [
     "CheckpointError",
     "TrainingError",
     "StorageError",
+    "exit_code",
 ]
+
+EXIT_FAILURE = 1
+EXIT_BAD_INPUT = 2
 
 
 class IQTrainError(Exception):
     """Base class of every iqtrain error."""
 
+    exit_code = EXIT_FAILURE
+
 
 class ConfigError(IQTrainError, ValueError):
     """A configuration value is missing, unknown, mistyped or out of range (names the key)."""
 
+    exit_code = EXIT_BAD_INPUT
+
 
 class DataError(IQTrainError):
     """A recording or its metadata cannot be used (names the file and the field)."""
+
+    exit_code = EXIT_BAD_INPUT
 
 
 class CursorMismatchError(DataError):
@@ -47,6 +62,8 @@ class NonFiniteError(IQTrainError, ArithmeticError):
 class CheckpointError(IQTrainError):
     """A checkpoint, manifest or attempt directory fails verification."""
 
+    exit_code = EXIT_BAD_INPUT
+
 
 class TrainingError(IQTrainError):
     """A failure while an attempt was running (exit code 1; the attempt stays verifiable)."""
@@ -58,3 +75,11 @@ class StorageError(TrainingError):
     Whatever was written before stays intact: a checkpoint is never left half-written under its
     real name and the metric stream never keeps a torn record.
     """
+
+
+def exit_code(exc: BaseException) -> int:
+    """The exit code ``exc`` ends the command with: its class's (or, for :class:`Interrupted
+    <iqtrain.console.Interrupted>` and a rank's agreed exit, the instance's) ``exit_code``;
+    1 for anything else (an ``OSError`` that escaped, a bug)."""
+    code = getattr(exc, "exit_code", EXIT_FAILURE)
+    return code if isinstance(code, int) and not isinstance(code, bool) else EXIT_FAILURE

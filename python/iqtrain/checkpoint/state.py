@@ -1,0 +1,173 @@
+"""state.json: everything of a checkpoint that is not a tensor, with one owner.
+
+:class:`CheckpointState` is the only code that spells state.json's keys: the trainer builds
+one, :func:`~iqtrain.checkpoint.files.save_checkpoint` encodes it, and every reader (resume,
+``verify``, ``verify --data``, the probe, the manifest checks) gets one back from
+:meth:`CheckpointState.read`, validated: a wrong version, a missing key or a value of the wrong
+JSON type is one :class:`~iqtrain.errors.CheckpointError` line naming the file and the key.
+
+The components' own states (``cursor``: the training stream, ``loop``: the loop's counters,
+``rng``: every rank's generators) are opaque here: each component validates its own in
+``load_state_dict``. The few fields of them that torch-free readers need (the best checkpoint,
+the stale-validation count, the world size that wrote the shards) have typed accessors below,
+checked when they are read. Format: docs/design.md section 6. Imports no torch.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from iqtrain.errors import CheckpointError
+
+__all__ = ["COMPONENTS", "STATE_VERSION", "CheckpointState", "recorded_step"]
+
+#: The only version this iqtrain writes and reads. 3: ``rng`` holds every rank's generators
+#: (``{"world_size": W, "ranks": [...]}``) and ``loop`` carries early stopping's counters.
+#: No release wrote an earlier one, so an earlier one is refused, naming it.
+STATE_VERSION = 3
+#: The loop components whose ``state_dict()`` a checkpoint stores, by their state.json key.
+COMPONENTS = ("cursor", "loop", "rng")
+_DATA_GROUPS = ("train", "val", "train_meta", "val_meta")
+
+
+def _want(obj: dict[str, Any], key: str, kind: type, path: Path, where: str = "") -> Any:
+    value = obj.get(key)
+    if key not in obj:
+        raise CheckpointError(f"{path}: missing key {where}{key}")
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise CheckpointError(f"{path}: {where}{key} is {value!r}, not a {kind.__name__}")
+    return value
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointState:
+    """One checkpoint's state.json (format: docs/design.md section 6).
+
+    ``fingerprints``: the sampled fingerprint of the train and val datasets; ``data``: the
+    full-content digests (``train``, ``val``: data file -> BLAKE3) and metadata digests
+    (``train_meta``, ``val_meta``: ``.sigmf-meta`` -> SHA-256); ``metrics``: the metric
+    stream's cursor; ``components``: ``cursor``/``loop``/``rng`` states; ``optimizer``: the
+    JSON half of the optimizer codec (None for a ``dcp`` checkpoint, whose optimizer state is
+    in its shards).
+    """
+
+    step: int
+    config_sha256: str
+    plan: dict[str, Any]
+    fingerprints: dict[str, str]
+    data: dict[str, dict[str, str]]
+    metrics: dict[str, Any]
+    components: dict[str, dict[str, Any]]
+    optimizer: dict[str, Any] | None = None
+
+    # ------------------------------------------------------------------ encoding
+
+    def to_json(self) -> dict[str, Any]:
+        obj: dict[str, Any] = {
+            "version": STATE_VERSION,
+            "step": self.step,
+            "config_sha256": self.config_sha256,
+            "plan": self.plan,
+            "fingerprints": self.fingerprints,
+            "data": self.data,
+            "metrics": self.metrics,
+            **{name: self.components[name] for name in COMPONENTS},
+        }
+        if self.optimizer is not None:
+            obj["optimizer"] = self.optimizer
+        return obj
+
+    def encode(self) -> bytes:
+        """The bytes of state.json. Encoded before anything is written: a state that is not
+        JSON (a non-finite float) is a bug, raised as ValueError, never a storage error."""
+        text = json.dumps(self.to_json(), indent=1, sort_keys=True, allow_nan=False)
+        return (text + "\n").encode()
+
+    # ------------------------------------------------------------------ decoding
+
+    @classmethod
+    def from_json(cls, obj: Any, path: Path) -> CheckpointState:
+        """Validate a decoded state.json (``path`` names it in every error)."""
+        if not isinstance(obj, dict):
+            raise CheckpointError(f"{path}: not a JSON object")
+        version = obj.get("version")
+        if isinstance(version, bool) or version != STATE_VERSION:
+            raise CheckpointError(
+                f"{path}: state version {version!r}; this iqtrain reads version {STATE_VERSION}"
+            )
+        step = _want(obj, "step", int, path)
+        fingerprints = _want(obj, "fingerprints", dict, path)
+        data = _want(obj, "data", dict, path)
+        for part in ("train", "val"):
+            _want(fingerprints, part, str, path, "fingerprints.")
+        for part in _DATA_GROUPS:
+            _want(data, part, dict, path, "data.")
+        optimizer = obj.get("optimizer")
+        if optimizer is not None and not isinstance(optimizer, dict):
+            raise CheckpointError(f"{path}: optimizer is {optimizer!r}, not a dict")
+        return cls(
+            step=step,
+            config_sha256=_want(obj, "config_sha256", str, path),
+            plan=_want(obj, "plan", dict, path),
+            fingerprints=fingerprints,
+            data=data,
+            metrics=_want(obj, "metrics", dict, path),
+            components={name: _want(obj, name, dict, path) for name in COMPONENTS},
+            optimizer=optimizer,
+        )
+
+    @classmethod
+    def read(cls, checkpoint: Path) -> CheckpointState:
+        """The validated state.json of checkpoint directory ``checkpoint``."""
+        path = Path(checkpoint) / "state.json"
+        try:
+            obj = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise CheckpointError(f"{path}: missing") from None
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(f"{path}: unreadable: {exc}") from None
+        return cls.from_json(obj, path)
+
+    # --------------------------------------------- component fields torch-free readers need
+
+    def _loop(self, key: str, kind: type | tuple[type, ...]) -> Any:
+        value = self.components["loop"].get(key)
+        if isinstance(value, bool) or not isinstance(value, kind):
+            raise CheckpointError(f"state.json of step {self.step}: loop.{key} is {value!r}")
+        return value
+
+    @property
+    def best_checkpoint(self) -> str | None:
+        """The best checkpoint so far, relative to the run directory (it may live in an
+        ancestor attempt); None before the first validation."""
+        return self._loop("best_checkpoint", (str, type(None)))
+
+    @property
+    def stale_validations(self) -> int:
+        """Validations in a row without an improvement early stopping counts."""
+        return self._loop("stale_validations", int)
+
+    @property
+    def world_size(self) -> int:
+        """How many ranks wrote the checkpoint (one RNG state and, sharded, one shard each)."""
+        size = self.components["rng"].get("world_size")
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise CheckpointError(f"state.json of step {self.step}: rng.world_size is {size!r}")
+        return size
+
+
+def recorded_step(checkpoint: Path) -> int:
+    """The step a checkpoint's state.json records, whatever else it holds (``verify`` compares
+    it with the directory name before anything else is trusted)."""
+    path = Path(checkpoint) / "state.json"
+    try:
+        obj = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path}: unreadable: {exc}") from None
+    step = obj.get("step") if isinstance(obj, dict) else None
+    if isinstance(step, bool) or not isinstance(step, int):
+        raise CheckpointError(f"{path}: no integer 'step'")
+    return step

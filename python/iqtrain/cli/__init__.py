@@ -1,0 +1,1 @@
+"""The ``iqtrain`` command (torch-free at import): parse, build, run, exit codes."""

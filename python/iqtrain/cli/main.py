@@ -1,0 +1,334 @@
+"""The ``iqtrain`` command: parse, build, train, always close.
+
+Exit codes (docs/design.md section 8): 0 success; 2 bad input (one line naming the key or file,
+no traceback, no attempt created); 1 training failure (non-finite, I/O; the attempt stays
+verifiable); 130/143/129 after SIGINT/SIGTERM/SIGHUP, with a checkpoint saved and the resume
+command printed (or, before the attempt existed, nothing created). Each error class carries its
+code (:func:`iqtrain.errors.exit_code`).
+
+Under torchrun (``WORLD_SIZE`` > 1) a worker takes its signals from the first line on
+(:class:`~iqtrain.console.SignalLatch`) and leaves without interpreter finalization: once it
+has its exit code it flushes its output and calls ``os._exit``. Finalization would run while
+the process group's threads still hold work (a gloo thread releasing tensors after the
+interpreter began finalizing aborted the process: SIGABRT), and CPython restores the default
+signal handlers early in it (torchrun's SIGTERM to a slower worker then killed it: -15).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+import os
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+from iqtrain.config.sections import SYNTH_DATATYPES
+from iqtrain.console import Interrupted, SignalLatch, StoppedBeforeStart, error
+from iqtrain.distributed.world import RankExit
+from iqtrain.errors import (
+    EXIT_FAILURE,
+    CheckpointError,
+    ConfigError,
+    IQTrainError,
+    exit_code,
+)
+
+__all__ = ["main"]
+
+EXIT_OK = 0
+
+
+# ------------------------------------------------------------------------------------ commands
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from iqtrain.config.schema import load_config
+    from iqtrain.distributed.world import join
+    from iqtrain.train.attempt import run_pretraining_attempt
+
+    world, config = join(lambda: load_config(args.config, args.set))
+    return _finish(run_pretraining_attempt(config, world=world))
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    from iqtrain.distributed.world import join
+    from iqtrain.evidence.lineage import ParentRef
+    from iqtrain.train.attempt import run_pretraining_attempt
+
+    world, config = join(lambda: _resumed_config(Path(args.attempt), args.set))
+    return _finish(run_pretraining_attempt(config, ParentRef(args.attempt, args.from_), world))
+
+
+def _resumed_config(attempt: Path, overrides: list[str]):
+    from iqtrain.config.schema import apply_overrides, build_config, read_toml
+
+    cfg_path = attempt / "config.toml"
+    if not cfg_path.is_file():
+        raise CheckpointError(f"{attempt}: not an attempt directory (no config.toml)")
+    if any(s.split("=", 1)[0].strip() == "run.dir" for s in overrides):
+        raise ConfigError("run.dir: a resumed attempt always joins its parent's run directory")
+    return build_config(apply_overrides(read_toml(cfg_path), overrides))
+
+
+def _finish(result) -> int:
+    if result.rank != 0:  # several ranks: rank 0 reports for the job
+        return EXIT_OK
+
+    def fmt(x):
+        return "n/a" if x is None else f"{x:.5f} ({-10 * math.log10(x):.2f} dB)"
+
+    print(f"attempt {result.attempt}: {result.final_step} steps")
+    if result.stopped_early is not None:
+        print(f"  stopped early at step {result.final_step}: {result.stopped_early['reason']}")
+    print(f"  final val loss {fmt(result.final_val_loss)}, best {fmt(result.best_val_loss)}")
+    print(f"  verify: iqtrain verify {result.attempt}")
+    return EXIT_OK
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from iqtrain.evidence.verify import check_attempt, verify_attempt_data
+
+    check = check_attempt(Path(args.dir))  # CheckpointError (exit 2) if not an attempt at all
+    problems = list(check.problems)
+    if args.data:
+        problems += verify_attempt_data(Path(args.dir))
+    for note in check.notes:
+        print(f"NOTE {note}")
+    for p in problems:
+        print(f"MISMATCH {p}")
+    if problems:
+        return EXIT_FAILURE
+    what = " and its data" if args.data else ""
+    print(f"{args.dir}: verified{what} ({check.status})")
+    return EXIT_OK
+
+
+def cmd_synth(args: argparse.Namespace) -> int:
+    from iqtrain.data.synth import synthesize
+
+    paths = synthesize(
+        args.out_dir,
+        recordings=args.recordings,
+        samples=args.samples,
+        datatype=args.datatype,
+        seed=args.seed,
+    )
+    print(f"wrote {len(paths)} recordings to {args.out_dir}")
+    return EXIT_OK
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from iqtrain.train.inspection import inspect_config
+
+    inspect_config(args.config, args.set)
+    return EXIT_OK
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from iqtrain.report.summary import report
+
+    text = [report(Path(args.dir))]  # CheckpointError (exit 2) before anything is written
+    if args.plot is not None:
+        from iqtrain.report.plot import write_plot
+
+        text.append(f"plot: {write_plot(Path(args.dir), Path(args.plot))}")
+    if args.tensorboard is not None:
+        from iqtrain.report.tensorboard import export_tensorboard
+
+        where, count = export_tensorboard(Path(args.dir), Path(args.tensorboard))
+        text.append(
+            f"tensorboard: {count} scalars in {where} (tensorboard --logdir {args.tensorboard})"
+        )
+    print("\n".join(text))
+    return EXIT_OK
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    import json
+
+    # Lazily: probe imports torch, and `iqtrain --help` must not.
+    from iqtrain.eval.probe import format_table, run_probe
+
+    result = run_probe(Path(args.attempt), args.data, args.from_, args.folds)
+    print(format_table(result))
+    if args.json:
+        print(json.dumps(result.to_dict()))
+    return EXIT_OK
+
+
+# ------------------------------------------------------------------------------------ parsing
+
+
+def _launcher(world_size: int) -> str:
+    """How the interrupted job was launched, for its resume command (any world size resumes
+    it; the same one resumes it bit-exactly)."""
+    if world_size == 1:
+        return "iqtrain"
+    local = os.environ.get("LOCAL_WORLD_SIZE", str(world_size))
+    if local == str(world_size):
+        return f"torchrun --nproc-per-node {world_size} -m iqtrain"
+    nodes = world_size // max(int(local) if local.isdigit() else 1, 1)
+    return f"torchrun --nnodes {nodes} --nproc-per-node {local} <rendezvous options> -m iqtrain"
+
+
+class UsageError(ConfigError):
+    """The command line does not parse (exit 2, one line; argparse's default prints usage)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # type: ignore[override]
+        raise UsageError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="iqtrain", description="Next-patch-prediction pretraining on IQ recordings")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    def add_set(sp):
+        sp.add_argument(
+            "--set",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="override a config value, e.g. --set training.max_steps=2000",
+        )
+
+    sp = sub.add_parser("run", help="run one attempt of a config")
+    sp.add_argument("config")
+    add_set(sp)
+    sp.set_defaults(func=cmd_run)
+
+    sp = sub.add_parser("resume", help="verify an attempt and continue it in a new attempt")
+    sp.add_argument("--attempt", required=True, help="the parent attempt directory")
+    sp.add_argument("--from", dest="from_", default="latest", help="latest, best or step_N")
+    add_set(sp)
+    sp.set_defaults(func=cmd_resume)
+
+    sp = sub.add_parser("verify", help="check an attempt's manifest against every file it lists")
+    sp.add_argument("dir")
+    sp.add_argument(
+        "--data",
+        action="store_true",
+        help="also re-read every recording: full-content digests and SigMF core:sha512",
+    )
+    sp.set_defaults(func=cmd_verify)
+
+    sp = sub.add_parser("synth", help="write synthetic SigMF recordings")
+    sp.add_argument("out_dir")
+    sp.add_argument("--recordings", type=int, default=8)
+    sp.add_argument("--samples", type=int, default=1 << 18)
+    sp.add_argument("--datatype", default=SYNTH_DATATYPES[0], choices=SYNTH_DATATYPES)
+    sp.add_argument("--seed", type=int, default=0)
+    sp.set_defaults(func=cmd_synth)
+
+    sp = sub.add_parser("inspect", help="one batch through every stage: shapes, dtypes, counts")
+    sp.add_argument("config")
+    add_set(sp)
+    sp.set_defaults(func=cmd_inspect)
+
+    sp = sub.add_parser("report", help="summarise an attempt's metric stream")
+    sp.add_argument("dir")
+    sp.add_argument(
+        "--plot",
+        metavar="OUT.png",
+        help="also draw loss, lr, grad norm and probe curves of the whole lineage "
+        "(needs iqtrain[plot]; the format follows the suffix: png, svg, pdf, ...)",
+    )
+    sp.add_argument(
+        "--tensorboard",
+        metavar="DIR",
+        help="also export the metric stream as TensorBoard events into DIR/<run>/<attempt>/, "
+        "replacing an earlier export of the attempt (needs iqtrain[tensorboard])",
+    )
+    sp.set_defaults(func=cmd_report)
+
+    sp = sub.add_parser(
+        "probe", help="linear-probe accuracy of a checkpoint on labelled SigMF annotations"
+    )
+    sp.add_argument("attempt", help="the attempt directory")
+    sp.add_argument(
+        "--data",
+        nargs="+",
+        default=None,
+        metavar="GLOB",
+        help="labelled .sigmf-meta files (default: the attempt's validation recordings)",
+    )
+    sp.add_argument("--from", dest="from_", default="latest", help="latest, best or step_N")
+    sp.add_argument("--folds", type=int, default=5, help="cross-validation folds (default 5)")
+    sp.add_argument("--json", action="store_true", help="also print one JSON object last")
+    sp.set_defaults(func=cmd_probe)
+    return p
+
+
+def _under_torchrun() -> bool:
+    return os.environ.get("WORLD_SIZE", "") not in ("", "1")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command; its exit code. Under torchrun the worker ends here (``os._exit``)."""
+    args_list = sys.argv[1:] if argv is None else argv
+    distributed = _under_torchrun()
+    if distributed or (args_list[:1] and args_list[0] in ("run", "resume")):
+        SignalLatch.install(distributed=distributed)  # first: see the module docstring
+    code = _run_command(args_list)
+    if distributed:
+        latch = SignalLatch.current()
+        if latch is not None:
+            latch.ending()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    try:
+        return build_parser().parse_args(argv)
+    except UsageError as exc:
+        if _under_torchrun():  # every rank refuses alike: agree, so rank 0 alone says it
+            from iqtrain.distributed.world import join
+
+            join(functools.partial(_raise, exc))
+        raise
+
+
+def _raise(exc: BaseException) -> NoReturn:
+    raise exc
+
+
+def _run_command(argv: list[str]) -> int:
+    try:
+        args = _parse(argv)
+        return args.func(args)
+    except RankExit as exc:  # a rank other than 0 in a failure rank 0 reports
+        return exc.exit_code
+    except Interrupted as exc:
+        print(
+            f"\ninterrupted (signal {exc.signum}); checkpoint saved. Resume with:\n"
+            f"  {_launcher(exc.world_size)} resume --attempt {exc.attempt}",
+            file=sys.stderr,
+        )
+        return exc.exit_code
+    except StoppedBeforeStart as exc:
+        from iqtrain.distributed.world import world_from_env
+
+        if world_from_env().is_main:
+            error(str(exc))
+        return exc.exit_code
+    except IQTrainError as exc:
+        error(str(exc))
+        return exit_code(exc)
+    except KeyboardInterrupt:
+        error("interrupted")
+        return 130
+    except OSError as exc:
+        error(f"I/O error: {exc}")
+        return EXIT_FAILURE
+    except SystemExit as exc:  # argparse: --help (0) or a usage error it has printed (2)
+        return exc.code if isinstance(exc.code, int) else EXIT_FAILURE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,433 @@
+"""The sections of the run configuration: one ``kw_only`` dataclass per TOML table.
+
+Each validates its own values in ``__post_init__`` and names the dotted key in every error. The
+closed sets of names (devices, precisions, schedule kinds and shapes), the one SigMF datatype
+table and the shared validators live here too. :mod:`iqtrain.config.schema` assembles the sections into
+a :class:`~iqtrain.config.schema.Config` and re-exports them. Imports no torch (nor numpy).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from iqtrain.errors import ConfigError
+
+__all__ = [
+    "DEVICES",
+    "KINDS",
+    "PARALLEL",
+    "PRECISIONS",
+    "SHAPES",
+    "SIGMF_DATATYPES",
+    "SYNTH_DATATYPES",
+    "DataConfig",
+    "Datatype",
+    "ModelConfig",
+    "OptimizerConfig",
+    "ProbeConfig",
+    "RunConfig",
+    "ScheduleConfig",
+    "SynthConfig",
+    "TrainingConfig",
+    "default_mlp_hidden",
+    "require_float",
+    "require_int",
+]
+
+
+# --------------------------------------------------------------------------- closed sets of names
+
+#: ``training.device``: exactly these ("cuda:1" or "CPU" are mistakes we name, not guess at).
+DEVICES = ("cpu", "cuda")
+#: ``training.precision``; bf16 requires cuda.
+PRECISIONS = ("fp32", "bf16")
+#: ``training.parallel``: how several ranks hold the model (DESIGN.md section 9).
+PARALLEL = ("ddp", "fsdp")
+#: ``schedule.kind`` and ``schedule.decay_shape`` (DESIGN.md section 5).
+KINDS = ("wsd", "cosine", "constant")
+SHAPES = ("linear", "cosine", "sqrt")
+
+
+@dataclass(frozen=True)
+class Datatype:
+    """One SigMF complex datatype iqtrain reads (DESIGN.md section 1)."""
+
+    bytes_per_sample: int  # one complex sample: I and Q
+    full_scale: float | None  # the code a float 1.0 is written as by synth; None: read only
+
+
+#: Every SigMF datatype iqtrain reads (the one table: the reader in :mod:`iqtrain.data.dataset`,
+#: :mod:`iqtrain.data.synth`, ``data.synthetic.datatype`` and ``iqtrain synth --datatype`` all take
+#: theirs from it). ``cu8`` is offset binary (sample - 128). The ``_be`` variants are read and
+#: converted but never written; real-valued and multi-channel data are rejected by the reader.
+SIGMF_DATATYPES: dict[str, Datatype] = {
+    "ci16_le": Datatype(bytes_per_sample=4, full_scale=32767.0),
+    "cf32_le": Datatype(bytes_per_sample=8, full_scale=1.0),
+    "ci8": Datatype(bytes_per_sample=2, full_scale=127.0),
+    "cu8": Datatype(bytes_per_sample=2, full_scale=127.0),
+    "ci16_be": Datatype(bytes_per_sample=4, full_scale=None),
+    "cf32_be": Datatype(bytes_per_sample=8, full_scale=None),
+}
+#: The datatypes ``iqtrain synth`` writes, its default first.
+SYNTH_DATATYPES = tuple(k for k, v in SIGMF_DATATYPES.items() if v.full_scale is not None)
+
+
+# --------------------------------------------------------------------------- shared validators
+# Every message starts with the dotted key so a user can find the offending line of the TOML
+# file without reading a traceback.
+
+
+def require_int(key: str, value: object, *, minimum: int) -> int:
+    # bool is an int subclass; `layers = true` in a config file is a mistake, not 1.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{key}: must be an integer, got {value!r}")
+    if value < minimum:
+        raise ConfigError(f"{key}: must be >= {minimum}, got {value}")
+    return value
+
+
+def require_float(
+    key: str,
+    value: object,
+    *,
+    gt: float | None = None,
+    ge: float | None = None,
+    lt: float | None = None,
+    le: float | None = None,
+) -> float:
+    # TOML writes `rope_theta = 10000` as an integer; accept it and store the float so the
+    # resolved config has one type per field.
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{key}: must be a number, got {value!r}")
+    v = float(value)
+    if not math.isfinite(v):
+        raise ConfigError(f"{key}: must be finite, got {value!r}")
+    if gt is not None and not v > gt:
+        raise ConfigError(f"{key}: must be > {gt}, got {value!r}")
+    if ge is not None and not v >= ge:
+        raise ConfigError(f"{key}: must be >= {ge}, got {value!r}")
+    if lt is not None and not v < lt:
+        raise ConfigError(f"{key}: must be < {lt}, got {value!r}")
+    if le is not None and not v <= le:
+        raise ConfigError(f"{key}: must be <= {le}, got {value!r}")
+    return v
+
+
+def require_str(key: str, value: object, choices: tuple[str, ...] | None = None) -> str:
+    if not isinstance(value, str):
+        raise ConfigError(f"{key}: must be a string, got {value!r}")
+    if choices is not None and value not in choices:
+        raise ConfigError(f"{key}: must be one of {', '.join(map(repr, choices))}, got {value!r}")
+    return value
+
+
+def require_str_list(key: str, value: object) -> list[str]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{key}: must be a list of paths or glob patterns, got {value!r}")
+    return list(value)
+
+
+def require_path(key: str, value: object) -> str:
+    """``value`` as an absolute path: ``~`` expanded, then relative to the current directory."""
+    value = require_str(key, value)
+    if not value:
+        raise ConfigError(f"{key}: must not be empty")
+    # Path() joins and drops "." components and doubled slashes but never resolves "..",
+    # symlinks or glob characters, so a pattern stays the same pattern.
+    return os.fspath(Path.cwd() / os.path.expanduser(value))
+
+
+def require_bool(key: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{key}: must be true or false, got {value!r}")
+    return value
+
+
+@dataclass(kw_only=True)
+class RunConfig:
+    """``[run]``: where attempts go and the seed of everything random.
+
+    ``dir`` is resolved against the current working directory when the config is built.
+    """
+
+    dir: str = "runs/default"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.dir = require_path("run.dir", self.dir)
+        require_int("run.seed", self.seed, minimum=0)
+        if self.seed >= 1 << 63:
+            raise ConfigError(f"run.seed: must be below 2**63, got {self.seed}")
+
+
+@dataclass(kw_only=True)
+class SynthConfig:
+    """``[data.synthetic]``: the built-in default data, used when ``data.train`` is empty.
+
+    Generated deterministically on first use into ``cache_dir`` (resolved to an absolute path
+    when the config is built) and reused afterwards.
+    """
+
+    train_recordings: int = 8
+    val_recordings: int = 2
+    samples: int = 1 << 17
+    datatype: str = "ci16_le"
+    seed: int = 0
+    cache_dir: str = "~/.cache/iqtrain/synth"
+
+    def __post_init__(self) -> None:
+        require_int("data.synthetic.train_recordings", self.train_recordings, minimum=1)
+        require_int("data.synthetic.val_recordings", self.val_recordings, minimum=1)
+        require_int("data.synthetic.samples", self.samples, minimum=16)
+        require_str("data.synthetic.datatype", self.datatype, SYNTH_DATATYPES)
+        require_int("data.synthetic.seed", self.seed, minimum=0)
+        self.cache_dir = require_path("data.synthetic.cache_dir", self.cache_dir)
+
+
+@dataclass(kw_only=True)
+class DataConfig:
+    """``[data]``: recordings, windowing, batching and input normalisation.
+
+    ``train`` and ``val`` are paths or glob patterns, resolved to absolute ones (relative to
+    the current working directory) when the config is built.
+    """
+
+    train: list[str] = field(default_factory=list)
+    val: list[str] = field(default_factory=list)
+    patch_len: int = 16
+    seq_patches: int = 64
+    stride: int | None = None  # in samples; None = the window length (non-overlapping)
+    batch_size: int = 32  # windows per microbatch, global across ranks
+    val_batch_size: int | None = None  # None = batch_size
+    norm: str = "window"
+    prefix_patches: int = 4
+    prefetch: int = 2
+    synthetic: SynthConfig = field(default_factory=SynthConfig)
+
+    def __post_init__(self) -> None:
+        self.train = [
+            require_path(f"data.train[{i}]", p)
+            for i, p in enumerate(require_str_list("data.train", self.train))
+        ]
+        self.val = [
+            require_path(f"data.val[{i}]", p)
+            for i, p in enumerate(require_str_list("data.val", self.val))
+        ]
+        if bool(self.train) != bool(self.val):
+            missing = "data.val" if self.train else "data.train"
+            raise ConfigError(
+                f"{missing}: set both data.train and data.val, or neither (synthetic)"
+            )
+        require_int("data.patch_len", self.patch_len, minimum=1)
+        require_int("data.seq_patches", self.seq_patches, minimum=2)
+        if self.stride is None:
+            self.stride = self.window
+        require_int("data.stride", self.stride, minimum=1)
+        require_int("data.batch_size", self.batch_size, minimum=1)
+        if self.val_batch_size is None:
+            self.val_batch_size = self.batch_size
+        require_int("data.val_batch_size", self.val_batch_size, minimum=1)
+        require_str("data.norm", self.norm, ("window", "prefix"))
+        require_int("data.prefix_patches", self.prefix_patches, minimum=1)
+        if self.norm == "prefix" and self.prefix_patches > self.seq_patches:
+            raise ConfigError(
+                f"data.prefix_patches: must be <= data.seq_patches ({self.seq_patches}), "
+                f"got {self.prefix_patches}"
+            )
+        require_int("data.prefetch", self.prefetch, minimum=0)
+        if not isinstance(self.synthetic, SynthConfig):
+            raise ConfigError("data.synthetic: must be a table")
+
+    @property
+    def window(self) -> int:
+        """Samples per window: ``seq_patches * patch_len``."""
+        return self.seq_patches * self.patch_len
+
+    @property
+    def is_synthetic(self) -> bool:
+        return not self.train
+
+
+def default_mlp_hidden(dim: int) -> int:
+    """SwiGLU hidden width for ``dim``: round(8/3 * dim), rounded up to a multiple of 64.
+
+    8/3 keeps the three SwiGLU matrices at the parameter count of a 4x two-matrix MLP; the
+    multiple of 64 keeps matmul shapes aligned to vector units and tensor-core tiles.
+    """
+    return -(-round(8 * dim / 3) // 64) * 64
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    """The ``[model]`` table. Validated on construction; ``mlp_hidden=None`` is resolved."""
+
+    dim: int = 128
+    layers: int = 4
+    heads: int = 4
+    mlp_hidden: int | None = None
+    rope_theta: float = 10000.0
+    dropout: float = 0.0
+    init_std: float = 0.02
+    patch_len: int = 16
+    max_patches: int = 256
+
+    def __post_init__(self) -> None:
+        require_int("model.dim", self.dim, minimum=1)
+        require_int("model.layers", self.layers, minimum=1)
+        require_int("model.heads", self.heads, minimum=1)
+        if self.dim % self.heads:
+            raise ConfigError(f"model.heads: must divide model.dim ({self.dim}), got {self.heads}")
+        # RoPE rotates pairs of channels, so every head needs an even width.
+        if (self.dim // self.heads) % 2:
+            raise ConfigError(
+                f"model.heads: model.dim / model.heads must be even for rotary embeddings, "
+                f"got {self.dim} / {self.heads} = {self.dim // self.heads}"
+            )
+        if self.mlp_hidden is None:
+            # Resolved here, not at build time, so the resolved config records the width used.
+            self.mlp_hidden = default_mlp_hidden(self.dim)
+        else:
+            require_int("model.mlp_hidden", self.mlp_hidden, minimum=1)
+        self.rope_theta = require_float("model.rope_theta", self.rope_theta, gt=1.0)
+        self.dropout = require_float("model.dropout", self.dropout, ge=0.0, lt=1.0)
+        self.init_std = require_float("model.init_std", self.init_std, gt=0.0)
+        require_int("model.patch_len", self.patch_len, minimum=1)
+        # One patch has no successor to predict, so a usable window has at least two.
+        require_int("model.max_patches", self.max_patches, minimum=2)
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.heads
+
+
+@dataclass(kw_only=True)
+class OptimizerConfig:
+    """The ``[optimizer]`` table: AdamW hyperparameters, the schedule's peak and floor, clipping."""
+
+    lr: float = 1e-3
+    min_lr: float = 1e-4
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0  # <= 0 turns clipping off
+
+    def __post_init__(self) -> None:
+        self.lr = require_float("optimizer.lr", self.lr, gt=0.0)
+        self.min_lr = require_float("optimizer.min_lr", self.min_lr, ge=0.0)
+        if self.min_lr > self.lr:
+            raise ConfigError(
+                f"optimizer.min_lr: must be <= optimizer.lr ({self.lr}), got {self.min_lr}"
+            )
+        # TOML has arrays, not tuples: accept a two-element list and store the tuple.
+        if not isinstance(self.betas, tuple | list) or len(self.betas) != 2:
+            raise ConfigError(f"optimizer.betas: must be two numbers, got {self.betas!r}")
+        self.betas = (
+            require_float("optimizer.betas[0]", self.betas[0], ge=0.0, lt=1.0),
+            require_float("optimizer.betas[1]", self.betas[1], ge=0.0, lt=1.0),
+        )
+        self.eps = require_float("optimizer.eps", self.eps, gt=0.0)
+        self.weight_decay = require_float("optimizer.weight_decay", self.weight_decay, ge=0.0)
+        self.grad_clip = require_float("optimizer.grad_clip", self.grad_clip)
+
+
+@dataclass(kw_only=True)
+class ScheduleConfig:
+    """``[schedule]``: the shape of the learning rate over training.max_steps."""
+
+    kind: str = "wsd"
+    warmup_steps: int = 100
+    decay_steps: int = 200  # wsd only
+    decay_shape: str = "linear"  # wsd only
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ConfigError(
+                f"schedule.kind: must be one of {', '.join(KINDS)}, got {self.kind!r}"
+            )
+        require_int("schedule.warmup_steps", self.warmup_steps, minimum=0)
+        require_int("schedule.decay_steps", self.decay_steps, minimum=0)
+        if self.kind == "wsd" and self.decay_shape not in SHAPES:  # other kinds ignore it
+            raise ConfigError(
+                f"schedule.decay_shape: must be one of {', '.join(SHAPES)}, "
+                f"got {self.decay_shape!r}"
+            )
+        if self.kind == "wsd" and self.decay_steps < 1:
+            raise ConfigError("schedule.decay_steps: wsd needs at least 1 decay step")
+
+
+@dataclass(kw_only=True)
+class TrainingConfig:
+    """``[training]``: device, precision, the step budget and the loop's cadences."""
+
+    device: str = "cpu"
+    precision: str = "fp32"
+    max_steps: int = 1000
+    grad_accum: int = 1
+    compile: bool = False
+    eval_every: int = 100
+    checkpoint_every: int = 500
+    keep_last: int = 3  # 0 keeps every checkpoint
+    log_every: int = 10
+    # Peak FLOP/s (in TFLOP/s) for MFU in the train records; 0 = the built-in table
+    # (A100/H100/H200, by precision; none for CPUs, so no MFU there).
+    peak_tflops: float = 0.0
+    # Several ranks (torchrun): how long any collective (and joining the group) may wait for
+    # the other ranks before this rank gives up with one line (exit 1). Rank 0 digests every
+    # data file before a resume while the others wait, so this bounds that too.
+    dist_timeout_s: int = 1800
+    # Several ranks: "ddp" replicates the model and optimizer on every rank (checkpoints hold
+    # them once, in safetensors); "fsdp" shards parameters, gradients and optimizer state over
+    # the ranks (FSDP2 fully_shard) and checkpoints them with torch.distributed.checkpoint,
+    # which reshards on load at any world size. One process trains unsharded either way; the
+    # checkpoint format follows this key.
+    parallel: str = "ddp"
+    # Early stopping: end the attempt (checkpoint, manifest, exit 0) after this many
+    # validations in a row without an improvement larger than early_stop_min_delta over the
+    # best so far; 0 = off.
+    early_stop_patience: int = 0
+    early_stop_min_delta: float = 0.0
+
+    def __post_init__(self) -> None:
+        require_str("training.device", self.device, DEVICES)
+        require_str("training.precision", self.precision, PRECISIONS)
+        if self.precision == "bf16" and self.device != "cuda":
+            raise ConfigError("training.precision: bf16 requires training.device = 'cuda'")
+        require_int("training.max_steps", self.max_steps, minimum=1)
+        require_int("training.grad_accum", self.grad_accum, minimum=1)
+        require_bool("training.compile", self.compile)
+        require_int("training.eval_every", self.eval_every, minimum=1)
+        require_int("training.checkpoint_every", self.checkpoint_every, minimum=1)
+        require_int("training.keep_last", self.keep_last, minimum=0)
+        require_int("training.log_every", self.log_every, minimum=1)
+        self.peak_tflops = require_float("training.peak_tflops", self.peak_tflops, ge=0.0)
+        require_int("training.dist_timeout_s", self.dist_timeout_s, minimum=1)
+        require_str("training.parallel", self.parallel, PARALLEL)
+        require_int("training.early_stop_patience", self.early_stop_patience, minimum=0)
+        self.early_stop_min_delta = require_float(
+            "training.early_stop_min_delta", self.early_stop_min_delta, ge=0.0
+        )
+
+
+@dataclass(kw_only=True)
+class ProbeConfig:
+    """``[probe]``: a linear probe during training (``iqtrain probe``'s measurement, written as
+    ``probe`` records). ``every`` counts validations (0 = off); ``data`` are labelled SigMF
+    recordings (paths or globs, resolved like data.train; empty = the validation recordings).
+    It reads the model and nothing else: the training stream and RNG are untouched."""
+
+    every: int = 0
+    data: list[str] = field(default_factory=list)
+    folds: int = 5
+
+    def __post_init__(self) -> None:
+        require_int("probe.every", self.every, minimum=0)
+        self.data = [
+            require_path(f"probe.data[{i}]", p)
+            for i, p in enumerate(require_str_list("probe.data", self.data))
+        ]
+        require_int("probe.folds", self.folds, minimum=2)

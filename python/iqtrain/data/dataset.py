@@ -1,0 +1,392 @@
+"""SigMF recordings, windows and the deterministic training stream.
+
+Python reads and validates each ``.sigmf-meta`` with the ``sigmf`` package and decides how its
+bytes are to be read (datatype, capture segments); the Rust extension (``iqtrain._native``)
+opens the ``.sigmf-data`` files and owns every byte after that: window lookup, the seeded epoch
+permutation, parallel batch assembly, the background prefetch and full-content digests.
+
+Samples are read with positioned reads (``pread``), not a memory map, so a data file truncated
+while a run reads it raises :class:`~iqtrain.errors.DataError` naming the file ("data file
+changed length while being read") instead of killing the process with SIGBUS.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import hashlib
+import json
+import os
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from iqtrain._native import NativeDataset, NativeStream, digest_files
+from iqtrain.data.sigmf_meta import BYTES_PER_SAMPLE as _BYTES_PER_SAMPLE
+from iqtrain.data.sigmf_meta import SUPPORTED_DATATYPES, Recording, read_recording
+from iqtrain.errors import ConfigError, CursorMismatchError, DataError, WindowTooLongError
+
+__all__ = [
+    "IQDataset",
+    "TrainStream",
+]
+
+# Quick identity (the cursor's check): FINGERPRINT_BLOCKS blocks of FINGERPRINT_BLOCK bytes at
+# fixed, evenly spaced offsets (first and last block included), so fingerprinting costs O(1) per
+# recording however large the file is. Every byte is covered by IQDataset.content_digests().
+FINGERPRINT_BLOCK = 4096
+FINGERPRINT_BLOCKS = 16
+CURSOR_VERSION = 1
+
+
+def _expand(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> list[Path]:
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    found: set[Path] = set()
+    for entry in paths:
+        text = os.fspath(entry)
+        if glob.has_magic(text):
+            matches = glob.glob(text, recursive=True)
+            if not matches:
+                raise DataError(f"{text}: no recordings match this pattern")
+            found.update(Path(m) for m in matches if m.endswith(".sigmf-meta"))
+        else:
+            path = Path(text)
+            if path.suffix != ".sigmf-meta":
+                raise DataError(f"{text}: expected a .sigmf-meta file")
+            if not path.is_file():
+                raise DataError(f"{text}: no such file")
+            found.add(path)
+    if not found:
+        raise DataError(f"{', '.join(map(os.fspath, paths))}: no .sigmf-meta files found")
+    # Absolute, sorted: window ids enumerate recordings in sorted path order.
+    return sorted({p.resolve() for p in found})
+
+
+def _sampled_digest(path: Path, nbytes: int) -> bytes:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        if nbytes <= FINGERPRINT_BLOCK * FINGERPRINT_BLOCKS:
+            h.update(f.read())
+        else:
+            last = nbytes - FINGERPRINT_BLOCK
+            for i in range(FINGERPRINT_BLOCKS):
+                f.seek(i * last // (FINGERPRINT_BLOCKS - 1))
+                h.update(f.read(FINGERPRINT_BLOCK))
+    return h.digest()
+
+
+def _sha512_problem(rec: Recording) -> str | None:
+    """Why ``rec``'s data does not match its ``core:sha512``, or None when it does."""
+    expected = rec.num_samples * _BYTES_PER_SAMPLE[rec.datatype]
+    h = hashlib.sha512()
+    got = 0
+    view = memoryview(bytearray(1 << 22))
+    try:
+        # Plain reads to the end (no map): a truncated file reads short instead of faulting.
+        with open(rec.data_path, "rb", buffering=0) as f:
+            while n := f.readinto(view):
+                h.update(view[:n])  # hashlib releases the GIL for large updates
+                got += n
+    except OSError as exc:
+        return f"{rec.data_path}: cannot be read ({exc.strerror or exc})"
+    if got != expected:
+        return (
+            f"{rec.data_path}: data file changed length while being read "
+            f"(expected {expected} bytes, found {got})"
+        )
+    digest = h.hexdigest()
+    if digest != str(rec.sha512).lower():
+        return (
+            f"{rec.data_path}: core:sha512 does not match the data "
+            f"(metadata {str(rec.sha512)[:16]}…, data {digest[:16]}…)"
+        )
+    return None
+
+
+def _reserve_open_files(n: int) -> None:
+    """Raise the soft open-file limit, up to the hard limit, to fit ``n`` more descriptors.
+
+    Every recording that yields a window stays open for positioned reads (a memory map needed
+    none after opening), and 1024, a common default soft limit, is a plausible recording count.
+    """
+    try:
+        import resource
+    except ImportError:  # not POSIX: nothing to raise
+        return
+    try:
+        in_use = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        in_use = 64
+    want = in_use + n + 64  # headroom for the rest of the process
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or want <= soft:
+        return
+    target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    if target > soft:
+        # On failure, opening fails later naming the file ("Too many open files").
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+
+
+class IQDataset:
+    """Fixed-length windows over a sorted set of SigMF recordings.
+
+    A window is ``window`` consecutive complex samples starting at a multiple of ``stride``
+    (default: ``window``, i.e. non-overlapping) inside one capture segment of one recording, so
+    windows never cross a recording or a capture boundary (a retune, or a ``core:global_index``
+    jump marking dropped samples). Each SigMF capture is a segment from its ``core:sample_start``
+    to the next capture's (or the end of the data); samples before the first capture, when it
+    does not start at 0, are a leading segment of their own. Global window ids enumerate
+    recordings in sorted path order, then segments in order, then windows. A recording with one
+    capture at sample 0 is a single segment. Opening costs O(recordings + captures).
+
+    ``skipped`` lists ``(data file, samples)`` of every recording that yields no window at all
+    (shorter than the window, or only capture segments that are); they are read by nothing.
+    """
+
+    def __init__(
+        self,
+        paths: str | os.PathLike | Sequence[str | os.PathLike],
+        *,
+        window: int,
+        stride: int | None = None,
+    ) -> None:
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise ConfigError(f"window: must be a positive integer, got {window!r}")
+        stride = window if stride is None else stride
+        if isinstance(stride, bool) or not isinstance(stride, int) or stride < 1:
+            raise ConfigError(f"stride: must be a positive integer, got {stride!r}")
+        metas = _expand(paths)
+        records = [read_recording(m) for m in metas]
+        self.recordings: list[Recording] = [r for r, _ in records]
+        self.stride = stride
+        longest = max(n for r in self.recordings for _, n in r.segments)
+        if longest < window:
+            raise WindowTooLongError(
+                f"{self.recordings[0].meta_path.parent}: every recording is shorter than the "
+                f"window ({window} samples; longest capture segment: {longest})"
+            )
+        _reserve_open_files(len(self.recordings))
+        self._native = NativeDataset(
+            [os.fspath(r.data_path) for r in self.recordings],
+            [SUPPORTED_DATATYPES[r.datatype] for r in self.recordings],
+            window,
+            stride,
+            [list(r.capture_starts) for r in self.recordings],
+        )
+        self.skipped: list[tuple[str, int]] = [
+            (os.fspath(r.data_path), r.num_samples)
+            for r, n in zip(self.recordings, self._native.recording_windows, strict=True)
+            if n == 0
+        ]
+        h = hashlib.sha256(b"iqtrain-dataset-v1\0")
+        for rec, meta_bytes in records:
+            nbytes = rec.num_samples * _BYTES_PER_SAMPLE[rec.datatype]
+            h.update(rec.meta_path.name.encode() + b"\0")
+            h.update(len(meta_bytes).to_bytes(8, "little") + meta_bytes)
+            h.update(nbytes.to_bytes(8, "little"))
+            h.update(_sampled_digest(rec.data_path, nbytes))
+            if len(rec.segments) > 1:
+                # Window ids of a recording cut into several capture segments differ from those
+                # of iqtrain before segmenting (windows then ran across captures), so a cursor
+                # saved by it must not match; one segment keeps its fingerprint and ids.
+                h.update(b"segments\0" + json.dumps(rec.segments).encode())
+        self.fingerprint: str = h.hexdigest()
+
+    @property
+    def num_windows(self) -> int:
+        return self._native.num_windows
+
+    @property
+    def window_len(self) -> int:
+        return self._native.window_len
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(self._native.dtype)
+
+    def __len__(self) -> int:
+        return self.num_windows
+
+    def __repr__(self) -> str:
+        return (
+            f"IQDataset({len(self.recordings)} recordings, {self.num_windows} windows of "
+            f"{self.window_len}, stride {self.stride}, {self.dtype})"
+        )
+
+    def window(self, i: int) -> np.ndarray:
+        """Window ``i`` as ``[window_len, 2]`` (I, Q) in the storage dtype."""
+        return self._native.window(i)
+
+    def windows(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Windows ``ids`` gathered into a new ``[len(ids), window_len, 2]`` array."""
+        return self._native.windows(np.ascontiguousarray(ids, dtype=np.uint64))
+
+    def val_batches(self, batch_size: int) -> Iterator[np.ndarray]:
+        """Every window once, in id order, in batches of ``batch_size`` (the last may be partial).
+
+        Independent of any TrainStream: it touches no cursor and no RNG.
+        """
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ConfigError(f"batch_size: must be a positive integer, got {batch_size!r}")
+        n = self.num_windows
+        for start in range(0, n, batch_size):
+            yield self.windows(np.arange(start, min(start + batch_size, n), dtype=np.uint64))
+
+    def content_digests(self) -> dict[str, str]:
+        """BLAKE3 of every byte of each recording's data file: ``{data file: lowercase hex}``.
+
+        Keys are the absolute ``.sigmf-data`` paths in sorted (window id) order, every recording
+        included (also those in ``skipped``). Covers the data files only: each ``.sigmf-meta`` is
+        hashed whole by :attr:`fingerprint`. Reads every byte on every call (multi-threaded, in
+        Rust, without the GIL; no cache). A data file whose length is not what this dataset
+        opened, or changes while being read, or cannot be read is a DataError naming it.
+        """
+        paths = [os.fspath(r.data_path) for r in self.recordings]
+        lengths = [r.num_samples * _BYTES_PER_SAMPLE[r.datatype] for r in self.recordings]
+        return dict(zip(paths, digest_files(paths, lengths), strict=True))
+
+    def verify_content(self) -> list[str]:
+        """Check each recording's data against its SigMF ``core:sha512`` (reads every byte).
+
+        Returns one line per problem, each naming the data file: a hash mismatch, a length other
+        than this dataset opened (or one that changes while being read), an unreadable file.
+        Empty: every recording that declares ``core:sha512`` matches; recordings without it are
+        not checked. Files are hashed in parallel threads (hashlib releases the GIL).
+        """
+        todo = [r for r in self.recordings if r.sha512 is not None]
+        if not todo:
+            return []
+        with ThreadPoolExecutor(max_workers=min(len(todo), os.cpu_count() or 1)) as pool:
+            return [p for p in pool.map(_sha512_problem, todo) if p is not None]
+
+
+class TrainStream:
+    """The endless, seeded, resumable training stream of one rank.
+
+    Global sample ``g`` is window ``perm(seed, g // n)[g % n]``; global batch ``k`` is samples
+    ``[k*B, (k+1)*B)`` and rank ``r`` of ``W`` takes the slice ``[r*B/W, (r+1)*B/W)``, so the
+    sequence of global batches does not depend on the world size. The cursor is a global sample
+    count: restoring it is arithmetic, never replay.
+    """
+
+    def __init__(
+        self,
+        dataset: IQDataset,
+        *,
+        batch_size: int,
+        seed: int,
+        rank: int = 0,
+        world_size: int = 1,
+        prefetch: int = 2,
+    ) -> None:
+        for name, value, low in (
+            ("batch_size", batch_size, 1),
+            ("seed", seed, 0),
+            ("rank", rank, 0),
+            ("world_size", world_size, 1),
+            ("prefetch", prefetch, 0),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ConfigError(f"{name}: must be an integer >= {low}, got {value!r}")
+        if seed >= 1 << 64:
+            raise ConfigError(f"seed: must be below 2**64, got {seed}")
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.seed = seed
+        self.rank = rank
+        self.world_size = world_size
+        self.prefetch = prefetch
+        self._native = NativeStream(dataset._native, batch_size, seed, rank, world_size, prefetch)
+
+    def __iter__(self) -> TrainStream:
+        return self
+
+    def __next__(self) -> np.ndarray:
+        return self._native.next()
+
+    next = __next__
+
+    def use_ring(self, buffers: Sequence[np.ndarray]) -> None:
+        """Assemble every later batch straight into ``buffers``, caller-owned, instead of a fresh
+        array per batch; :meth:`next_slot` then names the buffer holding the next batch.
+
+        Each buffer: a C-contiguous, aligned, writable ``[batch_size // world_size, window_len,
+        2]`` array of the dataset's storage dtype, none sharing memory with another; at least
+        ``prefetch + 1`` of them (``prefetch`` batches assembled ahead plus the one being read;
+        holding ``k`` batches at once, e.g. grad_accum microbatches, needs ``prefetch + k`` to
+        keep the prefetch full). The stream keeps a reference to each. Contract: between
+        :meth:`release` of a slot and :meth:`next_slot` returning it again, the stream writes
+        that buffer from another thread, so the caller must not touch it (nor resize or free
+        its storage, e.g. ``Tensor.resize_``). Batches prefetched so far are dropped; the
+        cursor does not move. Afterwards :meth:`next` raises ConfigError. Calling it again
+        replaces the ring.
+        """
+        self._native.use_ring(list(buffers))
+
+    def next_slot(self) -> int:
+        """Index into the :meth:`use_ring` buffers of the one now holding the next batch (the
+        batch :meth:`next` would have returned; same cursor, ids and bytes). The caller holds it
+        until :meth:`release`. Raises ConfigError when every buffer is held (rather than wait
+        forever) and DataError as :meth:`next` does, without consuming the batch.
+        """
+        return self._native.next_slot()
+
+    def release(self, slot: int) -> None:
+        """Give buffer ``slot`` back to the stream for a later batch (any order). Releasing a
+        slot not held (twice, or never returned by :meth:`next_slot`) raises ConfigError."""
+        self._native.release(slot)
+
+    def last_ids(self) -> np.ndarray:
+        """Global window ids (uint64) of the rows last returned by :meth:`next` or
+        :meth:`next_slot`."""
+        return self._native.last_ids()
+
+    @property
+    def batches_consumed(self) -> int:
+        return self._native.batches_consumed
+
+    @property
+    def samples_consumed(self) -> int:
+        return self._native.samples_consumed
+
+    def state_dict(self) -> dict[str, Any]:
+        """The cursor: JSON-serialisable; restoring it yields exactly the next batch."""
+        return {
+            "version": CURSOR_VERSION,
+            "seed": self.seed,
+            "samples_consumed": self.samples_consumed,
+            "fingerprint": self.dataset.fingerprint,
+            "window": self.dataset.window_len,
+            "stride": self.dataset.stride,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue exactly after the batch the cursor was saved behind (with a ring: batches
+        prefetched into it are dropped; buffers the caller holds stay held)."""
+        if not isinstance(state, dict):
+            raise CursorMismatchError(f"cursor: expected a dict, got {type(state).__name__}")
+        expected = self.state_dict()
+        missing = sorted(set(expected) - set(state))
+        unknown = sorted(set(state) - set(expected))
+        if missing or unknown:
+            raise CursorMismatchError(
+                f"cursor: missing keys {missing}, unknown keys {unknown}"
+                if missing and unknown
+                else f"cursor: missing keys {missing}"
+                if missing
+                else f"cursor: unknown keys {unknown}"
+            )
+        for key in ("version", "fingerprint", "window", "stride", "seed"):
+            if state[key] != expected[key]:
+                raise CursorMismatchError(
+                    f"cursor.{key}: {state[key]!r} does not match this stream ({expected[key]!r})"
+                )
+        consumed = state["samples_consumed"]
+        if isinstance(consumed, bool) or not isinstance(consumed, int) or consumed < 0:
+            raise CursorMismatchError(f"cursor.samples_consumed: invalid value {consumed!r}")
+        self._native.seek(consumed)

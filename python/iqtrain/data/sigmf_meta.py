@@ -1,0 +1,251 @@
+"""SigMF metadata: reading and validating one ``.sigmf-meta`` and the recording it describes.
+
+Decides how a recording's bytes are to be read (datatype, capture segments); everything that
+cannot be read correctly (real-valued or multi-channel data, header or trailing bytes, a data
+length that is not whole samples) is rejected as a DataError naming the file and field.
+"""
+
+from __future__ import annotations
+
+import json
+import stat
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from iqtrain.config.sections import SIGMF_DATATYPES
+from iqtrain.errors import DataError
+
+__all__ = ["Annotation", "Recording", "SUPPORTED_DATATYPES", "read_annotations", "read_recording"]
+
+# SigMF datatype -> the kind the native reader understands (the same name), from the one table
+# in iqtrain.config.schema. Only complex, single-channel data of these types is accepted; everything
+# else is rejected with the file and field named.
+SUPPORTED_DATATYPES = {name: name for name in SIGMF_DATATYPES}
+BYTES_PER_SAMPLE = {name: d.bytes_per_sample for name, d in SIGMF_DATATYPES.items()}
+
+
+@dataclass(frozen=True)
+class Recording:
+    """One validated SigMF recording."""
+
+    meta_path: Path
+    data_path: Path
+    datatype: str
+    num_samples: int
+    sample_rate: float | None
+    sha512: str | None
+    # Each capture's core:sample_start, in metadata order (validated: strictly increasing,
+    # within the data). Empty when the metadata has no captures.
+    capture_starts: tuple[int, ...] = ()
+
+    @property
+    def segments(self) -> list[tuple[int, int]]:
+        """``(first sample, samples)`` of each run windowed on its own (see :class:`IQDataset`)."""
+        starts = list(self.capture_starts) or [0]
+        if starts[0] > 0:
+            starts.insert(0, 0)  # samples before the first capture: a leading segment
+        ends = starts[1:] + [self.num_samples]
+        return [(a, b - a) for a, b in zip(starts, ends, strict=True)]
+
+
+def _field_error(meta: Path, field: str, msg: str) -> DataError:
+    return DataError(f"{meta}: {field}: {msg}")
+
+
+def _capture_starts(meta_path: Path, metadata: dict) -> tuple[int, ...]:
+    """Each capture's ``core:sample_start``: integers >= 0, strictly increasing.
+
+    Checked before the schema so the error names ``captures[i].core:sample_start``.
+    """
+    captures = metadata.get("captures", [])
+    if not isinstance(captures, list):
+        raise _field_error(meta_path, "captures", "must be an array of capture objects")
+    starts: list[int] = []
+    for i, capture in enumerate(captures):
+        field = f"captures[{i}].core:sample_start"
+        if not isinstance(capture, dict):
+            raise _field_error(meta_path, f"captures[{i}]", "must be an object")
+        if "core:sample_start" not in capture:
+            raise _field_error(meta_path, field, "missing")
+        start = capture["core:sample_start"]
+        if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+            raise _field_error(meta_path, field, f"must be an integer >= 0, got {start!r}")
+        if starts and start <= starts[-1]:
+            raise _field_error(
+                meta_path,
+                field,
+                f"{start} is not after the previous capture's {starts[-1]} "
+                "(captures must start at strictly increasing samples)",
+            )
+        starts.append(start)
+    return tuple(starts)
+
+
+def _load_metadata(meta_path: Path) -> tuple[dict, bytes]:
+    """The parsed JSON and raw bytes of ``meta_path`` (an object with a datatype)."""
+    try:
+        meta_bytes = meta_path.read_bytes()
+    except OSError as exc:
+        raise DataError(f"{meta_path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        metadata = json.loads(meta_bytes)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DataError(f"{meta_path}: not valid JSON: {exc}") from None
+    if not isinstance(metadata, dict) or not isinstance(metadata.get("global"), dict):
+        raise _field_error(meta_path, "global", "missing or not an object")
+    if metadata["global"].get("core:datatype") is None:
+        raise _field_error(meta_path, "core:datatype", "missing")
+    return metadata, meta_bytes
+
+
+def _check_schema(meta_path: Path, metadata: dict) -> None:
+    from sigmf import validate as sigmf_validate
+    from sigmf.sigmffile import SigMFFile
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            sigmf_validate.validate(metadata, SigMFFile(metadata=metadata).get_schema())
+    except Exception as exc:  # jsonschema.ValidationError and sigmf's own errors
+        where = "/".join(str(p) for p in getattr(exc, "absolute_path", [])) or "metadata"
+        msg = getattr(exc, "message", None) or str(exc)
+        raise _field_error(meta_path, where, f"invalid SigMF metadata: {msg}") from None
+
+
+def _check_readable(meta_path: Path, metadata: dict) -> str:
+    """The recording's datatype, after rejecting every layout the reader cannot handle."""
+    glob_ = metadata["global"]
+    datatype = glob_["core:datatype"]
+    if not isinstance(datatype, str) or not datatype.startswith("c"):
+        raise _field_error(
+            meta_path, "core:datatype", f"{datatype!r} is not complex (real-valued data rejected)"
+        )
+    if datatype not in SUPPORTED_DATATYPES:
+        raise _field_error(
+            meta_path,
+            "core:datatype",
+            f"{datatype!r} is not supported (use one of {', '.join(SUPPORTED_DATATYPES)})",
+        )
+    channels = glob_.get("core:num_channels", 1)
+    if channels != 1:
+        raise _field_error(meta_path, "core:num_channels", f"{channels} channels; only 1 supported")
+    if glob_.get("core:offset", 0) not in (0, None):
+        raise _field_error(meta_path, "core:offset", "a non-zero sample offset is not supported")
+    if glob_.get("core:trailing_bytes", 0):
+        raise _field_error(meta_path, "core:trailing_bytes", "trailing bytes are not supported")
+    if glob_.get("core:metadata_only", False):
+        raise _field_error(meta_path, "core:metadata_only", "recording has no samples")
+    if glob_.get("core:dataset"):
+        raise _field_error(meta_path, "core:dataset", "non-conforming datasets are not supported")
+    for i, capture in enumerate(metadata.get("captures", [])):
+        if capture.get("core:header_bytes", 0):
+            raise _field_error(
+                meta_path, f"captures[{i}].core:header_bytes", "header bytes are not supported"
+            )
+    return datatype
+
+
+def _num_samples(meta_path: Path, datatype: str, capture_starts: tuple[int, ...]) -> int:
+    """Samples in the data file next to ``meta_path``; every capture must start within them."""
+    data_path = meta_path.with_suffix(".sigmf-data")
+    try:
+        st = data_path.stat()
+    except OSError:
+        raise DataError(f"{data_path}: data file missing (next to {meta_path.name})") from None
+    if not stat.S_ISREG(st.st_mode):  # a FIFO or device would block or lie about its size
+        raise DataError(f"{data_path}: data file is not a regular file")
+    nbytes = st.st_size
+    per = BYTES_PER_SAMPLE[datatype]
+    if nbytes % per:
+        raise DataError(
+            f"{data_path}: data length {nbytes} bytes is not a whole number of "
+            f"{datatype} samples ({per} bytes each)"
+        )
+    num_samples = nbytes // per
+    for i, start in enumerate(capture_starts):
+        if start > num_samples:
+            raise _field_error(
+                meta_path,
+                f"captures[{i}].core:sample_start",
+                f"{start} is beyond the end of the data "
+                f"({num_samples} samples in {data_path.name})",
+            )
+    return num_samples
+
+
+def read_recording(meta_path: Path) -> tuple[Recording, bytes]:
+    """Parse and validate one recording; return it with its raw metadata bytes."""
+    metadata, meta_bytes = _load_metadata(meta_path)
+    # Checked before the schema so the error names captures[i].core:sample_start.
+    capture_starts = _capture_starts(meta_path, metadata)
+    _check_schema(meta_path, metadata)
+    datatype = _check_readable(meta_path, metadata)
+    glob_ = metadata["global"]
+    rate = glob_.get("core:sample_rate")
+    rec = Recording(
+        meta_path=meta_path,
+        data_path=meta_path.with_suffix(".sigmf-data"),
+        datatype=datatype,
+        num_samples=_num_samples(meta_path, datatype, capture_starts),
+        sample_rate=float(rate) if rate is not None else None,
+        sha512=glob_.get("core:sha512"),
+        capture_starts=capture_starts,
+    )
+    return rec, meta_bytes
+
+
+@dataclass(frozen=True)
+class Annotation:
+    """One SigMF annotation: samples ``[sample_start, sample_start + sample_count)``."""
+
+    sample_start: int
+    sample_count: int
+    label: str | None  # core:label; None when the annotation has none
+
+
+def read_annotations(rec: Recording) -> list[Annotation]:
+    """The annotations of ``rec``, in metadata order, each checked against its data.
+
+    A missing ``core:sample_count`` runs to the end of the data (the SigMF reading). Samples
+    an annotation claims beyond the data would be misread, so that is a DataError naming
+    ``annotations[i]``, as is a non-integer start or count and a non-string ``core:label``.
+    Training ignores annotations; only what reads labels (the probe) calls this.
+    """
+    metadata, _ = _load_metadata(rec.meta_path)
+    annotations = metadata.get("annotations", [])
+    if not isinstance(annotations, list):
+        raise _field_error(rec.meta_path, "annotations", "must be an array of annotation objects")
+    found = []
+    for i, ann in enumerate(annotations):
+        where = f"annotations[{i}]"
+        if not isinstance(ann, dict):
+            raise _field_error(rec.meta_path, where, "must be an object")
+        start = ann.get("core:sample_start")
+        if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+            raise _field_error(
+                rec.meta_path,
+                f"{where}.core:sample_start",
+                f"must be an integer >= 0, got {start!r}",
+            )
+        count = ann.get("core:sample_count", max(rec.num_samples - start, 0))
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise _field_error(
+                rec.meta_path,
+                f"{where}.core:sample_count",
+                f"must be an integer >= 0, got {count!r}",
+            )
+        if start + count > rec.num_samples:
+            raise _field_error(
+                rec.meta_path,
+                where,
+                f"samples [{start}, {start + count}) run beyond the end of the data "
+                f"({rec.num_samples} samples in {rec.data_path.name})",
+            )
+        label = ann.get("core:label")
+        if label is not None and not isinstance(label, str):
+            raise _field_error(
+                rec.meta_path, f"{where}.core:label", f"must be a string, got {label!r}"
+            )
+        found.append(Annotation(start, count, label))
+    return found

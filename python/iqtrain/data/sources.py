@@ -1,0 +1,112 @@
+"""The recordings an attempt trains and validates on: the configured SigMF globs, or the
+synthetic default generated once into a shared, content-addressed cache."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from iqtrain.config.schema import expand_path
+from iqtrain.config.sections import DataConfig, SynthConfig
+from iqtrain.data.dataset import IQDataset
+from iqtrain.errors import ConfigError, WindowTooLongError
+
+__all__ = ["ensure_synthetic", "open_datasets", "report_skipped", "validation_patterns"]
+
+
+def _sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def ensure_synthetic(s: SynthConfig) -> tuple[list[str], list[str]]:
+    """Generate (once) the synthetic train/val recordings; return their glob patterns.
+
+    The cache is keyed by the generator's arguments and written through a temporary directory
+    and a rename, so concurrent first runs cannot see a half-written set. It lives outside any
+    attempt because it is shared, immutable, content-addressed input, not evidence.
+    """
+    from iqtrain.data.synth import synthesize
+
+    key = json.dumps(
+        {
+            "v": 1,
+            "train": s.train_recordings,
+            "val": s.val_recordings,
+            "samples": s.samples,
+            "datatype": s.datatype,
+            "seed": s.seed,
+        },
+        sort_keys=True,
+    )
+    root = Path(expand_path(s.cache_dir)) / _sha256_bytes(key.encode())[:16]
+    if not (root / "COMPLETE").is_file():
+        root.parent.mkdir(parents=True, exist_ok=True)
+        tmp = root.parent / f".tmp-{root.name}-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        synthesize(
+            tmp / "train",
+            recordings=s.train_recordings,
+            samples=s.samples,
+            datatype=s.datatype,
+            seed=s.seed,
+        )
+        # A distinct seed: validation recordings must not repeat training ones.
+        synthesize(
+            tmp / "val",
+            recordings=s.val_recordings,
+            samples=s.samples,
+            datatype=s.datatype,
+            seed=s.seed + 1_000_003,
+        )
+        (tmp / "COMPLETE").write_text(key + "\n")
+        try:
+            os.rename(tmp, root)
+        except OSError:  # someone else finished first: theirs is identical
+            shutil.rmtree(tmp, ignore_errors=True)
+    return [os.fspath(root / "train" / "*.sigmf-meta")], [os.fspath(root / "val" / "*.sigmf-meta")]
+
+
+def open_datasets(d: DataConfig) -> tuple[IQDataset, IQDataset]:
+    """The train and validation datasets of ``[data]`` (synthetic when data.train is empty).
+
+    The config's paths are absolute already (resolved when it was built).
+    """
+    if d.is_synthetic and d.window > d.synthetic.samples:  # refuse before generating anything
+        raise ConfigError(
+            f"data.seq_patches: a window of {d.window} samples (seq_patches x patch_len) is "
+            f"longer than every synthetic recording ({d.synthetic.samples} samples)"
+        )
+    train, val = ensure_synthetic(d.synthetic) if d.is_synthetic else (d.train, d.val)
+    out = []
+    for key, paths in (("data.train", train), ("data.val", val)):
+        try:
+            ds = IQDataset(paths, window=d.window, stride=d.stride)
+        except WindowTooLongError:
+            raise ConfigError(
+                f"data.seq_patches: a window of {d.window} samples "
+                f"(seq_patches x patch_len) is longer than every recording in {key}"
+            ) from None
+        out.append(ds)
+    return out[0], out[1]
+
+
+def report_skipped(key: str, ds: IQDataset, window: int) -> None:
+    skipped = ds.skipped
+    if skipped:
+        names = [os.path.basename(p) for p, _ in skipped]
+        shown = ", ".join(names[:8]) + (f" (+{len(names) - 8} more)" if len(names) > 8 else "")
+        print(
+            f"iqtrain: note: {key}: {len(names)} recording(s) yield no window of {window} "
+            f"samples (too short, or every capture segment is), skipped: {shown}",
+            file=sys.stderr,
+        )
+
+
+def validation_patterns(d: DataConfig) -> list[str]:
+    """The validation recordings' globs: data.val, or the synthetic validation set (generated
+    if it is not cached yet)."""
+    return ensure_synthetic(d.synthetic)[1] if d.is_synthetic else list(d.val)

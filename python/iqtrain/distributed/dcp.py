@@ -1,0 +1,189 @@
+"""The sharded state of a checkpoint as torch.distributed.checkpoint writes it."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import pickle
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from iqtrain.distributed.world import RankExit, World
+from iqtrain.errors import CheckpointError, NonFiniteError, StorageError
+
+
+def _local(t: Any) -> Any:
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _non_finite(state: dict[str, Any], prefix: str = "") -> str | None:
+    """The first non-finite floating tensor of this rank's part of ``state``, by name."""
+    for key, value in state.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            found = _non_finite(value, name + ".")
+            if found is not None:
+                return found
+        elif isinstance(value, torch.Tensor):
+            local = _local(value)
+            if local.is_floating_point() and not bool(torch.isfinite(local).all()):
+                return name
+    return None
+
+
+class _DCPLogs(logging.Filter):
+    """DCP logs its internal failures, tracebacks included, on the root logger; they reach the
+    user as the one error line its exception becomes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "torch/distributed/checkpoint/" not in record.pathname.replace(os.sep, "/")
+
+
+@contextlib.contextmanager
+def _dcp_quietly() -> Iterator[None]:
+    """One process has no group: DCP warns that it assumes a single-process save or load."""
+    quiet, root = _DCPLogs(), logging.getLogger()
+    root.addFilter(quiet)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*assuming the intent is to (save|load)")
+            yield
+    finally:
+        root.removeFilter(quiet)
+
+
+def _metadata_global(module: str, name: str) -> bool:
+    """What a DCP ``.metadata`` may name (torch 2.15 writes exactly these): DCP's metadata
+    classes and file records, torch sizes, dtypes and layouts, and the path it was saved to."""
+    from torch.distributed.checkpoint import metadata
+
+    if module == metadata.__name__:
+        obj = getattr(metadata, name, None)
+        return isinstance(obj, type) and obj.__module__ == module
+    if module == "torch":
+        return name == "Size" or isinstance(getattr(torch, name, None), torch.dtype)
+    return (module, name) in _METADATA_GLOBALS
+
+
+_METADATA_GLOBALS = {
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch.serialization", "_get_layout"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "WindowsPath"),
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if not _metadata_global(module, name):
+            raise pickle.UnpicklingError(f"it names {module}.{name}, not checkpoint metadata")
+        return super().find_class(module, name)
+
+
+def _check_metadata(directory: Path) -> None:
+    """CheckpointError naming ``directory/.metadata`` unless it unpickles as metadata only."""
+    path = directory / ".metadata"
+    try:
+        with open(path, "rb") as f:
+            _MetadataUnpickler(f).load()
+    except Exception as exc:  # untrusted bytes: any failure is a refusal
+        raise CheckpointError(f"{path}: refused: {type(exc).__name__}: {exc}") from None
+
+
+def _plain_data_planner() -> Any:
+    """DCP's default load planner, except that a non-tensor item must unpickle with
+    ``weights_only`` (plain data and tensors) before DCP unpickles it."""
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+
+    class PlainDataPlanner(DefaultLoadPlanner):
+        def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+            data = value.read()
+            torch.load(io.BytesIO(data), weights_only=True)  # raises on anything else
+            super().load_bytes(read_item, io.BytesIO(data))
+
+    return PlainDataPlanner()
+
+
+def _train_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    return {"model": model_state, "optimizer": optimizer_state}
+
+
+def save_sharded(
+    model: nn.Module, optimizer: torch.optim.Optimizer, directory: Path, world: World
+) -> None:
+    """Write this rank's shards of the model and optimizer into ``directory`` (every rank, the
+    same directory; a collective). Refuses a non-finite tensor on any rank before anything is
+    written. A write that fails on any rank fails on every rank: rank 0 raises
+    :class:`StorageError` naming the directory and the ranks, the others exit quietly with 1."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    if not optimizer.state:
+        # get_state_dict would initialise the moments and bump the step of a live optimizer.
+        raise RuntimeError("a sharded checkpoint needs an optimizer that has stepped")
+    state = _train_state(model, optimizer)
+    bad = _non_finite(state)
+    flags = world.all_reduce_sum(torch.tensor([0.0 if bad is None else 1.0]))
+    if float(flags[0]) > 0:
+        where = f"tensor {bad!r} of this rank" if bad is not None else "another rank's shard"
+        raise NonFiniteError(f"checkpoint refused: {where} is not finite")
+    try:
+        # CheckpointException derives from BaseException: ``except Exception`` misses it.
+        with _dcp_quietly():
+            dcp.save(state, storage_writer=dcp.FileSystemWriter(directory, sync_files=True))
+    except CheckpointException as exc:
+        failures = getattr(exc, "failures", {}) or {}
+        first = next(iter(failures.values()), (exc,))[0]
+        message = (
+            f"{directory}: cannot write the sharded state on rank(s) {sorted(failures)}: {first}"
+        )
+        if not world.is_main:
+            raise RankExit(1, message) from None
+        raise StorageError(message) from None
+
+
+def load_sharded(
+    model: nn.Module, optimizer: torch.optim.Optimizer, directory: Path, world: World
+) -> None:
+    """Load a sharded checkpoint's model and optimizer state into ``model``/``optimizer``,
+    resharding to this world (every rank together; one process reads every shard alone).
+    Raises :class:`CheckpointError` naming ``directory`` when the state does not fit."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    _check_metadata(directory)
+    state = _train_state(model, optimizer)
+    try:
+        with _dcp_quietly():
+            reader, planner = dcp.FileSystemReader(directory), _plain_data_planner()
+            dcp.load(state, storage_reader=reader, planner=planner)
+    except CheckpointException as exc:  # a missing or misshapen key, on any rank
+        failures = getattr(exc, "failures", {}) or {}
+        first = next(iter(failures.values()), (exc,))[0]
+        raise CheckpointError(f"{directory}: cannot load the sharded state: {first}") from None
+    # (A backend failure while loading is not caught here: it is the peers', not the file's.)
+    try:
+        set_state_dict(
+            model,
+            optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optimizer"],
+        )
+    except (RuntimeError, ValueError, KeyError) as exc:
+        text = str(exc).strip().splitlines()
+        raise CheckpointError(
+            f"{directory}: cannot load the sharded state: {text[0] if text else exc!r}"
+        ) from None

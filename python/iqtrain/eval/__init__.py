@@ -1,0 +1,1 @@
+"""Evaluation of a pretrained model (torch): the linear probe."""

@@ -1,0 +1,77 @@
+"""Claiming an attempt directory and recording how it ended."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from iqtrain.errors import ConfigError, StorageError
+from iqtrain.evidence.lock import AttemptLock
+from iqtrain.storage import fsync_dir, write_bytes_atomic, write_json_atomic
+
+
+def utc_now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def claim_attempt(run_dir: Path, config_text: str, info: dict) -> tuple[Path, AttemptLock]:
+    """Create the next attempt directory, complete with config.toml and attempt.json.
+
+    Failing before the rename is a ConfigError on ``run.dir`` (no attempt exists: exit 2).
+    The directory is filled under a temporary name, locked, and renamed to its number: the
+    rename claims the number atomically (it fails if the number is taken, since a claimed
+    attempt is never empty), so a crash at any point leaves either no attempt or one that
+    has its config and its record. The lock travels with the directory.
+    """
+    attempts = run_dir / "attempts"
+    tmp = attempts / f".tmp-{os.getpid()}-{time.monotonic_ns()}"
+    try:
+        attempts.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir()
+    except OSError as exc:  # nothing exists yet: a bad run.dir (exit 2)
+        raise ConfigError(f"run.dir: cannot create {attempts}: {exc.strerror or exc}") from None
+    lock = AttemptLock(tmp)
+    try:
+        try:
+            lock.acquire()
+        except OSError as exc:
+            raise StorageError(f"{tmp / 'attempt.lock'}: cannot write: {exc.strerror}") from None
+        write_bytes_atomic(tmp / "config.toml", config_text.encode())
+        while True:
+            taken = [int(p.name) for p in attempts.iterdir() if p.name.isdigit()]
+            path = attempts / f"{max(taken, default=0) + 1:04d}"
+            info["id"] = path.name
+            write_json_atomic(tmp / "attempt.json", info)
+            try:
+                os.rename(tmp, path)
+            except OSError as exc:
+                if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                    continue  # another run claimed this number between listing and rename
+                raise StorageError(f"{path}: cannot create: {exc.strerror or exc}") from None
+            fsync_dir(attempts)
+            return path, lock
+    except StorageError as exc:  # the attempt was never claimed: still before it exists
+        lock.release()
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ConfigError(f"run.dir: {exc}") from None
+    except BaseException:
+        lock.release()
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def finish_attempt(attempt: Path, info: dict, status: str, step: int) -> None:
+    """Record how the attempt ended. A failure here never hides the error that ended it."""
+    in_flight = sys.exc_info()[1]
+    info.update(status=status, finished=utc_now(), final_step=step)
+    try:
+        write_json_atomic(attempt / "attempt.json", info)
+    except (OSError, StorageError) as exc:
+        if in_flight is None:
+            raise
+        print(f"iqtrain: note: could not record the attempt's end: {exc}", file=sys.stderr)

@@ -1,0 +1,423 @@
+"""Verification of an attempt's manifest: every field against the files it describes.
+
+Torch-free (``verify`` and ``report`` use it through :mod:`iqtrain.evidence.verify`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from iqtrain.checkpoint.files import (
+    checkpoint_name,
+    checkpoint_step,
+    list_checkpoints,
+)
+from iqtrain.errors import CheckpointError
+from iqtrain.evidence.attempts import utc_now
+from iqtrain.storage import file_digest, write_json_atomic
+
+__all__ = ["ManifestError", "checkpoint_problems", "sha256_file", "verify_manifest"]
+
+
+def sha256_file(path: Path) -> dict[str, Any]:
+    from iqtrain.storage import file_digest
+
+    return file_digest(path)
+
+
+def checkpoint_problems(ckpt: Path) -> list[str]:
+    """Why checkpoint ``ckpt`` cannot be trusted (empty: it can).
+
+    Its files against checkpoint.json, its state's step against its name, and the config and
+    metric prefix of the attempt that wrote it against the hashes its state records.
+    """
+    from iqtrain.checkpoint.files import verify_checkpoint
+    from iqtrain.evidence.metrics import MetricCursor, verify_prefix
+
+    found = verify_checkpoint(ckpt)
+    if found:
+        return found
+    owner = ckpt.parent.parent
+    try:
+        state = json.loads((ckpt / "state.json").read_text())  # its step: verify_checkpoint
+        config_sha = sha256_file(owner / "config.toml")["sha256"]
+        if state["config_sha256"] != config_sha:
+            return [f"{owner / 'config.toml'}: does not match {ckpt.name}"]
+        verify_prefix(owner / "metrics.jsonl", MetricCursor.from_dict(state["metrics"]))
+    except FileNotFoundError as exc:
+        return [f"{exc.filename}: missing"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return [f"{ckpt / 'state.json'}: unreadable: {type(exc).__name__}: {exc}"]
+    except CheckpointError as exc:
+        return [str(exc)]
+    return []
+
+
+def _count_lines(path: Path) -> int:
+    n = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            n += chunk.count(b"\n")
+    return n
+
+
+def _entry_mismatch(path: Path, entry: dict) -> str | None:
+    """Why ``path`` does not match the manifest's ``{bytes, sha256}`` entry (None if it does)."""
+    if not path.is_file():
+        return f"{path}: missing"
+    got = sha256_file(path)
+    if got["bytes"] != entry["bytes"] or got["sha256"] != entry["sha256"]:
+        return f"{path}: does not match manifest.json (changed after publication)"
+    return None
+
+
+def _state_step(ckpt: Path) -> int:
+    state = json.loads((ckpt / "state.json").read_text())
+    step = state["step"]
+    if isinstance(step, bool) or not isinstance(step, int):
+        raise TypeError(f"step is {step!r}")
+    return step
+
+
+_MANIFEST_KEYS = frozenset(
+    ("version", "attempt", "parent", "config", "metrics", "inherited_metrics")
+    + ("latest", "best", "checkpoints", "published")
+)
+
+
+class ManifestError(Exception):
+    """A manifest field is missing or has the wrong type (reported as one problem line)."""
+
+
+def _field(obj: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    if not isinstance(obj, dict) or key not in obj:
+        raise ManifestError(f"{where}: missing key {key!r}")
+    value = obj[key]
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
+        raise ManifestError(f"{where}.{key}: unexpected value {value!r}")
+    return value
+
+
+def _ckpt_ref(attempt: Path, entry: Any, where: str) -> tuple[Path, int]:
+    path = _field(entry, "path", str, where)
+    step = _field(entry, "step", int, where)
+    _field(entry, "bytes", int, where)
+    _field(entry, "sha256", str, where)
+    return (attempt / path).resolve(), step
+
+
+def _check_checkpoint_ref(attempt: Path, entry: dict, where: str, problems: list[str]) -> None:
+
+    ckpt, step = _ckpt_ref(attempt, entry, where)
+    if Path(entry["path"]).is_absolute():
+        problems.append(f"manifest.json {where}.path: {entry['path']} is not relative")
+        return
+    if ckpt.name != checkpoint_name(step):
+        problems.append(f"manifest.json {where}: step {step} but path {entry['path']}")
+        return
+    mismatch = _entry_mismatch(ckpt / "checkpoint.json", entry)
+    if mismatch is not None:
+        problems.append(mismatch)
+        return
+    # Its files, and the config and metric prefix of the attempt that wrote it, against the
+    # hashes its state records: a forged config.toml or metrics.jsonl fails here even when
+    # the manifest's own entries were rewritten to match.
+    found = checkpoint_problems(ckpt)
+    problems.extend(found)
+    if found:
+        return
+    try:
+        state_step = _state_step(ckpt)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        problems.append(f"{ckpt / 'state.json'}: unreadable step: {exc}")
+        return
+    if state_step != step:
+        problems.append(
+            f"manifest.json {where}: step {step} but {ckpt.name}/state.json records {state_step}"
+        )
+
+
+def _check_files(attempt: Path, manifest: dict, info: dict, problems: list[str]) -> bool:
+    """Identity, parent, config and metric stream entries; True if the stream matches."""
+    if manifest.get("attempt") != attempt.name:
+        problems.append(
+            f"manifest.json attempt: {manifest.get('attempt')!r} is not this attempt "
+            f"({attempt.name})"
+        )
+    if manifest.get("parent") != info.get("parent"):
+        problems.append("manifest.json parent: differs from attempt.json's parent")
+    for key, name in (("config", "config.toml"), ("metrics", "metrics.jsonl")):
+        entry = _field(manifest, key, dict, "manifest.json")
+        if _field(entry, "path", str, key) != name:
+            problems.append(f"manifest.json {key}.path: {entry['path']!r}, expected {name!r}")
+            continue
+        _field(entry, "bytes", int, key)
+        _field(entry, "sha256", str, key)
+        mismatch = _entry_mismatch(attempt / name, entry)
+        if mismatch is not None:
+            problems.append(mismatch)
+    metrics_ok = not any(str(attempt / "metrics.jsonl") in p for p in problems)
+    records = _field(manifest["metrics"], "records", int, "metrics")
+    if metrics_ok:
+        lines = _count_lines(attempt / "metrics.jsonl")
+        if records != lines:
+            problems.append(
+                f"manifest.json metrics.records: {records}, but metrics.jsonl has {lines} records"
+            )
+    return metrics_ok
+
+
+def _check_checkpoints(attempt: Path, manifest: dict, problems: list[str]) -> int:
+    """Every checkpoint named (latest and best too) by hash and step; latest is the newest and
+    the listing is what is on disk. Returns latest's step."""
+
+    listed = _field(manifest, "checkpoints", list, "manifest.json")
+    latest = _field(manifest, "latest", dict, "manifest.json")
+    best = manifest.get("best")
+    if best is not None and not isinstance(best, dict):
+        raise ManifestError(f"manifest.json.best: unexpected value {best!r}")
+    for where, entry in [
+        *((f"checkpoints[{i}]", e) for i, e in enumerate(listed)),
+        ("latest", latest),
+        *([("best", best)] if best is not None else []),
+    ]:
+        _check_checkpoint_ref(attempt, entry, where, problems)
+    own = [p.resolve() for p in list_checkpoints(attempt / "checkpoints")]
+    listed_paths = {(attempt / e["path"]).resolve() for e in listed if isinstance(e, dict)}
+    for p in own:
+        if p not in listed_paths:
+            problems.append(f"{p}: a checkpoint on disk that manifest.json does not list")
+    for p in listed_paths:
+        if p.parent != (attempt / "checkpoints").resolve():
+            problems.append(f"manifest.json checkpoints: {p} is not in this attempt")
+    latest_path, latest_step = _ckpt_ref(attempt, latest, "latest")
+    if own and latest_path != own[-1]:
+        problems.append(
+            f"manifest.json latest: {latest['path']} is not the newest checkpoint ({own[-1].name})"
+        )
+    return latest_step
+
+
+def _check_against_records(
+    attempt: Path, manifest: dict, latest_step: int, problems: list[str]
+) -> None:
+    """latest is the last train step; best is the first minimum of the validation records."""
+    from iqtrain.evidence.metrics import read_metrics
+
+    try:
+        recs = read_metrics(attempt / "metrics.jsonl")
+    except (OSError, ValueError, CheckpointError) as exc:
+        problems.append(f"{attempt / 'metrics.jsonl'}: unreadable: {exc}")
+        return
+    val = [r for r in recs if isinstance(r, dict) and r.get("kind") == "val"]
+    train = [r for r in recs if isinstance(r, dict) and r.get("kind") == "train"]
+    if train and train[-1].get("step") != latest_step:
+        problems.append(
+            f"manifest.json latest.step: {latest_step}, but the last train record is step "
+            f"{train[-1].get('step')}"
+        )
+    want = None
+    try:
+        for r in val:
+            if want is None or r["loss"] < want["loss"]:
+                want = r
+    except (KeyError, TypeError) as exc:
+        raise ManifestError(
+            f"{attempt / 'metrics.jsonl'}: a val record lacks its loss: {exc}"
+        ) from None
+    best = manifest.get("best")
+    if want is None and best is not None:
+        problems.append("manifest.json best: set, but no validation record exists")
+    elif want is not None and best is None:
+        problems.append(f"manifest.json best: missing; validation step {want['step']} is best")
+    elif want is not None and best is not None:
+        _, best_step = _ckpt_ref(attempt, best, "best")
+        if best_step != want["step"] or best.get("val_loss") != want["loss"]:
+            problems.append(
+                f"manifest.json best: step {best_step}, val_loss {best.get('val_loss')!r}, "
+                f"but the best validation record is step {want['step']}, loss {want['loss']!r}"
+            )
+
+
+def _check_inherited(attempt: Path, manifest: dict, info: dict, problems: list[str]) -> None:
+    from iqtrain.evidence.metrics import MetricCursor, verify_prefix
+
+    inherited = manifest.get("inherited_metrics")
+    if inherited is not None:
+        try:
+            verify_prefix(attempt / "metrics.jsonl", MetricCursor.from_dict(inherited))
+        except (KeyError, TypeError, ValueError) as exc:
+            problems.append(f"manifest.json inherited_metrics: unreadable: {exc}")
+        except CheckpointError as exc:
+            problems.append(str(exc))
+    elif info.get("parent") is not None:
+        problems.append("manifest.json inherited_metrics: missing for a resumed attempt")
+    if inherited is not None and info.get("parent") is None:
+        problems.append("manifest.json inherited_metrics: set, but the attempt has no parent")
+
+
+def _check_record(attempt: Path, manifest: dict, info: dict, problems: list[str]) -> None:
+    """attempt.json against the evidence: final step and plan against the latest checkpoint,
+    the parent reference against the parent's checkpoint (when it is still there)."""
+    latest = manifest.get("latest")
+    if isinstance(latest, dict) and isinstance(latest.get("path"), str):
+        try:
+            state = json.loads((attempt / latest["path"] / "state.json").read_text())
+            if info.get("final_step") != state["step"]:
+                problems.append(
+                    f"attempt.json final_step: {info.get('final_step')!r}, but the latest "
+                    f"checkpoint is step {state['step']}"
+                )
+            if info.get("plan") != state["plan"]:
+                problems.append("attempt.json plan: differs from the latest checkpoint's plan")
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # the checkpoint checks report it
+    parent = info.get("parent")
+    if not isinstance(parent, dict):
+        return
+    try:
+        ckpt = Path(parent["attempt"]) / "checkpoints" / parent["checkpoint"]
+        if not (ckpt / "checkpoint.json").is_file():
+            return  # the parent's checkpoint is gone (pruned or moved): nothing to compare
+        if sha256_file(ckpt / "checkpoint.json")["sha256"] != parent["checkpoint_json_sha256"]:
+            problems.append(f"attempt.json parent: {ckpt} is not the checkpoint it records")
+        state = json.loads((ckpt / "state.json").read_text())
+        if state["step"] != parent["step"]:
+            problems.append(
+                f"attempt.json parent.step: {parent['step']}, {ckpt} is {state['step']}"
+            )
+        if manifest.get("inherited_metrics") != state["metrics"]:
+            problems.append("manifest.json inherited_metrics: not the parent checkpoint's cursor")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        problems.append(f"attempt.json parent: unreadable: {exc}")
+
+
+def verify_manifest(attempt: Path, manifest: Any, info: dict, problems: list[str]) -> None:
+    """Every manifest field against the files it describes (problems appended to
+    ``problems``); :class:`ManifestError` when the manifest is not even shaped like one."""
+    if not isinstance(manifest, dict):
+        raise ManifestError("manifest.json: not a JSON object")
+    keys = set(manifest) - {"stopped_early"}  # written since early stopping exists
+    if keys != _MANIFEST_KEYS:
+        extra, missing = keys - _MANIFEST_KEYS, _MANIFEST_KEYS - keys
+        problems.append(
+            f"manifest.json: unexpected keys {sorted(extra)}, missing keys {sorted(missing)}"
+        )
+    if manifest.get("version") != 1:
+        problems.append(f"manifest.json version: {manifest.get('version')!r}, expected 1")
+    paths = [e.get("path") for e in manifest.get("checkpoints") or [] if isinstance(e, dict)]
+    if len(paths) != len(set(paths)):
+        problems.append("manifest.json checkpoints: a checkpoint is listed twice")
+    metrics_ok = _check_files(attempt, manifest, info, problems)
+    latest_step = _check_checkpoints(attempt, manifest, problems)
+    if metrics_ok:
+        _check_against_records(attempt, manifest, latest_step, problems)
+    _check_inherited(attempt, manifest, info, problems)
+    _check_record(attempt, manifest, info, problems)
+    _check_end(attempt, manifest, info, latest_step, problems)
+
+
+def _early_stop_settings(attempt: Path) -> tuple[int, int]:
+    """(early_stop_patience, eval_every) from the attempt's config.toml (bound by its hash)."""
+    import tomllib
+
+    try:
+        training = tomllib.loads((attempt / "config.toml").read_text()).get("training", {})
+        return int(training.get("early_stop_patience", 0)), int(training.get("eval_every", 0))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return 0, 0  # the config checks report an unreadable config
+
+
+def _check_end(
+    attempt: Path, manifest: dict, info: dict, latest_step: int | None, problems: list[str]
+) -> None:
+    """A completed attempt ends at its plan's max_steps, or earlier with a ``stopped_early``
+    entry that names its last step and its best step, written by an attempt whose config has
+    early stopping on, at a validation step."""
+    plan = info.get("plan")
+    max_steps = plan.get("max_steps") if isinstance(plan, dict) else None
+    stopped = manifest.get("stopped_early")
+    if latest_step is None or not isinstance(max_steps, int):
+        return
+    if stopped is None:
+        if latest_step != max_steps:
+            problems.append(
+                f"manifest.json latest: step {latest_step}, but the plan ends at step "
+                f"{max_steps} and no stopped_early entry says why it ended there"
+            )
+        return
+    best = manifest.get("best")
+    best_step = best.get("step") if isinstance(best, dict) else None
+    if (
+        not isinstance(stopped, dict)
+        or set(stopped) != {"step", "best_step", "reason"}
+        or not isinstance(stopped["reason"], str)
+    ):
+        problems.append(f"manifest.json stopped_early: malformed: {stopped!r}")
+    elif stopped["step"] != latest_step or not latest_step < max_steps:
+        problems.append(
+            f"manifest.json stopped_early: step {stopped['step']!r}, but the latest checkpoint "
+            f"is step {latest_step} of a plan of {max_steps}"
+        )
+    elif stopped["best_step"] != best_step:
+        problems.append(
+            f"manifest.json stopped_early: best_step {stopped['best_step']!r}, but best is "
+            f"step {best_step!r}"
+        )
+    else:
+        patience, eval_every = _early_stop_settings(attempt)
+        if patience <= 0:
+            problems.append(
+                "manifest.json stopped_early: set, but config.toml has early stopping off "
+                "(training.early_stop_patience = 0)"
+            )
+        elif eval_every <= 0 or latest_step % eval_every:
+            problems.append(
+                f"manifest.json stopped_early: step {latest_step} is not a validation step "
+                f"(training.eval_every = {eval_every})"
+            )
+
+
+def _ref(attempt: Path, path: Path, **extra: Any) -> dict[str, Any]:
+    index = file_digest(path / "checkpoint.json")
+    return {"path": os.path.relpath(path, attempt), "step": checkpoint_step(path), **index, **extra}
+
+
+def publish_manifest(
+    attempt: Path,
+    *,
+    config_sha: str,
+    records: int,
+    inherited: dict | None,
+    checkpoints: list[Path],
+    best: Path | None,
+    best_val_loss: float | None,
+    parent: dict | None,
+    stopped_early: dict | None = None,
+) -> None:
+    """Freeze the evidence and bind it: config, metric stream, every checkpoint, latest, best,
+    and why the attempt ended before its max_steps when early stopping ended it."""
+    metrics_path = attempt / "metrics.jsonl"
+    config_path = attempt / "config.toml"
+    for p in (metrics_path, config_path):
+        p.chmod(0o444)  # frozen: the evidence is read-only from here on
+    cfg = file_digest(config_path)
+    if cfg["sha256"] != config_sha:
+        raise CheckpointError(f"{config_path}: changed during the attempt")
+    manifest = {
+        "version": 1,
+        "attempt": attempt.name,
+        "parent": parent,
+        "config": {"path": "config.toml", **cfg},
+        "metrics": {"path": "metrics.jsonl", "records": records, **file_digest(metrics_path)},
+        "inherited_metrics": inherited,
+        "latest": _ref(attempt, checkpoints[-1]),
+        "best": None if best is None else _ref(attempt, best, val_loss=best_val_loss),
+        "checkpoints": [_ref(attempt, p) for p in checkpoints],
+        "stopped_early": stopped_early,
+        "published": utc_now(),
+    }
+    write_json_atomic(attempt / "manifest.json", manifest)

@@ -1,0 +1,157 @@
+"""Evidence: what an attempt directory records, its lock and status, and its verification.
+
+A running attempt holds an exclusive ``flock`` on ``<attempt>/attempt.lock`` for its whole
+life. The kernel drops the lock when the process dies, however it dies (kill -9 included), so
+an attempt whose ``attempt.json`` still says ``running`` but whose lock is free has crashed.
+This module imports no torch: ``verify`` and ``report`` use it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from iqtrain.errors import CheckpointError
+from iqtrain.evidence.lock import attempt_status, read_attempt_info
+from iqtrain.evidence.manifest import ManifestError, checkpoint_problems, verify_manifest
+
+__all__ = [
+    "AttemptCheck",
+    "check_attempt",
+    "verify_attempt",
+    "verify_attempt_data",
+]
+
+
+
+
+
+
+
+
+
+
+
+# ------------------------------------------------------------------------------- verification
+
+
+@dataclass
+class AttemptCheck:
+    """What ``iqtrain verify`` found: ``problems`` fail verification, ``notes`` do not."""
+
+    attempt: Path
+    status: str
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def _verify_checkpoints_only(attempt: Path, check: AttemptCheck) -> None:
+    """An attempt without a manifest: each checkpoint, the config and the metric prefix."""
+    from iqtrain.checkpoint.files import list_checkpoints
+
+    for ckpt in list_checkpoints(attempt / "checkpoints"):
+        check.problems.extend(checkpoint_problems(ckpt))
+
+
+def _note_torn_tail(attempt: Path, check: AttemptCheck) -> None:
+    """A stream cut mid-record by a kill: a note (no checkpoint's cursor covers the tail)."""
+    from iqtrain.evidence.metrics import read_metric_stream
+
+    path = attempt / "metrics.jsonl"
+    if not path.exists():
+        return
+    try:
+        stream = read_metric_stream(path)
+    except CheckpointError as exc:
+        check.problems.append(str(exc))
+        return
+    if stream.torn:
+        check.notes.append(
+            f"{path}: ends in a torn record ({stream.torn_bytes} bytes, ignored by resume)"
+        )
+
+
+def check_attempt(attempt: Path) -> AttemptCheck:
+    """Verify an attempt: its manifest (every field, against the files) or its checkpoints.
+
+    Raises CheckpointError when ``attempt`` is not an attempt directory at all (a bad input);
+    everything else found is a problem (verification fails) or a note (leftovers of a crash).
+    """
+    from iqtrain.checkpoint.files import crash_leftovers
+
+    attempt = Path(attempt)
+    if not (attempt / "attempt.json").is_file():
+        raise CheckpointError(f"{attempt}: not an attempt directory (no attempt.json)")
+    try:
+        info = read_attempt_info(attempt)
+        if not all(isinstance(info.get(k), str) for k in ("id", "status")):
+            raise ValueError("not an attempt record (no 'id'/'status')")
+        status = attempt_status(attempt, info)
+    except (OSError, ValueError) as exc:
+        check = AttemptCheck(attempt, "unknown")
+        check.problems.append(f"{attempt / 'attempt.json'}: unreadable: {exc}")
+        return check
+    check = AttemptCheck(attempt, status)
+    if info["id"] != attempt.name:
+        check.problems.append(f"attempt.json id: {info['id']!r} is not this attempt")
+    if not (attempt / "config.toml").is_file():
+        check.problems.append(f"{attempt / 'config.toml'}: missing")
+    if not (attempt / "metrics.jsonl").is_file() and (attempt / "checkpoints").is_dir():
+        check.problems.append(f"{attempt / 'metrics.jsonl'}: missing")
+    for left in [*crash_leftovers(attempt), *crash_leftovers(attempt / "checkpoints")]:
+        check.notes.append(f"{left}: leftover of an interrupted write or prune (ignored)")
+    if status == "crashed":
+        check.notes.append(
+            f"{attempt}: crashed (attempt.json says running, but no process holds its lock); "
+            "resume it from its newest verified checkpoint"
+        )
+    manifest_path = attempt / "manifest.json"
+    if not manifest_path.is_file():
+        if status == "completed":
+            check.problems.append(f"{manifest_path}: missing, but attempt.json says completed")
+        _verify_checkpoints_only(attempt, check)
+        _note_torn_tail(attempt, check)
+        check.problems = list(dict.fromkeys(check.problems))
+        return check
+    if status in ("failed", "interrupted"):  # a manifest is published only on success
+        check.problems.append(f"attempt.json status: {status}, but manifest.json exists")
+    elif status != "completed":  # killed between publishing and recording the end
+        check.notes.append(f"{attempt}: manifest.json exists but attempt.json says {status}")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        verify_manifest(attempt, manifest, info, check.problems)
+    except (OSError, ValueError) as exc:
+        check.problems.append(f"{manifest_path}: unreadable: {exc}")
+    except ManifestError as exc:
+        check.problems.append(str(exc))
+    check.problems = list(dict.fromkeys(check.problems))  # one line per problem
+    return check
+
+
+def verify_attempt(attempt: Path) -> list[str]:
+    """The problems :func:`check_attempt` finds (empty: the attempt verifies)."""
+    return check_attempt(attempt).problems
+
+
+def verify_attempt_data(attempt: Path) -> list[str]:
+    """``verify --data``: every recording the attempt's newest verified checkpoint recorded,
+    re-read and compared (:func:`iqtrain.data.identity.verify_data`). Reads every byte."""
+    from iqtrain.checkpoint.files import list_checkpoints
+    from iqtrain.checkpoint.state import CheckpointState
+    from iqtrain.data.identity import verify_data
+
+    attempt = Path(attempt)
+    checkpoints = reversed(list_checkpoints(attempt / "checkpoints"))
+    ckpt = next((c for c in checkpoints if not checkpoint_problems(c)), None)
+    if ckpt is None:
+        return [f"{attempt}: no verified checkpoint records the data's digests"]
+    try:
+        state = CheckpointState.read(ckpt)
+    except CheckpointError as exc:
+        return [str(exc)]
+    return verify_data(state, ckpt.name)

@@ -1,0 +1,257 @@
+"""The next-patch-prediction transformer and its loss (DESIGN.md section 4).
+
+A window of complex baseband samples arrives as patches ``[B, N, 2P]`` (``prepare_iq_input``:
+patch j holds samples ``[jP, (j+1)P)`` interleaved ``I0, Q0, I1, Q1, ...``, divided by one real
+scale per window). The model embeds each patch with ``Linear(2P, dim)``, runs pre-norm causal
+transformer blocks (RMSNorm, rotary attention through ``scaled_dot_product_attention``, SwiGLU MLP)
+and maps back with ``Linear(dim, 2P)``: the output at position t is the prediction of patch t+1.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+# The [model] table lives in the torch-free config module; re-exported here, as before.
+from iqtrain.config.sections import ModelConfig
+
+__all__ = [
+    "NextPatchModel",
+    "next_patch_loss",
+]
+
+
+# --------------------------------------------------------------------------- building blocks
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm with a learned gain, computed in fp32 whatever the activation dtype.
+
+    Under bf16 autocast the residual stream is bf16; the mean of squares is the
+    precision-sensitive part, so it is taken in fp32 and the result cast back.
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        # .float() and .to() are no-ops in fp32, so the eager fp32 path is one fused aten kernel.
+        return F.rms_norm(x.float(), (x.shape[-1],), self.weight, self.eps).to(x.dtype)
+
+
+def rope_tables(max_patches: int, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
+    """cos and sin of the rotary angles, ``[max_patches, head_dim / 2]`` fp32."""
+    # float64 for the angles: position * frequency loses digits in fp32 at long contexts.
+    inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    angles = torch.outer(torch.arange(max_patches, dtype=torch.float64), inv_freq)
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate channel pairs ``(i, i + hd/2)`` of ``x [B, H, N, hd]`` by position (NeoX layout)."""
+    xf = x.float()
+    x1, x2 = xf.chunk(2, dim=-1)
+    rotated = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    return rotated.to(x.dtype)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.heads = cfg.heads
+        self.head_dim = cfg.head_dim
+        self.dropout = cfg.dropout
+        # One matmul for q, k and v: fewer, larger GEMMs.
+        self.qkv = nn.Linear(cfg.dim, 3 * cfg.dim, bias=False)
+        self.proj = nn.Linear(cfg.dim, cfg.dim, bias=False)
+        self.resid_dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        b, n, d = x.shape
+        qkv = self.qkv(x).view(b, n, 3, self.heads, self.head_dim)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+        q = apply_rope(q, cos, sin)
+        k = apply_rope(k, cos, sin)
+        y = F.scaled_dot_product_attention(
+            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
+        )
+        y = y.transpose(1, 2).reshape(b, n, d)
+        return self.resid_dropout(self.proj(y))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        assert cfg.mlp_hidden is not None  # resolved by ModelConfig.__post_init__
+        # Gate and up projections share one matmul; split afterwards.
+        self.gate_up = nn.Linear(cfg.dim, 2 * cfg.mlp_hidden, bias=False)
+        self.down = nn.Linear(cfg.mlp_hidden, cfg.dim, bias=False)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.dropout(self.down(F.silu(gate) * up))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.dim)
+        self.attn = CausalSelfAttention(cfg)
+        self.mlp_norm = RMSNorm(cfg.dim)
+        self.mlp = SwiGLU(cfg)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        x = x + self.attn(self.attn_norm(x), cos, sin)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+# --------------------------------------------------------------------------- the model
+
+
+class NextPatchModel(nn.Module):
+    """``forward(patches [B, N, 2P]) -> predictions [B, N, 2P]``; output t predicts patch t+1."""
+
+    # Modules whose weights are embeddings: AdamW does not decay them (see step.py). The patch
+    # embedding is a matrix, but decaying it shrinks the input representation, not capacity.
+    embedding_modules: tuple[str, ...] = ("patch_embed",)
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        if not isinstance(config, ModelConfig):
+            raise TypeError(f"NextPatchModel needs a ModelConfig, got {type(config).__name__}")
+        self.config = config
+        width = 2 * config.patch_len
+        # Biases on the input and output maps only: they absorb a DC offset in I/Q; inside the
+        # blocks the norms make biases redundant.
+        self.patch_embed = nn.Linear(width, config.dim)
+        self.embed_dropout = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.layers))
+        self.norm = RMSNorm(config.dim)
+        self.head = nn.Linear(config.dim, width)
+        cos, sin = rope_tables(config.max_patches, config.head_dim, config.rope_theta)
+        # Non-persistent: derived from the config, so checkpoints neither store nor need them.
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        std = self.config.init_std
+        # Each block adds two residual branches; scaling their output projections by
+        # 1/sqrt(2 * layers) keeps the residual stream's variance independent of depth (GPT-2).
+        resid_std = std / math.sqrt(2 * self.config.layers)
+        for name, module in self.named_modules():
+            if isinstance(module, nn.Linear):
+                is_resid = name.endswith(".attn.proj") or name.endswith(".mlp.down")
+                nn.init.normal_(module.weight, mean=0.0, std=resid_std if is_resid else std)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, RMSNorm):
+                nn.init.ones_(module.weight)
+
+    def forward(self, patches: Tensor) -> Tensor:
+        return self.head(self.hidden_states(patches))
+
+    def hidden_states(self, patches: Tensor) -> Tensor:
+        """The final hidden states ``[B, N, dim]``: after the final norm, before the head.
+
+        What :meth:`forward` feeds its output head; the linear probe reads these features.
+        """
+        width = 2 * self.config.patch_len
+        if patches.ndim != 3 or patches.shape[-1] != width:
+            raise ValueError(
+                f"patches must be [B, N, 2*model.patch_len = {width}], got {tuple(patches.shape)}"
+            )
+        n = patches.shape[1]
+        if n > self.config.max_patches:
+            raise ValueError(
+                f"{n} patches per window exceed model.max_patches ({self.config.max_patches})"
+            )
+        # bf16 patches from prepare_iq_input meet fp32 weights in fp32 runs; under autocast the
+        # Linear casts back down, so this costs nothing there.
+        x = self.embed_dropout(self.patch_embed(patches.to(self.patch_embed.weight.dtype)))
+        cos, sin = self.rope_cos[:n], self.rope_sin[:n]
+        for block in self.blocks:
+            x = block(x, cos, sin)
+        return self.norm(x)
+
+    def param_counts(self) -> tuple[int, int]:
+        """(total parameters, parameters that require gradients)."""
+        total = sum(p.numel() for p in self.parameters())
+        trainable = sum(p.numel() for p in self.parameters() if p.requires_grad)
+        return total, trainable
+
+    def forward_flops_per_patch(self, seq_patches: int) -> int:
+        """Model FLOPs of one forward pass per patch position, in windows of ``seq_patches``.
+
+        Every matmul counts ``2 * m * k * n`` (one multiply and one add per term). Per patch,
+        with d = ``dim``, h = ``mlp_hidden``, w = ``2 * patch_len``, N = ``seq_patches``:
+
+        - patch embedding ``Linear(w, d)`` and output head ``Linear(d, w)``: ``2wd`` each;
+        - per block: QKV ``2 * d * 3d``; attention scores ``q k^T`` and the weighted sum
+          ``p v``: ``2Nd`` each, over all N keys; output projection ``2d^2``; SwiGLU gate and
+          up ``2 * d * 2h`` and down ``2hd``.
+
+        Attention counts the full N x N score matrix although the mask is causal: the PaLM
+        (appendix B) and nanoGPT convention, and what ``torch.utils.flop_counter`` counts, so
+        MFU figures compare across code bases. A causal kernel does about half the attention
+        work, so for attention-heavy shapes (N comparable to 6d) achieved figures flatter.
+        Excluded: norms, RoPE, softmax, SiLU and the gating product, residual adds, biases,
+        dropout and the loss: elementwise work, O(d) per patch against O(d^2) for the matmuls.
+        """
+        if isinstance(seq_patches, bool) or not isinstance(seq_patches, int) or seq_patches < 1:
+            raise ValueError(f"seq_patches: expected an integer >= 1, got {seq_patches!r}")
+        cfg = self.config
+        d, w, n = cfg.dim, 2 * cfg.patch_len, seq_patches
+        assert cfg.mlp_hidden is not None  # resolved by ModelConfig.__post_init__
+        h = cfg.mlp_hidden
+        embed_and_head = 2 * (2 * w * d)
+        attention = 2 * d * 3 * d + 2 * (2 * n * d) + 2 * d * d
+        mlp = 2 * d * 2 * h + 2 * h * d
+        return embed_and_head + cfg.layers * (attention + mlp)
+
+    def train_flops_per_patch(self, seq_patches: int) -> int:
+        """Model FLOPs of one training step per patch position: 3x the forward.
+
+        Backward costs two matmuls per forward matmul (the input gradient and the weight
+        gradient), the PaLM / nanoGPT ``6 * params + 12 * layers * d * N`` convention. Model
+        FLOPs, not hardware FLOPs: the recomputation a flash-attention backward does (the
+        scores again, ``2Nd`` per block) is not counted, nor the patch embedding's input
+        gradient, which autograd skips because patches need none. A step over ``windows``
+        windows runs ``windows * seq_patches`` patch positions (all N are computed, though only
+        N - 1 have a target), so its FLOPs are ``train_flops_per_patch(N) * windows * N``.
+        """
+        return 3 * self.forward_flops_per_patch(seq_patches)
+
+
+def next_patch_loss(pred: Tensor, patches: Tensor) -> tuple[Tensor, Tensor, int]:
+    """Next-patch NMSE: ``(mean, sum, count)`` with ``mean = sum / count``.
+
+    Position t predicts patch t+1, so the targets are patches 1..N-1 and the last prediction is
+    unused. ``sum`` is the squared error summed over both components, ``sum (dI^2 + dQ^2)``;
+    ``count = B * (N - 1) * P`` is the number of complex target samples. On window-normalized
+    data (unit mean power per complex sample) predicting zeros scores about 1.0, so
+    ``-10 log10(mean)`` is the prediction SNR in dB. ``sum`` and ``count`` let validation form an
+    exact mean over a partial last batch. Computed in fp32 even under autocast.
+    """
+    if pred.shape != patches.shape:
+        raise ValueError(
+            f"pred and patches must have one shape, got {tuple(pred.shape)} "
+            f"and {tuple(patches.shape)}"
+        )
+    if patches.ndim != 3 or patches.shape[-1] % 2 or patches.shape[1] < 2:
+        raise ValueError(
+            f"patches must be [B, N >= 2, 2P] (a patch needs a successor to be a target), "
+            f"got {tuple(patches.shape)}"
+        )
+    b, n, width = patches.shape
+    with torch.autocast(device_type=pred.device.type, enabled=False):
+        err = pred[:, :-1].float() - patches[:, 1:].float()
+        total = err.square().sum()
+    count = b * (n - 1) * (width // 2)
+    return total / count, total, count

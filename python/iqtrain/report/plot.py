@@ -1,0 +1,320 @@
+"""``iqtrain report ATTEMPT --plot out.png``: the training curves of an attempt in one figure.
+
+Panels, sharing the step axis: loss (train raw and smoothed, validation, both baselines of the
+first validation record, spikes; log scale, SNR in dB on the right), learning rate, gradient norm
+(log scale, clipped steps and the clip threshold), and probe accuracy when the stream has
+``probe`` records. A resumed attempt's stream already holds its whole lineage (each child starts
+with its parent's records up to the checkpoint it resumed from); every resume point of that
+lineage is a dashed vertical line labelled ``resumed from attempt N``.
+
+matplotlib is an optional extra (``pip install 'iqtrain[plot]'``), imported only when a figure is
+built, and drawn with the Agg canvas (no display, no pyplot state). This module imports no torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import tomllib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from iqtrain.errors import ConfigError
+from iqtrain.report.summary import AttemptView, Lineage, load_attempt, number, resume_points
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+__all__ = ["build_figure", "ema", "smoothing_span", "write_plot"]
+
+PLOT_EXTRA = "--plot needs matplotlib: pip install 'iqtrain[plot]'"
+TRAIN, VAL, RAW, SPIKE, CLIP, RESUME = "C0", "C1", "#9ecae1", "C3", "C3", "0.35"
+
+
+def _matplotlib() -> None:
+    """Import matplotlib, or one ConfigError saying how to install it."""
+    try:
+        import matplotlib  # noqa: F401
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.split(".")[0] == "matplotlib":
+            raise ConfigError(PLOT_EXTRA) from None
+        raise ConfigError(f"{PLOT_EXTRA} (it is installed, but {exc})") from None
+    except ImportError as exc:  # installed but broken (a missing shared library, …)
+        raise ConfigError(f"{PLOT_EXTRA} (it is installed, but {exc})") from None
+
+
+def smoothing_span(n: int) -> int:
+    """The EMA span for ``n`` train records: about 1/40 of the run, 1 to 200 steps."""
+    return max(1, min(200, round(n / 40)))
+
+
+def ema(values: list[float], span: int) -> list[float]:
+    """Exponential moving average with ``alpha = 2 / (span + 1)``, bias-corrected at the start
+    (as TensorBoard's smoothing), so the first value is the first sample, not a pull to zero."""
+    alpha, acc, weight, out = 2.0 / (span + 1), 0.0, 0.0, []
+    for v in values:
+        acc = (1 - alpha) * acc + alpha * v
+        weight = (1 - alpha) * weight + alpha
+        out.append(acc / weight)
+    return out
+
+
+def _series(records: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
+    """(steps, values) of the records whose step and ``key`` are finite numbers."""
+    steps, values = [], []
+    for r in records:
+        step, value = number(r, "step"), number(r, key)
+        if step is not None and value is not None:
+            steps.append(step)
+            values.append(value)
+    return steps, values
+
+
+def _grad_clip(attempt: Path) -> float | None:
+    """``optimizer.grad_clip`` of the attempt's resolved config, if it clips."""
+    try:
+        with open(attempt / "config.toml", "rb") as f:
+            optimizer = tomllib.load(f).get("optimizer")
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+        return None
+    clip = number(optimizer, "grad_clip") if isinstance(optimizer, dict) else None
+    return clip if clip is not None and clip > 0 else None
+
+
+def _train_loss(ax: Axes, train: list[dict[str, Any]]) -> bool:
+    """Raw and smoothed train loss and the spikes; False if there is no train loss."""
+    steps, loss = _series(train, "loss")
+    if not steps:
+        return False
+    span = smoothing_span(len(loss))
+    ax.plot(steps, loss, color=RAW, lw=0.7, alpha=0.6, label="train loss (raw)")
+    if span > 1:
+        label = f"train loss (EMA, span {span} steps)"
+        ax.plot(steps, ema(loss, span), color=TRAIN, lw=1.6, label=label)
+    s_steps, s_loss = _series([r for r in train if r.get("spike") is True], "loss")
+    if s_steps:
+        label = f"spike ({len(s_steps)}: loss > 3x running mean)"
+        ax.plot(s_steps, s_loss, ls="none", marker="v", ms=6, color=SPIKE, label=label)
+    return True
+
+
+def _val_loss(ax: Axes, val: list[dict[str, Any]]) -> bool:
+    """Validation loss and its best point, then the first validation's baselines; False if
+    there is no validation loss."""
+    steps, loss = _series(val, "loss")
+    if steps:
+        ax.plot(steps, loss, color=VAL, marker="o", ms=3.5, lw=1.4, label="val loss")
+        i = min(range(len(loss)), key=loss.__getitem__)
+        best = {"ls": "none", "marker": "*", "ms": 12, "color": VAL, "mec": "k", "mew": 0.6}
+        ax.plot(
+            [steps[i]], [loss[i]], label=f"best val {loss[i]:.4g} (step {steps[i]:.0f})", **best
+        )
+    base = next((r for r in val if "baseline_zero_loss" in r), {})
+    for key, name, style in (
+        ("baseline_zero_loss", "zero-prediction baseline", ":"),
+        ("baseline_copy_last_loss", "copy-last-patch baseline", "-."),
+    ):
+        value = number(base, key)
+        if value is not None and value > 0:
+            ax.axhline(value, color="0.25", ls=style, lw=1.1, label=f"{name} {value:.4g}")
+    return bool(steps)
+
+
+def _loss_panel(ax: Axes, view: AttemptView) -> None:
+    drawn = _train_loss(ax, view.records("train"))
+    drawn = _val_loss(ax, view.records("val")) or drawn
+    if not drawn:
+        ax.text(0.5, 0.5, "no loss records", ha="center", va="center", transform=ax.transAxes)
+        return
+    _plain_log(ax)
+    ax.legend(loc="upper right", fontsize=8, framealpha=0.85)
+
+
+def _plain_log(ax: Axes) -> None:
+    """A log y axis labelled 0.6, 1, 2 rather than 6x10^-1 (the ticks matplotlib picks)."""
+    from matplotlib.ticker import LogFormatter
+
+    class Plain(LogFormatter):
+        def __call__(self, x, pos=None):
+            return f"{x:.3g}" if super().__call__(x, pos) else ""
+
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(Plain(base=10))
+    ax.yaxis.set_minor_formatter(Plain(base=10, labelOnlyBase=False))
+
+
+def _snr_axis(ax: Axes) -> None:
+    """The loss panel's right axis: the same limits as prediction SNR, ``-10 log10 loss`` dB
+    (linear in dB because the loss axis is logarithmic)."""
+    lo, hi = ax.get_ylim()
+    if ax.get_yscale() != "log" or lo <= 0:
+        return
+    twin = ax.twinx()
+    twin.set_label("snr_db")
+    twin.set_ylim(-10 * math.log10(lo), -10 * math.log10(hi))
+    twin.set_ylabel("prediction SNR (dB)")
+
+
+def _lr_panel(ax: Axes, view: AttemptView) -> None:
+    steps, lr = _series(view.records("train"), "lr")
+    ax.plot(steps, lr, color="C2", lw=1.2)
+    ax.ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
+
+
+def _grad_panel(ax: Axes, view: AttemptView) -> None:
+    train = view.records("train")
+    steps, norm = _series(train, "grad_norm")
+    ax.plot(steps, norm, color="C4", lw=0.8)
+    clipped = [r for r in train if r.get("clipped") is True]
+    c_steps, _ = _series(clipped, "grad_norm")
+    if c_steps:  # a rug along the bottom: readable even when every step clips
+        ax.plot(
+            c_steps,
+            [0.02] * len(c_steps),
+            ls="none",
+            marker="|",
+            ms=7,
+            color=CLIP,
+            transform=ax.get_xaxis_transform(),
+            label=f"clipped ({len(c_steps)} of {len(steps)} steps)",
+        )
+    clip = _grad_clip(view.path)
+    if clip is not None and norm:
+        ax.axhline(clip, color="0.25", ls="--", lw=0.9, label=f"clip threshold {clip:g}")
+    if any(v > 0 for v in norm):
+        _plain_log(ax)
+    if c_steps or (clip is not None and norm):
+        ax.legend(loc="upper right", fontsize=8, framealpha=0.85)
+
+
+def _probe_panel(ax: Axes, probes: list[dict[str, Any]]) -> None:
+    shown = []
+    for key, name, style in (
+        ("accuracy", "probe accuracy", dict(color="C5", marker="o", ms=4, lw=1.4)),
+        (
+            "random_init_accuracy",
+            "random-init model",
+            dict(color="0.45", marker="s", ms=3, ls="--", lw=1),
+        ),
+        ("chance", "chance", dict(color="0.25", ls=":", lw=1.1)),
+    ):
+        steps, values = _series(probes, key)
+        if steps and key == "chance" and len(set(values)) == 1:
+            # One probe set, one majority-class rate: a line across, even for a single probe.
+            ax.axhline(values[0], label=name, **style)
+            shown += values
+        elif steps:
+            ax.plot(steps, values, label=name, **style)
+            shown += values
+    if shown and all(0 <= v <= 1 for v in shown):
+        ax.set_ylim(0, 1.02)
+    if shown:
+        ax.legend(loc="lower right", fontsize=8, framealpha=0.85)
+
+
+def _mark_resumes(axes: list[Axes], lineage: Lineage) -> None:
+    for point in lineage.points:
+        if point.step is None:
+            continue
+        for ax in axes:
+            ax.axvline(point.step, color=RESUME, ls="--", lw=1.0, gid="resume")
+        top = axes[0]
+        top.text(
+            point.step,
+            0.98,
+            f" resumed from attempt {point.parent_id} ",
+            transform=top.get_xaxis_transform(),
+            rotation=90,
+            ha="right",
+            va="top",
+            fontsize=8,
+            color=RESUME,
+            gid="resume",
+            bbox={"fc": "white", "ec": "none", "alpha": 0.75, "pad": 1},
+        )
+
+
+def _title(view: AttemptView) -> str:
+    info = view.info
+    run_dir = info.get("run_dir")
+    run = Path(run_dir).name if isinstance(run_dir, str) else view.path.resolve().parent.parent.name
+    device = info.get("device") if isinstance(info.get("device"), dict) else {}
+    parts = [str(device[k]) for k in ("name", "precision") if device.get(k)]
+    return f"{run} / attempt {info['id']} ({view.status})" + (
+        f" — {', '.join(parts)}" if parts else ""
+    )
+
+
+def build_figure(attempt: Path) -> Figure:
+    """The figure of attempt directory ``attempt`` (not saved; see :func:`write_plot`).
+
+    Axes, top to bottom, each with its ``get_label()``: ``loss``, ``lr``, ``grad_norm`` and,
+    only when the stream has probe records, ``probe``. ``ConfigError`` without matplotlib;
+    ``CheckpointError`` if ``attempt`` is not an attempt directory.
+    """
+    _matplotlib()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    view = load_attempt(attempt)
+    lineage = resume_points(view.path, view.info)
+    probes = view.records("probe")
+    names = ["loss", "lr", "grad_norm"] + (["probe"] if probes else [])
+    ratios = [3.0, 1.1, 1.3] + ([1.4] if probes else [])
+    fig = Figure(figsize=(11, 2.0 + 1.9 * sum(ratios)), dpi=110, layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(len(names), 1, sharex=True, gridspec_kw={"height_ratios": ratios})
+    for ax, name, ylabel in zip(
+        axes, names, ["loss (NMSE)", "learning rate", "grad norm", "probe accuracy"], strict=False
+    ):
+        ax.set_label(name)
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="major", alpha=0.3)
+    _loss_panel(axes[0], view)
+    _snr_axis(axes[0])
+    _lr_panel(axes[1], view)
+    _grad_panel(axes[2], view)
+    if probes:
+        _probe_panel(axes[3], probes)
+    _mark_resumes(list(axes), lineage)
+    axes[-1].set_xlabel("step")
+    fig.suptitle(_title(view), fontsize=12)
+    notes = list(lineage.notes)
+    if view.stream is not None and view.stream.torn:
+        notes.append(f"the stream ends in a torn record ({view.stream.torn_bytes} bytes, ignored)")
+    if notes:
+        fig.text(0.01, 0.002, "note: " + "; ".join(notes), fontsize=7, va="bottom", wrap=True)
+    return fig
+
+
+def write_plot(attempt: Path, out: Path) -> Path:
+    """Draw :func:`build_figure` into ``out`` (format from its suffix, PNG without one), written
+    to a temporary file next to it and renamed; ``ConfigError`` naming ``out`` if it cannot be
+    written or its format is unknown."""
+    out = Path(out)
+    _matplotlib()
+    from matplotlib import rc_context
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fmt = out.suffix[1:].lower() or "png"
+    formats = FigureCanvasAgg.get_supported_filetypes()
+    if fmt not in formats:
+        raise ConfigError(
+            f"--plot {out}: unknown image format {fmt!r} (use one of {', '.join(sorted(formats))})"
+        )
+    fig = build_figure(attempt)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    try:
+        # Long runs draw long paths: Agg renders them in chunks instead of overflowing.
+        with open(tmp, "wb") as f, rc_context({"agg.path.chunksize": 20000}):
+            fig.savefig(f, format=fmt)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, out)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise ConfigError(f"--plot {out}: cannot write: {exc.strerror or exc}") from None
+    return out

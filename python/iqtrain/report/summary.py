@@ -1,0 +1,266 @@
+"""``iqtrain report DIR``: a plain-text summary of an attempt and its metric stream.
+
+Never a traceback: a directory that is not an attempt (no ``attempt.json``, unreadable JSON, not
+an object, no ``id``/``status``) or a metric stream damaged before its last line raises
+``CheckpointError`` with one line naming the file. Everything else is shown as far as it is
+there: a torn trailing record (a writer killed mid-record) becomes a note, a crashed attempt is
+shown as ``crashed``, and missing optional fields (device name, samples/s, baselines, …) are
+left out. This module imports no torch.
+
+The readers the plot and TensorBoard export share live here too: :func:`load_attempt` (the
+attempt record, its status and its metric stream) and :func:`resume_points` (where each
+ancestor of a resumed attempt was resumed, found by following ``attempt.json``'s ``parent``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from iqtrain.errors import CheckpointError
+from iqtrain.evidence.lock import attempt_status, read_attempt_info
+from iqtrain.evidence.metrics import MetricStream, read_metric_stream
+
+__all__ = [
+    "AttemptView",
+    "Lineage",
+    "ResumePoint",
+    "load_attempt",
+    "number",
+    "report",
+    "resume_points",
+]
+
+REQUIRED_KEYS = ("id", "status")
+
+
+def number(record: dict[str, Any], key: str) -> float | None:
+    """``record[key]`` if it is a finite number (bools are not numbers here), else None."""
+    value = record.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "?" if value is None else format(value, spec)
+
+
+def _db(loss: float | None) -> str:
+    """A normalised MSE as SNR in dB (``-10 log10 loss``); ``?`` when undefined."""
+    return "?" if loss is None or loss <= 0 else f"{-10 * math.log10(loss):.2f} dB"
+
+
+def _load_info(attempt: Path) -> dict[str, Any]:
+    path = attempt / "attempt.json"
+    if not attempt.is_dir():
+        raise CheckpointError(f"{attempt}: not a directory")
+    try:
+        info = read_attempt_info(attempt)
+    except FileNotFoundError:
+        raise CheckpointError(f"{attempt}: not an attempt directory (no attempt.json)") from None
+    except OSError as exc:
+        raise CheckpointError(f"{path}: unreadable: {exc.strerror or exc}") from None
+    except ValueError as exc:  # bad JSON, bad UTF-8, not an object
+        raise CheckpointError(f"{path}: unreadable: {' '.join(str(exc).split())}") from None
+    missing = [k for k in REQUIRED_KEYS if not isinstance(info.get(k), str)]
+    if missing:
+        raise CheckpointError(
+            f"{path}: not an attempt record (no {', '.join(repr(k) for k in missing)})"
+        )
+    return info
+
+
+def _header(attempt: Path, info: dict[str, Any], status: str) -> list[str]:
+    device = info.get("device")
+    device = device if isinstance(device, dict) else {}
+    parts = [str(device[k]) for k in ("name", "precision") if device.get(k)]
+    lines = [f"attempt {attempt} ({status})" + (f", device {', '.join(parts)}" if parts else "")]
+    world = info.get("world")
+    size = world.get("size") if isinstance(world, dict) else None
+    if isinstance(size, int) and size > 1:  # under torchrun: how many, connected and held how
+        how = [str(world[k]) for k in ("backend", "parallel") if isinstance(world.get(k), str)]
+        lines[0] += f", {size} ranks" + (f" ({', '.join(how)})" if how else "")
+    parent = info.get("parent")
+    if isinstance(parent, dict):
+        lines.append(
+            f"  resumed from {parent.get('attempt', '?')} at step {parent.get('step', '?')}"
+        )
+    times = [f"{k} {info[k]}" for k in ("started", "finished") if isinstance(info.get(k), str)]
+    if times:
+        lines.append("  " + ", ".join(times))
+    if status == "crashed":
+        lines.append(
+            "  note: attempt.json says running but no process holds its lock: the process was "
+            f"killed; resume with: iqtrain resume --attempt {attempt}"
+        )
+    if info.get("error"):
+        lines.append(f"  error: {' '.join(str(info['error']).split())}")
+    return lines
+
+
+def _train_lines(train: list[dict[str, Any]]) -> list[str]:
+    if not train:
+        return []
+    last = train[-1]
+    line = (
+        f"  {len(train)} train steps, last step {last.get('step', '?')} "
+        f"loss {_fmt(number(last, 'loss'), '.5f')}, "
+        f"clipped {sum(r.get('clipped') is True for r in train)}, "
+        f"spikes {sum(r.get('spike') is True for r in train)}"
+    )
+    # The first 10% are warm-up (compilation, caches): the median of the rest.
+    sps = sorted(
+        v for r in train[len(train) // 10 :] if (v := number(r, "samples_per_s")) is not None
+    )
+    if sps:
+        line += f", median samples/s {sps[len(sps) // 2]:.0f}"
+    return [line]
+
+
+def _val_lines(val: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    base = next((r for r in val if "baseline_zero_loss" in r), None)
+    if base:
+        lines.append(
+            f"  baselines: zero-prediction {_fmt(number(base, 'baseline_zero_loss'), '.5f')}, "
+            f"copy-last-patch {_fmt(number(base, 'baseline_copy_last_loss'), '.5f')}"
+        )
+    for r in val:
+        snr = number(r, "pred_snr_db")
+        lines.append(
+            f"  val step {str(r.get('step', '?')):>7}: loss {_fmt(number(r, 'loss'), '.5f')}"
+            + ("" if snr is None else f" ({snr:.2f} dB)")
+            + ("  best" if r.get("best") is True else "")
+        )
+    scored = [r for r in val if number(r, "loss") is not None]
+    if scored:
+        best = min(scored, key=lambda r: number(r, "loss"))
+        loss = number(best, "loss")
+        lines.append(f"  best val loss {loss:.5f} at step {best.get('step', '?')} ({_db(loss)})")
+    return lines
+
+
+@dataclass(frozen=True)
+class AttemptView:
+    """What an attempt directory shows: its record, its status and its metric stream.
+
+    ``stream`` is None when ``metrics.jsonl`` was never created. ``status`` is
+    :func:`~iqtrain.evidence.verify.attempt_status` (``crashed`` included), or ``"<status>? lock …"``
+    when the lock file cannot be opened.
+    """
+
+    path: Path
+    info: dict[str, Any]
+    status: str
+    stream: MetricStream | None
+
+    def records(self, kind: str) -> list[dict[str, Any]]:
+        """The complete records of ``kind`` (``train``, ``val``, ``probe``, …), in order."""
+        return [r for r in self.stream.records if r.get("kind") == kind] if self.stream else []
+
+
+def load_attempt(attempt: Path) -> AttemptView:
+    """Read attempt directory ``attempt``; ``CheckpointError`` (one line naming the file) if it
+    is not one or its metric stream is damaged before the last line (a torn last record is
+    tolerated: ``stream.torn``)."""
+    attempt = Path(attempt)
+    info = _load_info(attempt)
+    try:
+        status = attempt_status(attempt, info)
+    except OSError as exc:  # the lock file cannot be opened: say so, report the rest
+        status = f"{info['status']}? lock {exc.strerror or exc}"
+    metrics = attempt / "metrics.jsonl"
+    stream = read_metric_stream(metrics) if metrics.exists() else None
+    return AttemptView(attempt, info, status, stream)
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """An attempt of the lineage was resumed from ``parent`` (attempt id ``parent_id``) at
+    ``step`` (None if its ``attempt.json`` does not say)."""
+
+    step: int | None
+    parent: Path
+    parent_id: str
+
+
+@dataclass
+class Lineage:
+    """The resume points of an attempt's lineage, oldest first, and why the walk stopped early
+    (``notes``; empty when it reached the first attempt)."""
+
+    points: list[ResumePoint] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _locate(child: Path, recorded: str) -> Path:
+    """The parent directory ``recorded`` in the child's attempt.json; when that path is gone
+    (the run directory was moved or copied), the sibling of the same name next to the child."""
+    path = Path(recorded)
+    sibling = child.parent / path.name
+    return path if path.is_dir() or not sibling.is_dir() else sibling
+
+
+def resume_points(attempt: Path, info: dict[str, Any]) -> Lineage:
+    """Follow ``parent.attempt`` from ``attempt`` (whose attempt.json is ``info``) to the first
+    attempt of its lineage, collecting where each one was resumed.
+
+    A resumed attempt's metric stream begins with its parent's records up to the checkpoint it
+    resumed from (which in turn begin with the grandparent's), so every point lies inside the
+    stream of ``attempt``. An ancestor whose attempt.json is gone or unreadable ends the walk
+    with a note; so does a cycle.
+    """
+    lineage = Lineage()
+    child, seen = Path(attempt), {Path(attempt).resolve()}
+    while isinstance(parent := info.get("parent"), dict):
+        recorded = parent.get("attempt")
+        if not isinstance(recorded, str) or not recorded:
+            lineage.notes.append(f"{child / 'attempt.json'}: parent.attempt is not a path")
+            break
+        path = _locate(child, recorded)
+        step = parent.get("step")
+        step = step if isinstance(step, int) and not isinstance(step, bool) else None
+        lineage.points.append(ResumePoint(step, path, path.name))
+        if path.resolve() in seen:
+            lineage.notes.append(f"{child / 'attempt.json'}: parent {path} repeats the lineage")
+            break
+        seen.add(path.resolve())
+        try:
+            info = read_attempt_info(path)
+        except (OSError, ValueError) as exc:  # gone, unreadable, not JSON, not an object
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            lineage.notes.append(f"{path / 'attempt.json'}: {why}; earlier lineage not shown")
+            break
+        child = path
+    lineage.points.reverse()
+    return lineage
+
+
+def report(attempt: Path) -> str:
+    """The summary of attempt directory ``attempt``; ``CheckpointError`` if it is not one."""
+    view = load_attempt(attempt)
+    attempt, info, status, stream = view.path, view.info, view.status, view.stream
+    lines = _header(attempt, info, status)
+    metrics = attempt / "metrics.jsonl"
+    if stream is None:
+        lines.append("  no metric records (metrics.jsonl was never created)")
+        return "\n".join(lines)
+    train, val = view.records("train"), view.records("val")
+    if not stream.records:
+        lines.append("  no metric records")
+    lines += _train_lines(train)
+    lines += _val_lines(val)
+    if stream.torn:
+        why = (
+            "a record still being written"
+            if status == "running"
+            else "the writer was stopped in the middle of a record"
+        )
+        lines.append(
+            f"  note: {metrics} ends in a torn record ({stream.torn_bytes} bytes after the last "
+            f"complete one, ignored): {why}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,166 @@
+"""``iqtrain report ATTEMPT --tensorboard DIR``: an attempt's metric stream as TensorBoard events.
+
+Every finite number of every record becomes the scalar ``<kind>/<field>`` at the record's step
+(``train/loss``, ``train/lr``, ``train/grad_norm``, ``train/samples_per_s``, ``train/tflops``,
+``train/mfu`` where recorded, ``val/loss``, ``val/pred_snr_db``, ``probe/accuracy``, …), except
+``step`` and the constant counters ``samples`` and ``patches``; booleans are left out. The
+baselines of the first validation record (``val/baseline_zero_loss``,
+``val/baseline_copy_last_loss``: model-independent, on the same fixed validation set) are
+written at every validation step, so TensorBoard draws them as lines. Wall times are
+reconstructed: the attempt's start plus the step and validation time of the records before,
+so TensorBoard's "relative" axis shows compute time. A resumed attempt's stream holds its
+whole lineage (the parent's records up to the checkpoint it resumed from), so it exports whole.
+
+Events go to ``DIR/<run name>/<attempt id>/`` (one TensorBoard run per attempt; attempts of
+different runs do not collide). Exporting again replaces that directory: the new events are
+written into a temporary directory next to it, then swapped in by rename, so nothing is
+duplicated. A directory there holding anything but event files is refused, not replaced.
+
+The writer is tensorboard's own record writer and protos, with a plain file: neither torch
+(``torch.utils.tensorboard``) nor TensorFlow is imported. tensorboard is an optional extra
+(``pip install 'iqtrain[tensorboard]'``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from iqtrain.errors import ConfigError
+from iqtrain.report.summary import AttemptView, load_attempt, number
+
+__all__ = ["EVENT_PREFIX", "export_tensorboard", "scalar_events"]
+
+TB_EXTRA = "--tensorboard needs tensorboard: pip install 'iqtrain[tensorboard]'"
+EVENT_PREFIX = "events.out.tfevents."
+SKIPPED = frozenset({"kind", "step", "samples", "patches"})
+BASELINES = ("baseline_zero_loss", "baseline_copy_last_loss")
+TIME_FIELDS = ("step_time_s", "time_s")
+
+
+def _tensorboard() -> tuple[Any, Any, Any]:
+    """(RecordWriter, Event, Summary), or one ConfigError saying how to install tensorboard."""
+    try:
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.summary_pb2 import Summary
+        from tensorboard.summary.writer.record_writer import RecordWriter
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.split(".")[0] == "tensorboard":
+            raise ConfigError(TB_EXTRA) from None
+        raise ConfigError(f"{TB_EXTRA} (it is installed, but {exc})") from None
+    except ImportError as exc:  # installed but broken
+        raise ConfigError(f"{TB_EXTRA} (it is installed, but {exc})") from None
+    return RecordWriter, Event, Summary
+
+
+def _start_time(view: AttemptView) -> float:
+    started = view.info.get("started")
+    if isinstance(started, str):
+        try:
+            return datetime.fromisoformat(started).timestamp()
+        except ValueError:
+            pass
+    try:
+        return (view.path / "attempt.json").stat().st_mtime
+    except OSError:
+        return time.time()
+
+
+def scalar_events(view: AttemptView) -> list[tuple[float, int, dict[str, float]]]:
+    """``(wall_time, step, {tag: value})`` for each record of ``view`` with an integer step and
+    at least one finite number, in stream order (see the module docstring for the tags)."""
+    records = view.stream.records if view.stream is not None else []
+    base = next((r for r in records if r.get("kind") == "val" and BASELINES[0] in r), {})
+    baselines = {f"val/{k}": v for k in BASELINES if (v := number(base, k)) is not None}
+    wall, events = _start_time(view), []
+    for r in records:
+        wall += sum(t for k in TIME_FIELDS if (t := number(r, k)) is not None and t > 0)
+        step, kind = r.get("step"), r.get("kind")
+        if not isinstance(step, int) or isinstance(step, bool) or not isinstance(kind, str):
+            continue
+        values = {
+            f"{kind}/{k}": v for k in r if k not in SKIPPED and (v := number(r, k)) is not None
+        }
+        if kind == "val":
+            values.update(baselines)
+        if values:
+            events.append((wall, step, values))
+    return events
+
+
+def _write_events(path: Path, view: AttemptView) -> int:
+    """Write the event file ``path``; returns the number of scalar values written."""
+    RecordWriter, Event, Summary = _tensorboard()
+    events = scalar_events(view)
+    written = 0
+    with open(path, "wb") as f:
+        writer = RecordWriter(f)
+        first = events[0][0] if events else _start_time(view)
+        writer.write(Event(wall_time=first, file_version="brain.Event:2").SerializeToString())
+        for wall, step, values in events:
+            summary = Summary(
+                value=[Summary.Value(tag=t, simple_value=v) for t, v in values.items()]
+            )
+            writer.write(Event(wall_time=wall, step=step, summary=summary).SerializeToString())
+            written += len(values)
+        f.flush()
+        os.fsync(f.fileno())
+    return written
+
+
+def _replaceable(target: Path) -> None:
+    """Refuse to replace ``target`` unless it holds nothing but event files."""
+    if not target.is_dir():
+        raise ConfigError(f"--tensorboard {target}: exists and is not a directory")
+    for entry in target.iterdir():
+        if not (entry.name.startswith(EVENT_PREFIX) and entry.is_file()):
+            raise ConfigError(
+                f"--tensorboard {target}: holds {entry.name}, which is not a TensorBoard event "
+                "file; not replacing it (remove it or export to another directory)"
+            )
+
+
+def export_tensorboard(attempt: Path, out_dir: Path) -> tuple[Path, int]:
+    """Export attempt ``attempt`` into ``out_dir/<run name>/<attempt id>/``, replacing an
+    earlier export of the same attempt. Returns (that directory, scalar values written).
+
+    ``ConfigError`` (one line naming the path) without tensorboard, for a directory that cannot
+    be written or that holds other files; ``CheckpointError`` if ``attempt`` is not an attempt.
+    """
+    _tensorboard()  # before anything is created
+    view = load_attempt(attempt)
+    here = view.path.resolve()
+    run_dir = view.info.get("run_dir")
+    run = Path(run_dir).name if isinstance(run_dir, str) and run_dir else here.parent.parent.name
+    parent = Path(out_dir) / (run or "run")
+    target = parent / here.name
+    tmp = parent / f".tmp-{here.name}-{os.getpid()}"
+    old = parent / f".old-{here.name}-{os.getpid()}"
+    try:
+        if target.exists() or target.is_symlink():
+            _replaceable(target)
+        parent.mkdir(parents=True, exist_ok=True)
+        for prefix in (".tmp", ".old"):  # leftovers of a killed export
+            for leftover in parent.glob(f"{prefix}-{here.name}-*"):
+                shutil.rmtree(leftover, ignore_errors=True)
+        tmp.mkdir()
+        name = f"{EVENT_PREFIX}{int(_start_time(view))}.iqtrain.{run}.{here.name}"
+        written = _write_events(tmp / name, view)
+        if target.exists():
+            os.rename(target, old)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if old.exists():
+                os.rename(old, target)  # the earlier export stays as it was
+            raise
+        shutil.rmtree(old, ignore_errors=True)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        where = exc.filename or target
+        raise ConfigError(f"--tensorboard {where}: cannot write: {exc.strerror or exc}") from None
+    return target, written

@@ -1,0 +1,482 @@
+"""One pretraining attempt: check everything, claim the attempt, train, publish the evidence.
+
+``run_pretraining_attempt(config, parent=None)`` is the whole application. Everything a user
+can get wrong (config, data, a tampered or mismatched parent, a missing GPU) is checked before
+the attempt directory exists (:func:`_preflight`), so a bad input leaves nothing behind and is
+exit 2. After the directory exists every failure is a training failure (exit 1): the loop
+(:class:`~iqtrain.train.loop.Trainer`) runs inside a guarded region that records how the attempt
+ended, and the manifest is published inside it, so the status is "completed" only once the
+manifest exists.
+
+Under torchrun the ranks agree three times before rank 0 claims the attempt: on the config
+(:func:`~iqtrain.distributed.world.join`), on the preflight (every rank's outcome, and the same
+data fingerprints everywhere), and on the claim; a signal before the claim ends every rank with
+nothing created (docs/design.md section 9).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import os
+import platform
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from iqtrain.checkpoint.manager import CheckpointManager
+from iqtrain.config.schema import Config, config_to_dict, dumps_toml
+from iqtrain.console import Interrupted, SignalLatch, StoppedBeforeStart, note
+from iqtrain.data.dataset import IQDataset, TrainStream
+from iqtrain.data.identity import DataIdentity, check_parent_data
+from iqtrain.data.sources import open_datasets, report_skipped
+from iqtrain.distributed.world import PeerError, RankExit, World, agree, join
+from iqtrain.errors import (
+    EXIT_FAILURE,
+    CheckpointError,
+    ConfigError,
+    IQTrainError,
+    NonFiniteError,
+    TrainingError,
+    exit_code,
+)
+from iqtrain.evidence.attempts import claim_attempt, finish_attempt, utc_now
+from iqtrain.evidence.lineage import Parent, ParentRef, config_changes, load_parent
+from iqtrain.evidence.lock import AttemptLock
+from iqtrain.evidence.manifest import publish_manifest
+from iqtrain.evidence.metrics import MetricCursor, MetricWriter
+from iqtrain.model.transformer import NextPatchModel
+from iqtrain.storage import file_digest
+from iqtrain.train.loop import LoopState, Trainer, restore, state_components
+from iqtrain.train.probe import TrainingProbe
+from iqtrain.train.rng import RNGState
+from iqtrain.train.schedule import Plan
+from iqtrain.train.step import TrainStep
+
+__all__ = [
+    "AttemptResult",
+    "run_pretraining_attempt",
+]
+
+#: How long a rank whose peer vanished before the claim waits for the signal that torchrun
+#: sends the workers when one of them ended (it polls them every 0.1 s by default).
+_PEER_SIGNAL_GRACE_S = 5.0
+
+
+@dataclass(frozen=True)
+class AttemptResult:
+    attempt: Path
+    final_step: int
+    final_val_loss: float | None
+    best_val_loss: float | None
+    best_checkpoint: str | None
+    rank: int = 0  # several ranks: every rank returns the same numbers; rank 0 reports them
+    stopped_early: dict[str, Any] | None = None  # {step, best_step, reason} when it did
+
+
+def _sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__}
+    for pkg in ("iqtrain", "triton", "safetensors", "sigmf"):
+        with contextlib.suppress(PackageNotFoundError):
+            out[pkg] = version(pkg)
+    return out
+
+
+def _device_description(device: str) -> str:
+    if device == "cuda":
+        return torch.cuda.get_device_name(0)
+    return f"{platform.processor() or platform.machine()} ({os.cpu_count()} CPUs)"
+
+
+@dataclass
+class _Ready:
+    """Everything built and checked before the attempt exists."""
+
+    parent: Parent | None
+    changes: dict[str, tuple[Any, Any]]
+    plan: Plan
+    start_step: int
+    stepper: TrainStep
+    stream: TrainStream
+    val: IQDataset
+    identity: DataIdentity | None  # rank 0 only
+    loop: LoopState
+    probe: TrainingProbe | None  # rank 0 only, when [probe] every > 0
+
+
+def _plan(config: Config, parent: Parent | None) -> tuple[Plan, int]:
+    """The schedule plan and first step: a parent's plan, extended only as docs/design.md section 5 allows."""
+    t, o = config.training, config.optimizer
+    if parent is None:
+        return Plan.from_config(config.schedule, t.max_steps, o.lr, o.min_lr), 0
+    start = parent.state.step
+    try:
+        plan = Plan.from_dict(parent.state.plan)
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(
+            f"{parent.checkpoint / 'state.json'}: plan: not a valid plan ({exc})"
+        ) from None
+    if t.max_steps != plan.max_steps:
+        plan = plan.extend(t.max_steps, start)  # ConfigError past the decay start
+    if start >= plan.max_steps:
+        raise ConfigError(
+            f"training.max_steps: the parent checkpoint is at step {start}, "
+            f"already at max_steps {plan.max_steps}; raise it to continue"
+        )
+    return plan, start
+
+
+def _check_run_dir(run_dir: Path | None) -> None:
+    """run.dir can be created and written (checked before any data is generated)."""
+    if run_dir is None:
+        return
+    probe = run_dir
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"run.dir: {run_dir} cannot be created or written ({probe})")
+
+
+
+
+def _preflight(config: Config, ref: ParentRef | None, world: World) -> _Ready:
+    """Every check a user's input can fail, in an order that writes nothing on refusal.
+
+    Every rank runs it (no collective inside: a rank that fails must not leave the others
+    waiting in one); the ranks agree on the outcome afterwards (:func:`agree`).
+    """
+    parent = load_parent(ref) if ref is not None else None
+    changes = config_changes(parent.config_tables, config) if parent is not None else {}
+    t = config.training
+    torch.manual_seed(config.run.seed)  # the same initial weights on every rank
+    stepper = TrainStep(
+        NextPatchModel(config.model),
+        config.optimizer,
+        device=t.device,
+        precision=t.precision,
+        compile=t.compile,
+        world=world,
+        parallel=t.parallel,
+    )
+    if world.rank > 0:  # rank 0 continues the one-process stream; the others their own
+        torch.manual_seed(config.run.seed + 1_000_003 * world.rank)
+    if world.is_main and ref is None:
+        _check_run_dir(Path(config.run.dir))
+    # Data last: the synthetic default is generated only once every other check has passed.
+    train, val = open_datasets(config.data)
+    digests = None
+    if parent is not None:  # rank 0 reads every byte, before the child exists
+        digests = check_parent_data(parent.state, train, val, read=world.is_main)
+    plan, start_step = _plan(config, parent)
+    for key, ds in (("data.train", train), ("data.val", val)) if world.is_main else ():
+        report_skipped(key, ds, config.data.window)
+    stream = TrainStream(
+        train,
+        batch_size=config.data.batch_size,
+        seed=config.run.seed,
+        prefetch=config.data.prefetch,
+        rank=world.rank,
+        world_size=world.world_size,
+    )
+    loop = LoopState()
+    if parent is not None:  # before the child exists: a checkpoint that cannot load is exit 2
+        restore(parent, stepper, state_components(stream, loop, RNGState(world)))
+        loop.step = start_step
+    for line in parent.skipped if parent is not None and world.is_main else []:
+        note(f"skipped checkpoint {line['checkpoint']} of {ref.attempt}: {line['reason']}")
+    identity = DataIdentity(train, val, digests) if world.is_main else None
+    probe = None
+    if world.is_main and config.probe.every:
+        probe = TrainingProbe(config.probe, config.data, config.model, config.run.seed)
+    return _Ready(parent, changes, plan, start_step, stepper, stream, val, identity, loop, probe)
+
+
+def _load_shards(stepper: TrainStep, directory: Path) -> IQTrainError | None:
+    """A sharded parent's tensors, once the step is sharded (every rank together), still
+    before the child exists: a failure is exit 2 on every rank, as in preflight."""
+    try:
+        stepper.load_sharded(directory)
+    except IQTrainError as exc:
+        return exc
+    return None
+
+
+def _attempt_info(config: Config, run_dir: Path, ready: _Ready, world: World) -> dict[str, Any]:
+    t = config.training
+    hosts = world.hosts()  # a collective: every rank builds the info, rank 0 writes it
+    info: dict[str, Any] = {
+        "id": None,  # the attempt's number, set when it is claimed
+        "run_dir": os.fspath(run_dir.resolve()),
+        "parent": None,
+        "versions": _versions(),
+        "device": {
+            "kind": t.device,
+            "name": _device_description(t.device),
+            "precision": t.precision,
+            "compile": t.compile,
+        },
+        "started": utc_now(),
+        "status": "running",
+        "plan": ready.plan.to_dict(),
+        "argv": sys.argv,
+        "pid": os.getpid(),
+        "world": {
+            "size": world.world_size,
+            "backend": world.backend,
+            "hosts": hosts,
+            "parallel": t.parallel,
+        },
+    }
+    p = ready.parent
+    if p is not None:
+        info["parent"] = {
+            "attempt": os.fspath(p.attempt.resolve()),
+            "checkpoint": p.checkpoint.name,
+            "checkpoint_json_sha256": file_digest(p.checkpoint / "checkpoint.json")["sha256"],
+            "step": ready.start_step,
+            "skipped_checkpoints": p.skipped,
+        }
+        info["config_changes"] = {
+            k: {"from": a, "to": b} for k, (a, b) in sorted(ready.changes.items())
+        }
+    return info
+
+
+def run_pretraining_attempt(
+    config: Config, parent: ParentRef | None = None, world: World | None = None
+) -> AttemptResult:
+    """Run (or resume) one attempt of ``config``; creates exactly one attempt directory.
+
+    Under torchrun every rank calls this with its config (the CLI has joined the ranks with
+    :func:`~iqtrain.distributed.world.join` already and passes the ``world``): the ranks run
+    the same preflight and agree on its outcome, and rank 0 claims the attempt and writes
+    everything. Without a ``world`` it joins them itself.
+    """
+    if world is None:
+        world, config = join(lambda: config)
+    result = _run(config, parent, world)
+    world.close()  # only on success: after a failure a peer may be gone
+    return result
+
+
+def _run(config: Config, parent: ParentRef | None, world: World) -> AttemptResult:
+    try:
+        ready = _agreed_preflight(config, parent, world)
+        run_dir = Path(config.run.dir)
+        if parent is not None:  # the child joins its parent, and its config.toml says so
+            run_dir = Path(parent.attempt).resolve().parent.parent
+            config = dataclasses.replace(
+                config, run=dataclasses.replace(config.run, dir=os.fspath(run_dir))
+            )
+        config_text = dumps_toml(config_to_dict(config))
+        info = _attempt_info(config, run_dir, ready, world)
+        claimed = _agreed_claim(run_dir, config_text, info, world)
+    except PeerError:
+        # A peer that a signal ended before the attempt existed: torchrun sends this rank the
+        # same signal a moment later. Then this is the job's stop, not a failure.
+        latch = SignalLatch.current()
+        signum = None if latch is None else latch.wait(_PEER_SIGNAL_GRACE_S)
+        if signum is not None:
+            world.ending()
+            raise StoppedBeforeStart(signum) from None
+        raise
+    if claimed is None:
+        return _follow(config, claimed_path(world, None), run_dir, ready, config_text, world)
+    attempt, lock = claimed
+    claimed_path(world, attempt)
+    return _lead(config, attempt, lock, run_dir, ready, config_text, info, world)
+
+
+def _agreed_preflight(config: Config, parent: ParentRef | None, world: World) -> _Ready:
+    """The preflight on every rank, agreed: any rank's refusal is every rank's, and the ranks
+    must read the same data (fingerprints); a sharded parent's tensors load once the step is
+    sharded (every rank together), still before the child exists."""
+    error: IQTrainError | None = None
+    same = None
+    try:
+        ready = _preflight(config, parent, world)
+        same = {
+            "data.train fingerprint": ready.stream.dataset.fingerprint,
+            "data.val fingerprint": ready.val.fingerprint,
+        }
+    except IQTrainError as exc:
+        error = exc
+    agree(world, error, same=same)
+    ready.stepper.data_parallel()
+    if ready.parent is not None and ready.parent.sharded is not None:
+        agree(world, _load_shards(ready.stepper, ready.parent.sharded))
+    return ready
+
+
+def _agreed_claim(
+    run_dir: Path, config_text: str, info: dict[str, Any], world: World
+) -> tuple[Path, AttemptLock] | None:
+    """Rank 0 claims the attempt (its path and lock; None on the other ranks). From here a
+    signal is a flag the loop acts on: every rank holds its signals before the claim, and the
+    claim itself is agreed."""
+    latch = SignalLatch.current()
+    if latch is not None:
+        latch.hold()
+    error: IQTrainError | None = None
+    claimed = None
+    if world.is_main:
+        try:
+            # The lock is held until the end: a "running" attempt whose lock is free crashed.
+            claimed = claim_attempt(run_dir, config_text, info)
+        except IQTrainError as exc:
+            error = exc
+    agree(world, error)
+    return claimed
+
+
+def claimed_path(world: World, attempt: Path | None) -> Path:
+    """Rank 0's attempt directory, on every rank."""
+    return Path(world.broadcast_object(None if attempt is None else os.fspath(attempt)))
+
+
+def _lead(
+    config: Config,
+    attempt: Path,
+    lock: AttemptLock,
+    run_dir: Path,
+    ready: _Ready,
+    config_text: str,
+    info: dict[str, Any],
+    world: World,
+) -> AttemptResult:
+    """Rank 0 (or the one process): train, publish the manifest, and record how it ended."""
+    status, trainer, metrics = "failed", None, None
+    try:
+        metrics = MetricWriter(
+            attempt / "metrics.jsonl",
+            inherit_from=None if ready.parent is None else ready.parent.attempt / "metrics.jsonl",
+            cursor=None
+            if ready.parent is None
+            else MetricCursor.from_dict(ready.parent.state.metrics),
+        )
+        inherited = None if ready.parent is None else metrics.cursor().to_dict()
+        trainer = _trainer(config, attempt, run_dir, ready, metrics, config_text)
+        trainer.train()
+        metrics.close()
+        loop = trainer.loop
+        publish_manifest(
+            attempt,
+            config_sha=trainer.config_sha,
+            records=metrics.records,
+            inherited=inherited,
+            checkpoints=trainer.checkpoints.saved,
+            best=None if loop.best_checkpoint is None else run_dir / loop.best_checkpoint,
+            best_val_loss=loop.best_val_loss,
+            parent=info["parent"],
+            stopped_early=trainer.stopped_early,
+        )
+        status = "completed"  # only once the manifest exists
+    except Interrupted:
+        status = "interrupted"
+        world.ending()  # the checkpoint is saved; finish the record before any SIGTERM
+        raise
+    except IQTrainError as exc:
+        world.ending()
+        info["error"] = f"{type(exc).__name__}: {exc}"
+        if exc.exit_code == EXIT_FAILURE:
+            raise
+        # The attempt exists: any failure now is a failure of the run (exit 1), not bad input.
+        raise TrainingError(f"{attempt}: {exc}") from exc
+    except BaseException as exc:
+        world.ending()
+        info["error"] = f"{type(exc).__name__}: {exc}"
+        raise
+    finally:
+        if metrics is not None:
+            _close_quietly(metrics)
+        finish_attempt(attempt, info, status, 0 if trainer is None else trainer.loop.step)
+        lock.release()
+    return _result(trainer, attempt, world)
+
+
+def _trainer(
+    config: Config,
+    attempt: Path,
+    run_dir: Path,
+    ready: _Ready,
+    metrics: MetricWriter | None,
+    config_text: str,
+) -> Trainer:
+    t = config.training
+    world = ready.stepper.world
+    trainer = Trainer(
+        t,
+        config.data,
+        attempt,
+        stepper=ready.stepper,
+        stream=ready.stream,
+        val=ready.val,
+        plan=ready.plan,
+        metrics=metrics,
+        checkpoints=CheckpointManager(
+            attempt / "checkpoints",
+            run_dir,
+            every=t.checkpoint_every,
+            keep_last=t.keep_last,
+            world=world,
+        ),
+        identity=ready.identity,
+        config_sha=_sha256_bytes(config_text.encode()),
+        loop=ready.loop,
+        probe_every=config.probe.every,
+        probe=ready.probe,
+    )
+    ready.parent = None  # the parent's tensors are in the model and optimizer now
+    return trainer
+
+
+def _follow(
+    config: Config, attempt: Path, run_dir: Path, ready: _Ready, config_text: str, world: World
+) -> AttemptResult:
+    """A rank other than 0: the same loop, writing nothing. Failures every rank raises
+    together (a non-finite step or validation, a signal) are reported by rank 0 alone."""
+    trainer = _trainer(config, attempt, run_dir, ready, None, config_text)
+    try:
+        trainer.train()
+    except BaseException as exc:
+        world.ending()
+        if isinstance(exc, Interrupted | NonFiniteError):
+            raise RankExit(exit_code(exc), str(exc)) from None
+        if isinstance(exc, IQTrainError) and exc.exit_code != EXIT_FAILURE:
+            raise TrainingError(f"rank {world.rank}: {exc}") from exc
+        raise
+    return _result(trainer, attempt, world)
+
+
+def _result(trainer: Trainer, attempt: Path, world: World) -> AttemptResult:
+    return AttemptResult(
+        attempt=attempt,
+        final_step=trainer.loop.step,
+        final_val_loss=None if trainer.last_val is None else trainer.last_val["loss"],
+        best_val_loss=trainer.loop.best_val_loss,
+        best_checkpoint=trainer.loop.best_checkpoint,
+        rank=world.rank,
+        stopped_early=trainer.stopped_early,
+    )
+
+
+def _close_quietly(metrics: MetricWriter) -> None:
+    """Close the metric stream; while another error propagates, a failure here is a note."""
+    if sys.exc_info()[1] is None:
+        metrics.close()
+        return
+    try:
+        metrics.close()
+    except IQTrainError as exc:
+        note(str(exc))

@@ -1,0 +1,98 @@
+"""``iqtrain inspect CONFIG``: one batch through every stage, printed once.
+
+The checks worth doing before tuning anything: where the batch comes from and its shape and
+dtype at each stage, how many parameters require gradients, how many samples, patches and
+predicted patches one optimizer step consumes, and the loss of the untrained model next to the
+zero-prediction baseline (~1.0 on window-normalised data).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+from iqtrain.config.schema import config_to_dict, dumps_toml, load_config
+from iqtrain.data.sources import open_datasets
+from iqtrain.model.transformer import NextPatchModel
+from iqtrain.train.schedule import Plan, lr_at
+from iqtrain.train.step import TrainStep
+from iqtrain.train.validation import prepare_batch
+
+__all__ = ["inspect_config"]
+
+
+def _t(x) -> str:
+    return f"shape {tuple(x.shape)} dtype {str(x.dtype).removeprefix('torch.')} device {x.device}"
+
+
+def inspect_config(path: str | os.PathLike, overrides: list[str] | None = None) -> None:
+    config = load_config(path, overrides)
+    d, t = config.data, config.training
+    train, val = open_datasets(config.data)
+    print(
+        "resolved config:\n"
+        + "".join(f"  {line}\n" for line in dumps_toml(config_to_dict(config)).splitlines())
+    )
+    print(f"train: {train!r}\n  fingerprint {train.fingerprint}")
+    print(f"val:   {val!r}\n  fingerprint {val.fingerprint}")
+
+    from iqtrain.data.dataset import TrainStream
+
+    stream = TrainStream(train, batch_size=d.batch_size, seed=config.run.seed, prefetch=0)
+    raw = next(stream)
+    print(
+        f"1 loader batch (numpy): shape {raw.shape} dtype {raw.dtype} "
+        f"ids {stream.last_ids()[:4].tolist()}…"
+    )
+    torch.manual_seed(config.run.seed)
+    stepper = TrainStep(
+        NextPatchModel(config.model),
+        config.optimizer,
+        device=t.device,
+        precision=t.precision,
+        compile=False,
+    )
+    dev = torch.from_numpy(raw).to(stepper.device)
+    print(f"2 on device: {_t(dev)}")
+    patches, scale = prepare_batch(raw, stepper, config.data)
+    print(f"3 prepare_iq_input patches: {_t(patches)}")
+    print(f"  scale: {_t(scale)} min {scale.min().item():.4g} max {scale.max().item():.4g}")
+    print(
+        f"  mean power of patches {patches.float().square().mean().item() * 2:.4f} "
+        "(1.0 = normalised)"
+    )
+    with torch.no_grad():
+        stepper.model.eval()
+        pred = stepper.model(patches)
+    print(f"4 model predictions: {_t(pred)}")
+    total, trainable = stepper.model.param_counts()
+    print(f"  parameters: {total:,} ({trainable:,} require gradients)")
+    print(
+        f"  weight decay on {len(stepper.decay_param_names)} tensors, "
+        f"none on {len(stepper.no_decay_param_names)}"
+    )
+    loss_sum, count = stepper.eval_step(patches)
+    zero = patches.float()[:, 1:].square().sum().item() / count
+    print(
+        f"5 untrained loss {loss_sum / count:.4f} vs zero-prediction {zero:.4f} "
+        f"(targets per batch: {count:,} complex samples)"
+    )
+    per_step = d.batch_size * t.grad_accum
+    print(
+        f"per optimizer step: {per_step} windows = {per_step * d.window:,} samples, "
+        f"{per_step * d.seq_patches:,} input patches, {per_step * (d.seq_patches - 1):,} predicted"
+    )
+    print(
+        f"one epoch = {train.num_windows} windows = "
+        f"{math.ceil(train.num_windows / per_step)} steps; "
+        f"{t.max_steps} steps = {t.max_steps * per_step / train.num_windows:.2f} epochs"
+    )
+    plan = Plan.from_config(
+        config.schedule, t.max_steps, config.optimizer.lr, config.optimizer.min_lr
+    )
+    marks = sorted(
+        {0, plan.warmup_steps, plan.decay_start, t.max_steps - 1} & set(range(t.max_steps))
+    )
+    print("lr plan: " + ", ".join(f"step {s + 1}: {lr_at(s, plan):.3g}" for s in marks))

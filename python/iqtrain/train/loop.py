@@ -1,0 +1,379 @@
+"""The training loop: a short read over components that own their state.
+
+``Trainer.train()`` reads top to bottom: next batch -> prepare -> step -> record -> maybe
+validate -> maybe checkpoint -> stop on signal. Each component owns its state and has
+``state_dict()``/``load_state_dict()``: the step (model and optimizer, in safetensors), the
+stream (the loader cursor), the loop state, the RNG and the metric writer (its cursor); a
+checkpoint is the mapping of component name to state, and a restore is one loop over the same
+mapping. When to save, what to keep and how the ranks write a checkpoint is the
+:class:`~iqtrain.checkpoint.manager.CheckpointManager`'s; the loop only asks it. The loop reads
+its own config sections (``[training]``, ``[data]``) and nothing else of the config.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from iqtrain.checkpoint.files import checkpoint_name
+from iqtrain.checkpoint.manager import CheckpointManager
+from iqtrain.checkpoint.state import CheckpointState
+from iqtrain.config.sections import DataConfig, TrainingConfig
+from iqtrain.console import Interrupted, Progress, SignalGuard
+from iqtrain.data.dataset import IQDataset, TrainStream
+from iqtrain.data.identity import DataIdentity
+from iqtrain.errors import CheckpointError, IQTrainError
+from iqtrain.evidence.lineage import Parent
+from iqtrain.evidence.metrics import MetricWriter
+from iqtrain.model.flops import achieved_tflops, device_peak_tflops, mfu
+from iqtrain.train.probe import TrainingProbe, probe_due
+from iqtrain.train.rng import RNGState
+from iqtrain.train.schedule import Plan, lr_at
+from iqtrain.train.step import StepResult, TrainStep
+from iqtrain.train.validation import prepare_batch, validate
+
+__all__ = [
+    "LoopState",
+    "Trainer",
+    "spike_update",
+]
+
+SPIKE_FACTOR = 3.0  # a train loss above 3x its running average is flagged as a spike
+SPIKE_EMA = 0.9  # weight of the past in that running average
+
+
+@dataclass
+class LoopState:
+    """The loop's counters: best validation, the loss average for spikes, validations run,
+    and early stopping's bookkeeping (the reference loss an improvement must beat by
+    ``training.early_stop_min_delta``, and the validations since one did)."""
+
+    step: int = 0
+    best_val_loss: float | None = None
+    best_step: int | None = None
+    best_checkpoint: str | None = None  # relative to the run dir: may live in an ancestor
+    loss_ema: float | None = None
+    validations: int = 0
+    early_stop_ref: float | None = None
+    stale_validations: int = 0
+
+    def record_loss(self, loss: float) -> bool:
+        """Fold a train loss into the running average; True if it is a spike."""
+        spike, self.loss_ema = spike_update(self.loss_ema, loss)
+        return spike
+
+    def record_validation(self, loss: float, attempt: Path, min_delta: float = 0.0) -> bool:
+        """Count a validation; True (and remember it as best) if it improved strictly.
+
+        For early stopping an improvement counts only when it beats the reference by more than
+        ``min_delta`` (then the reference moves to it, as in Keras and Lightning); any other
+        validation is one more without improvement."""
+        improved = self.best_val_loss is None or loss < self.best_val_loss
+        if improved:
+            self.best_val_loss, self.best_step = loss, self.step
+            name = checkpoint_name(self.step)
+            self.best_checkpoint = f"attempts/{attempt.name}/checkpoints/{name}"
+        if self.early_stop_ref is None or loss < self.early_stop_ref - min_delta:
+            self.early_stop_ref, self.stale_validations = loss, 0
+        else:
+            self.stale_validations += 1
+        self.validations += 1
+        return improved
+
+    def state_dict(self) -> dict[str, Any]:
+        # The step is stored beside the other components (state.json "step"), not in "loop".
+        return {k: v for k, v in asdict(self).items() if k != "step"}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        kinds: dict[str, tuple[type, ...]] = {
+            "best_val_loss": (float, type(None)),
+            "best_step": (int, type(None)),
+            "best_checkpoint": (str, type(None)),
+            "loss_ema": (float, type(None)),
+            "validations": (int,),
+            "early_stop_ref": (float, type(None)),
+            "stale_validations": (int,),
+        }
+        for key, kind in kinds.items():
+            value = state[key]
+            if isinstance(value, bool) or not isinstance(value, kind):
+                raise TypeError(f"loop.{key} is {value!r}")
+        for key in kinds:
+            setattr(self, key, state[key])
+
+
+def spike_update(ema: float | None, loss: float) -> tuple[bool, float]:
+    """``(spike, new_ema)``: a loss above SPIKE_FACTOR x its running average is a spike."""
+    spike = ema is not None and loss > SPIKE_FACTOR * ema
+    new = loss if ema is None else SPIKE_EMA * ema + (1 - SPIKE_EMA) * loss
+    return spike, new
+
+
+def state_components(stream: TrainStream, loop: LoopState, rng: RNGState) -> dict[str, Any]:
+    """The JSON-state components of a checkpoint, by their state.json key."""
+    return {"cursor": stream, "loop": loop, "rng": rng}
+
+
+_TORCH_DTYPES = {"int8": torch.int8, "int16": torch.int16, "float32": torch.float32}
+
+
+def _ring(stream: TrainStream, device: torch.device, microbatches: int) -> list[torch.Tensor]:
+    """Caller-owned batch buffers the stream assembles into: pinned on CUDA (so the copy to
+    the device needs no staging copy), enough for the prefetch and one step's microbatches."""
+    ds = stream.dataset
+    rows = stream.batch_size // stream.world_size
+    ring = [
+        torch.empty(
+            (rows, ds.window_len, 2),
+            dtype=_TORCH_DTYPES[ds.dtype.name],
+            pin_memory=device.type == "cuda",
+        )
+        for _ in range(stream.prefetch + microbatches)
+    ]
+    stream.use_ring([t.numpy() for t in ring])
+    return ring
+
+
+def restore(parent: Parent, stepper: TrainStep, components: dict[str, Any]) -> None:
+    """Continue exactly where ``parent``'s checkpoint stopped: the step's tensors, then one
+    loop over the same component mapping a checkpoint writes. Runs before the child exists,
+    so a checkpoint that cannot be restored is a CheckpointError (exit 2) naming its state.
+    A sharded checkpoint's tensors are loaded later, by every rank together, once the step is
+    sharded (:meth:`TrainStep.load_sharded`); its JSON components are restored here."""
+    try:
+        if parent.sharded is None:
+            stepper.load_state_dict(
+                {"model": parent.model_state, "optimizer": parent.optimizer_state}
+            )
+        for name, component in components.items():
+            component.load_state_dict(parent.state.components[name])
+    except (KeyError, TypeError, ValueError, AttributeError, RuntimeError, IndexError) as exc:
+        raise CheckpointError(
+            f"{parent.checkpoint / 'state.json'}: cannot restore: {type(exc).__name__}: {exc}"
+        ) from None
+
+
+class Trainer:
+    """One attempt's loop over its components (built by ``run_pretraining_attempt``)."""
+
+    def __init__(
+        self,
+        training: TrainingConfig,
+        data: DataConfig,
+        attempt: Path,
+        *,
+        stepper: TrainStep,
+        stream: TrainStream,
+        val: IQDataset,
+        plan: Plan,
+        metrics: MetricWriter | None,
+        checkpoints: CheckpointManager,
+        identity: DataIdentity | None,
+        config_sha: str,
+        loop: LoopState,
+        probe_every: int = 0,
+        probe: TrainingProbe | None = None,
+    ) -> None:
+        """With several ranks every rank builds a Trainer and runs the same loop (the same
+        decisions from the same agreed numbers); only rank 0 has ``metrics``, ``identity``
+        and ``probe``, and writes: the records, the checkpoints. Other ranks pass None."""
+        self.training, self.data, self.attempt, self.plan = training, data, attempt, plan
+        self.stepper, self.stream, self.val = stepper, stream, val
+        self.metrics, self.checkpoints, self.identity = metrics, checkpoints, identity
+        self.probe_every, self.probe = probe_every, probe
+        self.config_sha = config_sha
+        self.loop = loop
+        self.world = stepper.world
+        self.rng = RNGState(self.world)
+        self.stopped_early: dict[str, Any] | None = None
+        t = training
+        self.ring = _ring(stream, stepper.device, t.grad_accum)
+        self.flops_per_patch = stepper.model.train_flops_per_patch(data.seq_patches)
+        # The records' TFLOP/s are the whole job's (the global batch), so MFU divides by the
+        # peak of every rank's device together.
+        peak = device_peak_tflops(t.device, t.precision, t.peak_tflops or None)
+        self.peak_tflops = None if peak is None else peak * self.world.world_size
+        self.last_val: dict[str, Any] | None = None
+
+    def components(self) -> dict[str, Any]:
+        """The JSON-state components of a checkpoint, by their state.json key."""
+        return state_components(self.stream, self.loop, self.rng)
+
+    def train(self) -> None:
+        """Run to ``plan.max_steps`` or until early stopping (``stopped_early`` says why); a
+        signal ends it after a checkpoint (Interrupted)."""
+        t = self.training
+        progress = Progress(self.loop.step, self.plan.max_steps, t.log_every, self.world.is_main)
+        try:
+            with SignalGuard(announce=self.world.is_main) as guard:
+                while self.loop.step < self.plan.max_steps:
+                    t0 = time.perf_counter()
+                    result = self._step(stop=lambda: guard.signum is not None)
+                    self._record(result, time.perf_counter() - t0, progress)
+                    final = self.loop.step == self.plan.max_steps
+                    improved = stop_early = False
+                    if self.loop.step % t.eval_every == 0 or final:
+                        improved = self._validate(progress)
+                        stop_early = not final and self._patience_exhausted()
+                        self._maybe_probe(progress, last=final or stop_early)
+                    end = final or stop_early
+                    if self.checkpoints.due(self.loop.step, final=end, improved=improved):
+                        self.checkpoint()
+                    if stop_early:
+                        self._stop_early(progress)
+                        break
+                    # result.stop: a signal on any rank (agreed in the step's all-reduce); one
+                    # process also stops for a signal that came after it.
+                    stop = result.stop or (not self.world.distributed and guard.signum is not None)
+                    if stop and not final:
+                        if not self.checkpoints.saved_at(self.loop.step):
+                            self.checkpoint()
+                        # A rank whose peer was signalled ends as if terminated.
+                        signum = guard.signum or signal.SIGTERM
+                        raise Interrupted(signum, self.attempt, self.world.world_size)
+        finally:
+            progress.close()
+
+    def _patience_exhausted(self) -> bool:
+        patience = self.training.early_stop_patience
+        return patience > 0 and self.loop.stale_validations >= patience
+
+    def _stop_early(self, progress: Progress) -> None:
+        t, loop = self.training, self.loop
+        reason = (
+            f"no validation improved on {loop.early_stop_ref:.6g} by more than "
+            f"{t.early_stop_min_delta:g} in {loop.stale_validations} validations "
+            f"(training.early_stop_patience = {t.early_stop_patience})"
+        )
+        self.stopped_early = {"step": loop.step, "best_step": loop.best_step, "reason": reason}
+        progress.note(f"stopped early at step {loop.step}: {reason}")
+
+    def _step(self, stop: Callable[[], bool]) -> StepResult:
+        """Read A microbatches into the ring, prepare them and run one optimizer step."""
+        micro, ids, slots = [], [], []
+        try:
+            for _ in range(self.training.grad_accum):
+                slots.append(self.stream.next_slot())
+                ids.append(self.stream.last_ids())
+                micro.append(prepare_batch(self.ring[slots[-1]], self.stepper, self.data)[0])
+            s = self.loop.step  # 0-based index of the step being run
+            lr = lr_at(s, self.plan)
+            ids_all = np.concatenate(ids)
+            result = self.stepper.train_step(micro, lr, step=s + 1, window_ids=ids_all, stop=stop)
+        finally:
+            # train_step has synchronised with the device (its finite check), so every copy out
+            # of these buffers is done and the stream may fill them again.
+            for slot in slots:
+                self.stream.release(slot)
+        self.loop.step = s + 1
+        return result
+
+    def _record(self, result: StepResult, dt: float, progress: Progress) -> None:
+        d = self.data
+        samples = d.batch_size * self.training.grad_accum
+        spike = self.loop.record_loss(result.loss)
+        # Every position is computed (the last one predicts nothing, but costs the same).
+        tflops = achieved_tflops(self.flops_per_patch, samples * d.seq_patches, dt)
+        record = {
+            "kind": "train",
+            "step": self.loop.step,
+            "loss": result.loss,
+            "lr": result.lr,
+            "grad_norm": result.grad_norm,
+            "clipped": result.clipped,
+            "samples": samples,
+            "patches": samples * (d.seq_patches - 1),
+            "step_time_s": dt,
+            "samples_per_s": samples / dt if dt > 0 else 0.0,
+            "tflops": tflops,
+            "spike": spike,
+        }
+        utilisation = mfu(tflops, self.peak_tflops)
+        if utilisation is not None:
+            record["mfu"] = utilisation
+        if self.metrics is not None:
+            self.metrics.write(record)
+        progress.update(self.loop.step, result.loss, result.lr, samples / dt if dt > 0 else 0.0)
+
+    def _validate(self, progress: Progress) -> bool:
+        """Full validation, its record, and whether it improved on the best."""
+        v0 = time.perf_counter()
+        step = self.loop.step
+        rec = validate(self.stepper, self.val, self.data, step, self.loop.validations == 0)
+        min_delta = self.training.early_stop_min_delta
+        improved = self.loop.record_validation(rec["loss"], self.attempt, min_delta)
+        rec = {"kind": "val", "step": step, **rec, "best": improved}
+        rec["time_s"] = time.perf_counter() - v0
+        if self.metrics is not None:
+            self.metrics.write(rec)
+        self.last_val = rec
+        progress.note(
+            f"val step {step}: loss {rec['loss']:.5f} "
+            f"({rec['pred_snr_db']:.2f} dB){'  best' if improved else ''}"
+        )
+        return improved
+
+    def _maybe_probe(self, progress: Progress, last: bool) -> None:
+        """``[probe]`` after a validation it is due at (and the last): rank 0 probes while the
+        others wait for it. Probe data that fails now (changed, unreadable, non-finite) costs
+        the probe record, not the training run: one note line, training goes on."""
+        if not probe_due(self.probe_every, self.loop.validations, last):
+            return
+        p0 = time.perf_counter()
+        model: Any = self.stepper.model
+        if self.stepper.forward_is_collective:  # sharded: gathered whole onto rank 0
+            model = self.stepper.model_state_dict()
+        if self.probe is not None and self.metrics is not None:  # rank 0
+            try:
+                rec = self.probe.record(model, self.loop.step)
+            except (IQTrainError, OSError) as exc:
+                progress.note(f"probe step {self.loop.step}: skipped: {exc}")
+            else:
+                rec["time_s"] = time.perf_counter() - p0
+                self.metrics.write(rec)
+                progress.note(
+                    f"probe step {rec['step']}: accuracy {rec['accuracy']:.4f} (random-init "
+                    f"{rec['random_init_accuracy']:.4f}, chance {rec['chance']:.4f})"
+                )
+        self.world.wait_for_main()
+
+    def checkpoint(self) -> Path | None:
+        """Save every component's state at this step (every rank: the RNG component gathers
+        all ranks' generators, a sharded step gathers the whole model onto rank 0); the
+        manager writes it, with the ranks' shards, and prunes. The path on rank 0."""
+        if self.identity is not None:
+            self.identity.digests()  # the first checkpoint waits for the background digests
+        self.world.wait_for_main()  # ... and the other ranks wait for rank 0 to have them
+        components = {name: c.state_dict() for name, c in self.components().items()}
+        tensors = self.stepper.state_dict()
+        return self.checkpoints.save(
+            tensors["model"],
+            tensors["optimizer"],
+            self._state(components) if self.world.is_main else None,
+            step=self.loop.step,
+            protect=self.loop.best_checkpoint,
+            write_shards=self.stepper.save_sharded if self.stepper.sharded else None,
+        )
+
+    def _state(self, components: dict[str, dict[str, Any]]) -> CheckpointState:
+        """Rank 0's state.json of this step (the metric stream synced to disk first: the
+        cursor must never point past what is there)."""
+        assert self.identity is not None and self.metrics is not None
+        self.identity.check_lengths()
+        self.metrics.sync()
+        return CheckpointState(
+            step=self.loop.step,
+            config_sha256=self.config_sha,
+            plan=self.plan.to_dict(),
+            fingerprints=self.identity.fingerprints,
+            data=self.identity.digests(),
+            metrics=self.metrics.state_dict(),
+            components=components,
+        )

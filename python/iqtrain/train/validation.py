@@ -1,0 +1,99 @@
+"""Validation: the mean next-patch loss over every validation window, sharded over ranks.
+
+The validation set is cut into batches of ``data.val_batch_size`` in window-id order, exactly as
+one process reads it. Rank ``r`` of ``W`` evaluates batches ``r, r + W, r + 2W, ...``: whole
+batches, so each batch's summed loss is computed by the same graph on the same rows as in one
+process. The per-batch sums are then all-reduced into a table where every row has exactly one
+non-zero contribution (``x + 0 = x`` exactly), and every rank adds the rows in batch order in
+Python floats, as one process does: the validation loss is bit-identical at every world size
+(given the same per-batch numerics, i.e. the same device and thread settings).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from iqtrain.config.sections import DataConfig
+from iqtrain.data.dataset import IQDataset
+from iqtrain.errors import NonFiniteError
+from iqtrain.train.step import TrainStep, format_ids
+
+__all__ = ["prepare_batch", "validate"]
+
+
+def prepare_batch(
+    raw: np.ndarray | torch.Tensor, stepper: TrainStep, d: DataConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Loader batch -> device -> normalised patches, with the config's norm (the step picks
+    the path: Triton on CUDA, compiled on CPU when training.compile, else the reference)."""
+    return stepper.prepare(raw, d.patch_len, norm=d.norm, prefix_patches=d.prefix_patches)
+
+
+def _batch_sums(
+    stepper: TrainStep, val: IQDataset, d: DataConfig, baselines: bool
+) -> torch.Tensor:
+    """``[batches, 4]`` float64 on the step's device: summed loss, target count and the two
+    baseline sums of every batch this rank evaluates; zeros in the other ranks' rows."""
+    world = stepper.world
+    n, bs = val.num_windows, d.val_batch_size
+    batches = (n + bs - 1) // bs
+    table = torch.zeros((batches, 4), dtype=torch.float64, device=stepper.device)
+    rounds = (batches + world.world_size - 1) // world.world_size
+    for b in range(world.rank, rounds * world.world_size, world.world_size):
+        if b >= batches and not stepper.forward_is_collective:
+            break
+        # A sharded model's forward gathers parameters with every rank: a rank without a
+        # batch of its own in the last round evaluates batch 0 again, and drops the result.
+        src = b if b < batches else 0
+        raw = val.windows(np.arange(src * bs, min((src + 1) * bs, n), dtype=np.uint64))
+        patches, _ = prepare_batch(raw, stepper, d)
+        total, count = stepper.eval_loss_sum(patches)  # no host sync per batch
+        if b >= batches:
+            continue
+        table[b, 0] = total
+        table[b, 1] = count
+        if baselines:
+            x = patches.float()
+            table[b, 2] = x[:, 1:].square().sum(dtype=torch.float64)
+            table[b, 3] = (x[:, 1:] - x[:, :-1]).square().sum(dtype=torch.float64)
+    return world.all_reduce_sum(table)
+
+
+def validate(
+    stepper: TrainStep, val: IQDataset, d: DataConfig, step: int, baselines: bool
+) -> dict[str, Any]:
+    """Mean loss over every validation window (exact over the partial last batch), the same
+    on every rank.
+
+    A non-finite batch loss raises NonFiniteError naming the step and that batch's window ids,
+    before anything is recorded: the evidence never holds a non-finite number. Every rank sees
+    the same table, so every rank raises it.
+    """
+    rows = _batch_sums(stepper, val, d, baselines).tolist()  # the one sync of a pass
+    bs = d.val_batch_size
+    for b, row in enumerate(rows):
+        if not math.isfinite(row[0]):
+            hi = min((b + 1) * bs, val.num_windows)
+            raise NonFiniteError(
+                f"step {step}: validation loss is {row[0]} in data.val windows "
+                f"{format_ids(np.arange(b * bs, hi))}"
+            )
+    count = int(sum(row[1] for row in rows))
+    loss = sum(row[0] for row in rows) / count  # in batch order, in Python floats
+    samples = val.num_windows
+    rec = {
+        "loss": loss,
+        "pred_snr_db": -10.0 * math.log10(loss) if loss > 0 else float("inf"),
+        "samples": samples,
+        "patches": samples * (d.seq_patches - 1),
+    }
+    if baselines:
+        rec["baseline_zero_loss"] = sum(row[2] for row in rows) / count
+        rec["baseline_copy_last_loss"] = sum(row[3] for row in rows) / count
+    if not all(math.isfinite(v) for v in rec.values() if isinstance(v, float)):
+        raise NonFiniteError(f"step {step}: validation produced a non-finite value: {rec}")
+    return rec
