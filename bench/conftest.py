@@ -7,12 +7,6 @@ import pytest
 SUMMARY: list[str] = []
 
 
-def median(benchmark) -> float | None:
-    """Median seconds per round of a finished benchmark (None under --benchmark-disable)."""
-    stats = getattr(benchmark, "stats", None)
-    return None if stats is None else stats.stats.median
-
-
 @pytest.fixture
 def bench_summary():
     """Append a line to the end-of-run summary (ratios against the peer baselines)."""
@@ -24,3 +18,15 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("peer ratios (same run)")
         for line in SUMMARY:
             terminalreporter.write_line(line)
+
+
+def pytest_collection_modifyitems(config, items):
+    """``gpu`` benchmarks skip on a machine without CUDA."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

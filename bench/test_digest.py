@@ -16,7 +16,7 @@ import hashlib
 
 import numpy as np
 import pytest
-from conftest import median
+from bench_helpers import median
 
 from iqtrain._native import digest_files
 

@@ -29,7 +29,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from test_loop import SEQ_PATCHES, loop_tables
+from bench_helpers import SEQ_PATCHES, loop_tables
 
 from iqtrain.config.schema import dumps_toml
 from iqtrain.evidence.metrics import read_metrics

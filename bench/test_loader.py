@@ -23,7 +23,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from conftest import median
+from bench_helpers import median
 
 from iqtrain.data.dataset import IQDataset, TrainStream
 

@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import glob
 import math
-import os
 import statistics
 import time
 from pathlib import Path
@@ -58,7 +57,21 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from conftest import median
+from bench_helpers import (
+    BATCH,
+    BLOCK,
+    DIM,
+    HEADS,
+    LAYERS,
+    LR,
+    PATCH_LEN,
+    SEQ_PATCHES,
+    STEPS,
+    WARMUP,
+    WINDOW,
+    loop_tables,
+    median,
+)
 from torch import Tensor, nn
 
 import iqtrain.evidence.metrics
@@ -69,44 +82,8 @@ from iqtrain.train.attempt import run_pretraining_attempt
 from iqtrain.train.step import TrainStep
 
 THREADS = 1
-STEPS = 69
-WARMUP = 8
-BLOCK = 5  # loop steps, then as many bare steps, then as many peer iterations
-PATCH_LEN, SEQ_PATCHES, BATCH = 8, 64, 16
-DIM, LAYERS, HEADS = 128, 4, 4
-WINDOW = PATCH_LEN * SEQ_PATCHES
-LR = 1e-3
 
 
-def loop_tables(run_dir: Path, cache: Path) -> dict:
-    return {
-        "run": {"dir": os.fspath(run_dir), "seed": 0},
-        "data": {
-            "patch_len": PATCH_LEN,
-            "seq_patches": SEQ_PATCHES,
-            "batch_size": BATCH,
-            "val_batch_size": 64,
-            "synthetic": {
-                "train_recordings": 2,
-                "val_recordings": 1,
-                "samples": 1 << 16,  # 128 windows per recording
-                "cache_dir": os.fspath(cache),
-            },
-        },
-        "model": {"dim": DIM, "layers": LAYERS, "heads": HEADS},
-        "optimizer": {"lr": LR, "min_lr": LR / 10},
-        "schedule": {"kind": "wsd", "warmup_steps": 4, "decay_steps": 8},
-        "training": {
-            "device": "cpu",
-            "precision": "fp32",
-            "compile": True,
-            "max_steps": STEPS,
-            "eval_every": 10 * STEPS,  # only the final step validates and checkpoints
-            "checkpoint_every": 10 * STEPS,
-            "keep_last": 1,
-            "log_every": 10 * STEPS,
-        },
-    }
 
 
 # --------------------------------------------------------------------------- the nanoGPT peer

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import median
+from bench_helpers import median
 
 from iqtrain.model.prepare import prepare_iq_input, prepare_iq_input_reference
 
@@ -36,7 +36,6 @@ GPU_BATCH = 256
 # over the 16 ops.
 GPU_BUFFERS = 16
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 _medians: dict[str, float] = {}  # test key -> median seconds per round
 
@@ -132,17 +131,17 @@ def _bench_gpu(benchmark, key: str, fn, inputs: list[torch.Tensor], bytes_per_op
         benchmark.extra_info["GB_per_s"] = bytes_per_op * len(inputs) / seconds / 1e9
 
 
-@needs_cuda
+@pytest.mark.gpu
 def test_cuda_copy_baseline(benchmark, gpu_inputs) -> None:
     _bench_gpu(benchmark, "cuda_copy", torch.Tensor.clone, gpu_inputs, COPY_BYTES_PER_OP)
 
 
-@needs_cuda
+@pytest.mark.gpu
 def test_cuda_reference_eager(benchmark, gpu_inputs) -> None:
     _bench_gpu(benchmark, "cuda_eager", _eager, gpu_inputs, GPU_BYTES_PER_OP)
 
 
-@needs_cuda
+@pytest.mark.gpu
 def test_cuda_reference_compiled(benchmark, gpu_inputs) -> None:
     compiled = torch.compile(prepare_iq_input_reference, fullgraph=True)
 
@@ -152,7 +151,7 @@ def test_cuda_reference_compiled(benchmark, gpu_inputs) -> None:
     _bench_gpu(benchmark, "cuda_compiled", run, gpu_inputs, GPU_BYTES_PER_OP)
 
 
-@needs_cuda
+@pytest.mark.gpu
 def test_cuda_triton(benchmark, gpu_inputs, capsys) -> None:
     got, want = _triton(gpu_inputs[0]), _eager(gpu_inputs[0])
     torch.testing.assert_close(got[1], want[1], rtol=2e-6, atol=0)

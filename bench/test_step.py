@@ -320,10 +320,9 @@ def test_cpu_interleaved(benchmark) -> None:
 
 # --------------------------------------------------------------------------- CUDA
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
-@needs_cuda
+@pytest.mark.gpu
 def test_cuda_matmul_ceiling(benchmark) -> None:
     n = 8192
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
@@ -341,7 +340,7 @@ def test_cuda_matmul_ceiling(benchmark) -> None:
         benchmark.extra_info["device"] = torch.cuda.get_device_name()
 
 
-@needs_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_cuda_bf16_train_step_50m(benchmark, compiled: bool) -> None:
     x = unit_power_patches(CUDA_BATCH, CUDA_PATCHES, CUDA_MODEL.patch_len, device="cuda")

@@ -12,44 +12,10 @@ import shutil
 if shutil.which("nvidia-smi") is None and "TRITON_INTERPRET" not in os.environ:
     os.environ["TRITON_INTERPRET"] = "1"
 
-from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-
-# numpy dtype of one component, per SigMF complex datatype
-COMPONENT_DTYPES = {
-    "ci8": np.dtype("i1"),
-    "cu8": np.dtype("u1"),
-    "ci16_le": np.dtype("<i2"),
-    "ci16_be": np.dtype(">i2"),
-    "cf32_le": np.dtype("<f4"),
-    "cf32_be": np.dtype(">f4"),
-}
-
-
-def write_sigmf(directory: Path, name: str, iq: np.ndarray, datatype: str, **global_fields) -> Path:
-    """Write ``iq`` ([n, 2] components) as a SigMF recording with the sigmf package."""
-    from sigmf import SigMFFile
-
-    directory.mkdir(parents=True, exist_ok=True)
-    data_path = directory / f"{name}.sigmf-data"
-    np.ascontiguousarray(iq, dtype=COMPONENT_DTYPES[datatype]).tofile(data_path)
-    meta = SigMFFile(
-        data_file=data_path,
-        global_info={"core:datatype": datatype, "core:sample_rate": 1e6, **global_fields},
-    )
-    meta.add_capture(0, metadata={"core:frequency": 915e6})
-    meta.tofile(directory / f"{name}.sigmf-meta")
-    return directory / f"{name}.sigmf-meta"
-
-
-def random_iq(rng: np.random.Generator, n: int, datatype: str) -> np.ndarray:
-    dt = COMPONENT_DTYPES[datatype]
-    if dt.kind == "f":
-        return rng.standard_normal((n, 2)).astype(dt)
-    info = np.iinfo(dt)
-    return rng.integers(info.min, info.max, size=(n, 2), endpoint=True).astype(dt)
+from helpers import random_iq, write_sigmf  # noqa: E402
 
 
 @pytest.fixture
@@ -81,3 +47,15 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def pytest_collection_modifyitems(config, items):
+    """``gpu`` tests skip on a machine without CUDA (with the reason a user would accept)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

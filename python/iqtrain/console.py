@@ -44,12 +44,29 @@ __all__ = [
     "StoppedBeforeStart",
     "error",
     "note",
+    "resume_command",
 ]
 
 
 def note(text: str) -> None:
     """One ``iqtrain: note:`` line on stderr (a fact worth knowing that changes no outcome)."""
     print(f"iqtrain: note: {text}", file=sys.stderr, flush=True)
+
+
+def resume_command(attempt: Path, world_size: int = 1, per_node: int | None = None) -> str:
+    """How to resume ``attempt`` as it was launched (any world size resumes it; the same one
+    resumes it bit-exactly): ``iqtrain`` for one process, torchrun with the same ranks per node
+    (``per_node``; all on one node when it is None or the whole world) otherwise."""
+    if world_size <= 1:
+        launcher = "iqtrain"
+    elif per_node is None or per_node >= world_size or per_node < 1:
+        launcher = f"torchrun --nproc-per-node {world_size} -m iqtrain"
+    else:
+        nodes = world_size // per_node
+        launcher = (
+            f"torchrun --nnodes {nodes} --nproc-per-node {per_node} <rendezvous options> -m iqtrain"
+        )
+    return f"{launcher} resume --attempt {attempt}"
 
 
 def error(text: str) -> None:

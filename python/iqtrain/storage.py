@@ -11,12 +11,14 @@ import contextlib
 import hashlib
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from iqtrain.errors import StorageError
 
 __all__ = [
+    "creatable_dir",
     "file_digest",
     "fsync_dir",
     "fsync_file",
@@ -86,6 +88,22 @@ def write_file(path: Path, data: bytes) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def creatable_dir(path: Path) -> str | None:
+    """Why directory ``path`` cannot be created and written (None: it can), found by creating
+    and removing a directory in its nearest existing ancestor: a permission check alone says
+    yes to root, and to a read-only or virtual file system."""
+    probe = Path(path)
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        return f"{probe} is not a directory"
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".iqtrain-probe-", dir=probe))
+    except OSError as exc:
+        return f"{probe}: {exc.strerror or exc}"
+    return None
 
 
 def unlink_quietly(path: Path) -> None:

@@ -151,6 +151,11 @@ class CheckpointState:
         return self._loop("stale_validations", int)
 
     @property
+    def early_stop(self) -> tuple[float | None, int]:
+        """Early stopping's (reference loss, validations since it was beaten)."""
+        return self._loop("early_stop_ref", (float, type(None))), self.stale_validations
+
+    @property
     def world_size(self) -> int:
         """How many ranks wrote the checkpoint (one RNG state and, sharded, one shard each)."""
         size = self.components["rng"].get("world_size")

@@ -20,12 +20,19 @@ import argparse
 import functools
 import math
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import NoReturn
 
 from iqtrain.config.sections import SYNTH_DATATYPES
-from iqtrain.console import Interrupted, SignalLatch, StoppedBeforeStart, error
+from iqtrain.console import (
+    Interrupted,
+    SignalLatch,
+    StoppedBeforeStart,
+    error,
+    resume_command,
+)
 from iqtrain.distributed.world import RankExit
 from iqtrain.errors import (
     EXIT_FAILURE,
@@ -122,22 +129,28 @@ def cmd_synth(args: argparse.Namespace) -> int:
 def cmd_inspect(args: argparse.Namespace) -> int:
     from iqtrain.train.inspection import inspect_config
 
-    inspect_config(args.config, args.set)
+    print(inspect_config(args.config, args.set))
     return EXIT_OK
 
 
 def cmd_report(args: argparse.Namespace) -> int:
     from iqtrain.report.summary import report
 
-    text = [report(Path(args.dir))]  # CheckpointError (exit 2) before anything is written
+    attempt = Path(args.dir)
+    text = [report(attempt)]  # CheckpointError (exit 2) before anything is written
+    # Every output is checked before any is written: a refused one leaves nothing behind.
     if args.plot is not None:
-        from iqtrain.report.plot import write_plot
+        from iqtrain.report.plot import check_plot_target, write_plot
 
-        text.append(f"plot: {write_plot(Path(args.dir), Path(args.plot))}")
+        check_plot_target(Path(args.plot))
     if args.tensorboard is not None:
-        from iqtrain.report.tensorboard import export_tensorboard
+        from iqtrain.report.tensorboard import export_tensorboard, tensorboard_target
 
-        where, count = export_tensorboard(Path(args.dir), Path(args.tensorboard))
+        tensorboard_target(attempt, Path(args.tensorboard))
+    if args.plot is not None:
+        text.append(f"plot: {write_plot(attempt, Path(args.plot))}")
+    if args.tensorboard is not None:
+        where, count = export_tensorboard(attempt, Path(args.tensorboard))
         text.append(
             f"tensorboard: {count} scalars in {where} (tensorboard --logdir {args.tensorboard})"
         )
@@ -159,18 +172,6 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
 
 # ------------------------------------------------------------------------------------ parsing
-
-
-def _launcher(world_size: int) -> str:
-    """How the interrupted job was launched, for its resume command (any world size resumes
-    it; the same one resumes it bit-exactly)."""
-    if world_size == 1:
-        return "iqtrain"
-    local = os.environ.get("LOCAL_WORLD_SIZE", str(world_size))
-    if local == str(world_size):
-        return f"torchrun --nproc-per-node {world_size} -m iqtrain"
-    nodes = world_size // max(int(local) if local.isdigit() else 1, 1)
-    return f"torchrun --nnodes {nodes} --nproc-per-node {local} <rendezvous options> -m iqtrain"
 
 
 class UsageError(ConfigError):
@@ -262,6 +263,23 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _flush_stdout(code: int) -> int:
+    """Flush stdout; a reader that closed the pipe early (``iqtrain report | head``) ends the
+    command quietly, as SIGPIPE ends other tools (141), not with a traceback at exit."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _silence_stdout()
+        return 128 + signal.SIGPIPE
+    return code
+
+
+def _silence_stdout() -> None:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
 def _under_torchrun() -> bool:
     return os.environ.get("WORLD_SIZE", "") not in ("", "1")
 
@@ -273,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     if distributed or (args_list[:1] and args_list[0] in ("run", "resume")):
         SignalLatch.install(distributed=distributed)  # first: see the module docstring
     code = _run_command(args_list)
+    code = _flush_stdout(code)
     if distributed:
         latch = SignalLatch.current()
         if latch is not None:
@@ -305,9 +324,11 @@ def _run_command(argv: list[str]) -> int:
     except RankExit as exc:  # a rank other than 0 in a failure rank 0 reports
         return exc.exit_code
     except Interrupted as exc:
+        local = os.environ.get("LOCAL_WORLD_SIZE", "")
+        per_node = int(local) if local.isdigit() else None
         print(
             f"\ninterrupted (signal {exc.signum}); checkpoint saved. Resume with:\n"
-            f"  {_launcher(exc.world_size)} resume --attempt {exc.attempt}",
+            f"  {resume_command(exc.attempt, exc.world_size, per_node)}",
             file=sys.stderr,
         )
         return exc.exit_code
@@ -323,6 +344,9 @@ def _run_command(argv: list[str]) -> int:
     except KeyboardInterrupt:
         error("interrupted")
         return 130
+    except BrokenPipeError:  # the reader of our stdout went away (``| head``)
+        _silence_stdout()
+        return 128 + signal.SIGPIPE
     except OSError as exc:
         error(f"I/O error: {exc}")
         return EXIT_FAILURE

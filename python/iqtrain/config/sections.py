@@ -80,12 +80,14 @@ SYNTH_DATATYPES = tuple(k for k, v in SIGMF_DATATYPES.items() if v.full_scale is
 # file without reading a traceback.
 
 
-def require_int(key: str, value: object, *, minimum: int) -> int:
+def require_int(key: str, value: object, *, minimum: int, maximum: int | None = None) -> int:
     # bool is an int subclass; `layers = true` in a config file is a mistake, not 1.
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"{key}: must be an integer, got {value!r}")
     if value < minimum:
         raise ConfigError(f"{key}: must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ConfigError(f"{key}: must be <= {maximum}, got {value}")
     return value
 
 
@@ -165,6 +167,19 @@ class RunConfig:
             raise ConfigError(f"run.seed: must be below 2**63, got {self.seed}")
 
 
+#: The synthetic generator's limits (``iqtrain synth`` and ``[data.synthetic]`` alike). It holds
+#: a few complex128 copies of a recording at once (~100 bytes/sample at peak), so MAX_SAMPLES
+#: keeps one recording within a few GiB; use more recordings for more data. File names are
+#: zero-padded to four digits; beyond MAX_RECORDINGS lexicographic order (which the dataset
+#: uses) would no longer be numeric order.
+SYNTH_MIN_SAMPLES = 1024
+SYNTH_MAX_SAMPLES = 1 << 26
+SYNTH_MAX_RECORDINGS = 10_000
+SYNTH_MAX_SEED = (1 << 64) - 1
+#: The validation set's seed is the training set's plus this (it must not repeat it).
+SYNTH_VAL_SEED_OFFSET = 1_000_003
+
+
 @dataclass(kw_only=True)
 class SynthConfig:
     """``[data.synthetic]``: the built-in default data, used when ``data.train`` is empty.
@@ -181,11 +196,19 @@ class SynthConfig:
     cache_dir: str = "~/.cache/iqtrain/synth"
 
     def __post_init__(self) -> None:
-        require_int("data.synthetic.train_recordings", self.train_recordings, minimum=1)
-        require_int("data.synthetic.val_recordings", self.val_recordings, minimum=1)
-        require_int("data.synthetic.samples", self.samples, minimum=16)
+        for key in ("train_recordings", "val_recordings"):
+            value = getattr(self, key)
+            require_int(f"data.synthetic.{key}", value, minimum=1, maximum=SYNTH_MAX_RECORDINGS)
+        require_int(
+            "data.synthetic.samples",
+            self.samples,
+            minimum=SYNTH_MIN_SAMPLES,
+            maximum=SYNTH_MAX_SAMPLES,
+        )
         require_str("data.synthetic.datatype", self.datatype, SYNTH_DATATYPES)
-        require_int("data.synthetic.seed", self.seed, minimum=0)
+        # The validation set is generated with seed + SYNTH_VAL_SEED_OFFSET.
+        top = SYNTH_MAX_SEED - SYNTH_VAL_SEED_OFFSET
+        require_int("data.synthetic.seed", self.seed, minimum=0, maximum=top)
         self.cache_dir = require_path("data.synthetic.cache_dir", self.cache_dir)
 
 
@@ -360,6 +383,11 @@ class ScheduleConfig:
             raise ConfigError("schedule.decay_steps: wsd needs at least 1 decay step")
 
 
+#: training.dist_timeout_s at most a week: a collective that waits longer is a hang, and far
+#: larger values overflow the process group's timeout (a datetime.timedelta) on every rank.
+MAX_DIST_TIMEOUT_S = 7 * 24 * 3600
+
+
 @dataclass(kw_only=True)
 class TrainingConfig:
     """``[training]``: device, precision, the step budget and the loop's cadences."""
@@ -405,7 +433,9 @@ class TrainingConfig:
         require_int("training.keep_last", self.keep_last, minimum=0)
         require_int("training.log_every", self.log_every, minimum=1)
         self.peak_tflops = require_float("training.peak_tflops", self.peak_tflops, ge=0.0)
-        require_int("training.dist_timeout_s", self.dist_timeout_s, minimum=1)
+        require_int(
+            "training.dist_timeout_s", self.dist_timeout_s, minimum=1, maximum=MAX_DIST_TIMEOUT_S
+        )
         require_str("training.parallel", self.parallel, PARALLEL)
         require_int("training.early_stop_patience", self.early_stop_patience, minimum=0)
         self.early_stop_min_delta = require_float(

@@ -42,7 +42,11 @@ FINGERPRINT_BLOCKS = 16
 CURSOR_VERSION = 1
 
 
-def _expand(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> list[Path]:
+def _expand(
+    paths: str | os.PathLike | Sequence[str | os.PathLike],
+) -> tuple[list[Path], dict[Path, Path]]:
+    """The ``.sigmf-meta`` files that ``paths`` (files or globs) name, resolved and sorted, and
+    the path each resolved one was matched as where that differs (a symlink)."""
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     found: set[Path] = set()
@@ -57,13 +61,19 @@ def _expand(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> list[Path
             path = Path(text)
             if path.suffix != ".sigmf-meta":
                 raise DataError(f"{text}: expected a .sigmf-meta file")
-            if not path.is_file():
+            if not path.is_file() and not path.is_symlink():
                 raise DataError(f"{text}: no such file")
             found.add(path)
     if not found:
         raise DataError(f"{', '.join(map(os.fspath, paths))}: no .sigmf-meta files found")
+    links: dict[Path, Path] = {}
+    for path in found:
+        if path.is_symlink():
+            if not path.exists():
+                raise DataError(f"{path}: a symlink to {os.readlink(path)}, which does not exist")
+            links[path.resolve()] = path
     # Absolute, sorted: window ids enumerate recordings in sorted path order.
-    return sorted({p.resolve() for p in found})
+    return sorted({p.resolve() for p in found}), links
 
 
 def _sampled_digest(path: Path, nbytes: int) -> bytes:
@@ -146,6 +156,8 @@ class IQDataset:
 
     ``skipped`` lists ``(data file, samples)`` of every recording that yields no window at all
     (shorter than the window, or only capture segments that are); they are read by nothing.
+    ``links`` maps each recording's resolved ``.sigmf-meta`` path to the symlink it was named by,
+    where it was named by one (its identity is the resolved file's).
     """
 
     def __init__(
@@ -160,7 +172,7 @@ class IQDataset:
         stride = window if stride is None else stride
         if isinstance(stride, bool) or not isinstance(stride, int) or stride < 1:
             raise ConfigError(f"stride: must be a positive integer, got {stride!r}")
-        metas = _expand(paths)
+        metas, self.links = _expand(paths)
         records = [read_recording(m) for m in metas]
         self.recordings: list[Recording] = [r for r, _ in records]
         self.stride = stride

@@ -110,7 +110,17 @@ class DataIdentity:
         return self._digests
 
 
-def _compare(key: str, old: dict[str, str], new: dict[str, str], what: str) -> None:
+def _compare(
+    key: str, old: dict[str, str], new: dict[str, str], what: str, ds: IQDataset
+) -> None:
+    added = sorted(new.keys() - old.keys())
+    for path in added:  # named through a symlink that now points elsewhere: say so first
+        link = ds.links.get(Path(path).with_suffix(".sigmf-meta"))
+        if link is not None:
+            raise CursorMismatchError(
+                f"data.{key}: {link} is a symlink that now resolves to {path}, which the parent "
+                "did not train on (was it retargeted?)"
+            )
     for path in sorted(old.keys() | new.keys()):
         if path not in new:
             raise CursorMismatchError(
@@ -135,11 +145,11 @@ def check_parent_data(
     fingerprints (the cursor's identity)."""
     digests = compute_digests(train, val) if read else None
     if digests is not None:
-        for key in _GROUPS:
-            _compare(key, recorded.data[key], digests[key], "content digest")
-        for key in _GROUPS:
+        for key, ds in (("train", train), ("val", val)):
+            _compare(key, recorded.data[key], digests[key], "content digest", ds)
+        for key, ds in (("train", train), ("val", val)):
             meta = f"{key}_meta"
-            _compare(key, recorded.data[meta], digests[meta], "metadata digest")
+            _compare(key, recorded.data[meta], digests[meta], "metadata digest", ds)
     for key, ds in (("train", train), ("val", val)):
         if recorded.fingerprints[key] != ds.fingerprint:
             raise CursorMismatchError(

@@ -3,17 +3,19 @@ synthetic default generated once into a shared, content-addressed cache."""
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
 
 from iqtrain.config.schema import expand_path
-from iqtrain.config.sections import DataConfig, SynthConfig
+from iqtrain.config.sections import SYNTH_VAL_SEED_OFFSET, DataConfig, SynthConfig
+from iqtrain.console import note
 from iqtrain.data.dataset import IQDataset
-from iqtrain.errors import ConfigError, WindowTooLongError
+from iqtrain.errors import ConfigError, StorageError, WindowTooLongError
+from iqtrain.storage import storage_error
 
 __all__ = ["ensure_synthetic", "open_datasets", "report_skipped", "validation_patterns"]
 
@@ -29,8 +31,6 @@ def ensure_synthetic(s: SynthConfig) -> tuple[list[str], list[str]]:
     and a rename, so concurrent first runs cannot see a half-written set. It lives outside any
     attempt because it is shared, immutable, content-addressed input, not evidence.
     """
-    from iqtrain.data.synth import synthesize
-
     key = json.dumps(
         {
             "v": 1,
@@ -44,30 +44,40 @@ def ensure_synthetic(s: SynthConfig) -> tuple[list[str], list[str]]:
     )
     root = Path(expand_path(s.cache_dir)) / _sha256_bytes(key.encode())[:16]
     if not (root / "COMPLETE").is_file():
+        _generate(s, root, key)
+    # The cache directory may hold glob characters of its own: only the file name is a pattern.
+    escaped = glob.escape(os.fspath(root))
+    return [os.path.join(escaped, "train", "*.sigmf-meta")], [
+        os.path.join(escaped, "val", "*.sigmf-meta")
+    ]
+
+
+def _generate(s: SynthConfig, root: Path, key: str) -> None:
+    """Write the set into a temporary sibling of ``root`` and rename it into place; a failure
+    (a full disk) leaves no partial set and names the file, as ``data.synthetic.cache_dir``."""
+    from iqtrain.data.synth import synthesize
+
+    tmp = root.parent / f".tmp-{root.name}-{os.getpid()}"
+    try:
         root.parent.mkdir(parents=True, exist_ok=True)
-        tmp = root.parent / f".tmp-{root.name}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
-        synthesize(
-            tmp / "train",
-            recordings=s.train_recordings,
-            samples=s.samples,
-            datatype=s.datatype,
-            seed=s.seed,
-        )
-        # A distinct seed: validation recordings must not repeat training ones.
-        synthesize(
-            tmp / "val",
-            recordings=s.val_recordings,
-            samples=s.samples,
-            datatype=s.datatype,
-            seed=s.seed + 1_000_003,
-        )
+        for part, count, seed in (
+            ("train", s.train_recordings, s.seed),
+            ("val", s.val_recordings, s.seed + SYNTH_VAL_SEED_OFFSET),  # never the train set
+        ):
+            synthesize(tmp / part, recordings=count, samples=s.samples, datatype=s.datatype, seed=seed)
         (tmp / "COMPLETE").write_text(key + "\n")
-        try:
-            os.rename(tmp, root)
-        except OSError:  # someone else finished first: theirs is identical
-            shutil.rmtree(tmp, ignore_errors=True)
-    return [os.fspath(root / "train" / "*.sigmf-meta")], [os.fspath(root / "val" / "*.sigmf-meta")]
+    except (OSError, StorageError) as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        reason = exc if isinstance(exc, StorageError) else storage_error(tmp, exc)
+        raise ConfigError(f"data.synthetic.cache_dir: {reason}") from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    try:
+        os.rename(tmp, root)
+    except OSError:  # someone else finished first: theirs is identical
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def open_datasets(d: DataConfig) -> tuple[IQDataset, IQDataset]:
@@ -99,10 +109,9 @@ def report_skipped(key: str, ds: IQDataset, window: int) -> None:
     if skipped:
         names = [os.path.basename(p) for p, _ in skipped]
         shown = ", ".join(names[:8]) + (f" (+{len(names) - 8} more)" if len(names) > 8 else "")
-        print(
-            f"iqtrain: note: {key}: {len(names)} recording(s) yield no window of {window} "
-            f"samples (too short, or every capture segment is), skipped: {shown}",
-            file=sys.stderr,
+        note(
+            f"{key}: {len(names)} recording(s) yield no window of {window} "
+            f"samples (too short, or every capture segment is), skipped: {shown}"
         )
 
 

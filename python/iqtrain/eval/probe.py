@@ -393,7 +393,7 @@ def load_checkpoint_model(
             f"{parent.checkpoint / 'model.safetensors'}: does not fit the attempt's model "
             f"config ({first})"
         ) from None
-    return model, config, parent.checkpoint, int(parent.state["step"])
+    return model, config, parent.checkpoint, parent.state.step
 
 
 # --------------------------------------------------------------------------- the whole probe

@@ -10,6 +10,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from iqtrain.console import note
 from iqtrain.errors import ConfigError, StorageError
 from iqtrain.evidence.lock import AttemptLock
 from iqtrain.storage import fsync_dir, write_bytes_atomic, write_json_atomic
@@ -74,4 +75,4 @@ def finish_attempt(attempt: Path, info: dict, status: str, step: int) -> None:
     except (OSError, StorageError) as exc:
         if in_flight is None:
             raise
-        print(f"iqtrain: note: could not record the attempt's end: {exc}", file=sys.stderr)
+        note(f"could not record the attempt's end: {exc}")

@@ -15,6 +15,7 @@ from iqtrain.checkpoint.files import (
     checkpoint_step,
     list_checkpoints,
 )
+from iqtrain.checkpoint.state import CheckpointState
 from iqtrain.errors import CheckpointError
 from iqtrain.evidence.attempts import utc_now
 from iqtrain.storage import file_digest, write_json_atomic
@@ -320,15 +321,20 @@ def verify_manifest(attempt: Path, manifest: Any, info: dict, problems: list[str
     _check_end(attempt, manifest, info, latest_step, problems)
 
 
-def _early_stop_settings(attempt: Path) -> tuple[int, int]:
-    """(early_stop_patience, eval_every) from the attempt's config.toml (bound by its hash)."""
+def _early_stop_settings(attempt: Path) -> tuple[int, int, float]:
+    """(early_stop_patience, eval_every, early_stop_min_delta) from the attempt's config.toml
+    (bound by its hash)."""
     import tomllib
 
     try:
         training = tomllib.loads((attempt / "config.toml").read_text()).get("training", {})
-        return int(training.get("early_stop_patience", 0)), int(training.get("eval_every", 0))
+        return (
+            int(training.get("early_stop_patience", 0)),
+            int(training.get("eval_every", 0)),
+            float(training.get("early_stop_min_delta", 0.0)),
+        )
     except (OSError, ValueError, TypeError, AttributeError):
-        return 0, 0  # the config checks report an unreadable config
+        return 0, 0, 0.0  # the config checks report an unreadable config
 
 
 def _check_end(
@@ -336,7 +342,8 @@ def _check_end(
 ) -> None:
     """A completed attempt ends at its plan's max_steps, or earlier with a ``stopped_early``
     entry that names its last step and its best step, written by an attempt whose config has
-    early stopping on, at a validation step."""
+    early stopping on, at a validation step, whose latest state and validation records both
+    count ``early_stop_patience`` validations without an improvement."""
     plan = info.get("plan")
     max_steps = plan.get("max_steps") if isinstance(plan, dict) else None
     stopped = manifest.get("stopped_early")
@@ -349,6 +356,18 @@ def _check_end(
                 f"{max_steps} and no stopped_early entry says why it ended there"
             )
         return
+    problem = _stopped_early_entry(manifest, stopped, latest_step, max_steps)
+    if problem is None:
+        problem = _stopped_early_settings(attempt, latest_step)
+    if problem is None:
+        problem = _stopped_early_counts(attempt, manifest, info)
+    if problem is not None:
+        problems.append(f"manifest.json stopped_early: {problem}")
+
+
+def _stopped_early_entry(
+    manifest: dict, stopped: Any, latest_step: int, max_steps: int
+) -> str | None:
     best = manifest.get("best")
     best_step = best.get("step") if isinstance(best, dict) else None
     if (
@@ -356,29 +375,67 @@ def _check_end(
         or set(stopped) != {"step", "best_step", "reason"}
         or not isinstance(stopped["reason"], str)
     ):
-        problems.append(f"manifest.json stopped_early: malformed: {stopped!r}")
-    elif stopped["step"] != latest_step or not latest_step < max_steps:
-        problems.append(
-            f"manifest.json stopped_early: step {stopped['step']!r}, but the latest checkpoint "
-            f"is step {latest_step} of a plan of {max_steps}"
+        return f"malformed: {stopped!r}"
+    if stopped["step"] != latest_step or not latest_step < max_steps:
+        return (
+            f"step {stopped['step']!r}, but the latest checkpoint is step {latest_step} of a "
+            f"plan of {max_steps}"
         )
-    elif stopped["best_step"] != best_step:
-        problems.append(
-            f"manifest.json stopped_early: best_step {stopped['best_step']!r}, but best is "
-            f"step {best_step!r}"
+    if stopped["best_step"] != best_step:
+        return f"best_step {stopped['best_step']!r}, but best is step {best_step!r}"
+    return None
+
+
+def _stopped_early_settings(attempt: Path, latest_step: int) -> str | None:
+    patience, eval_every, _ = _early_stop_settings(attempt)
+    if patience <= 0:
+        return "set, but config.toml has early stopping off (training.early_stop_patience = 0)"
+    if eval_every <= 0 or latest_step % eval_every:
+        return f"step {latest_step} is not a validation step (training.eval_every = {eval_every})"
+    return None
+
+
+def _stopped_early_counts(attempt: Path, manifest: dict, info: dict) -> str | None:
+    """Early stopping ends an attempt when ``early_stop_patience`` validations in a row did not
+    beat the reference by more than ``early_stop_min_delta``: the latest checkpoint's loop state
+    must count that many, and so must the validation records this attempt wrote, replayed from
+    the count its parent's checkpoint carried."""
+    from iqtrain.evidence.metrics import read_metrics
+
+    patience, _, min_delta = _early_stop_settings(attempt)
+    try:
+        state = CheckpointState.read(attempt / manifest["latest"]["path"])
+        stale = state.stale_validations
+        ref, count = None, 0
+        parent = info.get("parent")
+        if isinstance(parent, dict):
+            owner = Path(parent["attempt"])
+            ref, count = CheckpointState.read(owner / "checkpoints" / parent["checkpoint"]).early_stop
+        inherited = manifest.get("inherited_metrics") or {}
+        records = read_metrics(attempt / "metrics.jsonl")[int(inherited.get("records", 0)) :]
+    except (CheckpointError, OSError, KeyError, TypeError, ValueError) as exc:
+        return f"cannot check its counts: {exc}"
+    if stale != patience:
+        return (
+            f"the latest state counts {stale} validation(s) without an improvement, but "
+            f"training.early_stop_patience is {patience}"
         )
-    else:
-        patience, eval_every = _early_stop_settings(attempt)
-        if patience <= 0:
-            problems.append(
-                "manifest.json stopped_early: set, but config.toml has early stopping off "
-                "(training.early_stop_patience = 0)"
-            )
-        elif eval_every <= 0 or latest_step % eval_every:
-            problems.append(
-                f"manifest.json stopped_early: step {latest_step} is not a validation step "
-                f"(training.eval_every = {eval_every})"
-            )
+    for record in records:
+        if record.get("kind") != "val":
+            continue
+        loss = record.get("loss")
+        if not isinstance(loss, float):
+            return f"a validation record has no loss: {record!r}"
+        if ref is None or loss < ref - min_delta:
+            ref, count = loss, 0
+        else:
+            count += 1
+    if count != patience:
+        return (
+            f"the validation records count {count} in a row without an improvement larger "
+            f"than {min_delta:g}, but training.early_stop_patience is {patience}"
+        )
+    return None
 
 
 def _ref(attempt: Path, path: Path, **extra: Any) -> dict[str, Any]:

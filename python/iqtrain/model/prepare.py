@@ -154,7 +154,7 @@ def compiled_reference() -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
 def _triton_launcher(raw: torch.Tensor, backend: str) -> Callable[..., tuple[torch.Tensor, ...]]:
     """Import the kernel; check it runs on ``raw``'s device (else ``ValueError`` naming backend)."""
     try:
-        from iqtrain.kernels.normalize_patch import normalize_patch as kernel
+        from iqtrain.kernels import normalize_patch as kernel
     except ImportError as exc:
         raise ValueError(
             f"backend: {backend!r} selects the Triton kernel, which cannot be imported ({exc}); "

@@ -21,13 +21,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from iqtrain.errors import ConfigError
+from iqtrain.storage import creatable_dir
 from iqtrain.report.summary import AttemptView, Lineage, load_attempt, number, resume_points
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["build_figure", "ema", "smoothing_span", "write_plot"]
+__all__ = ["build_figure", "check_plot_target", "ema", "smoothing_span", "write_plot"]
 
 PLOT_EXTRA = "--plot needs matplotlib: pip install 'iqtrain[plot]'"
 TRAIN, VAL, RAW, SPIKE, CLIP, RESUME = "C0", "C1", "#9ecae1", "C3", "C3", "0.35"
@@ -289,21 +290,39 @@ def build_figure(attempt: Path) -> Figure:
     return fig
 
 
-def write_plot(attempt: Path, out: Path) -> Path:
-    """Draw :func:`build_figure` into ``out`` (format from its suffix, PNG without one), written
-    to a temporary file next to it and renamed; ``ConfigError`` naming ``out`` if it cannot be
-    written or its format is unknown."""
+def check_plot_target(out: Path) -> str:
+    """The image format of ``--plot out`` (from its suffix, PNG without one), once everything
+    about writing it is known to be possible: matplotlib is there, ``out`` names a file (not
+    ``/``, ``.`` or a directory) in a directory that exists and is writable, and the format is
+    one matplotlib writes. ``ConfigError`` naming ``out`` otherwise; nothing is written."""
     out = Path(out)
     _matplotlib()
-    from matplotlib import rc_context
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
+    if out.name in ("", ".", "..") or out.is_dir():
+        raise ConfigError(f"--plot {os.fspath(out) or repr('')}: a directory; name an image file")
+    if not out.parent.is_dir():
+        raise ConfigError(f"--plot {out}: no directory {out.parent}")
+    why = creatable_dir(out.parent)
+    if why is not None:
+        raise ConfigError(f"--plot {out}: cannot write: {why}")
     fmt = out.suffix[1:].lower() or "png"
     formats = FigureCanvasAgg.get_supported_filetypes()
     if fmt not in formats:
         raise ConfigError(
             f"--plot {out}: unknown image format {fmt!r} (use one of {', '.join(sorted(formats))})"
         )
+    return fmt
+
+
+def write_plot(attempt: Path, out: Path) -> Path:
+    """Draw :func:`build_figure` into ``out`` (checked first: :func:`check_plot_target`),
+    written to a temporary file next to it and renamed; ``ConfigError`` naming ``out`` if it
+    cannot be written."""
+    out = Path(out)
+    fmt = check_plot_target(out)
+    from matplotlib import rc_context
+
     fig = build_figure(attempt)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     try:

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from iqtrain.checkpoint.files import list_checkpoints
+from iqtrain.console import resume_command
 from iqtrain.errors import CheckpointError
 from iqtrain.evidence.lock import attempt_status, read_attempt_info
 from iqtrain.evidence.metrics import MetricStream, read_metric_stream
@@ -94,11 +96,25 @@ def _header(attempt: Path, info: dict[str, Any], status: str) -> list[str]:
     if status == "crashed":
         lines.append(
             "  note: attempt.json says running but no process holds its lock: the process was "
-            f"killed; resume with: iqtrain resume --attempt {attempt}"
+            f"killed; {_how_to_resume(attempt, world)}"
         )
     if info.get("error"):
         lines.append(f"  error: {' '.join(str(info['error']).split())}")
     return lines
+
+
+def _how_to_resume(attempt: Path, world: Any) -> str:
+    """The resume command of a crashed attempt, launched as it was (the ranks per node from its
+    hosts); or why there is none (it wrote no checkpoint)."""
+    if not list_checkpoints(attempt / "checkpoints"):
+        return "it wrote no checkpoint, so there is nothing to resume: run its config again"
+    size = world.get("size") if isinstance(world, dict) else None
+    hosts = world.get("hosts") if isinstance(world, dict) else None
+    size = size if isinstance(size, int) and not isinstance(size, bool) else 1
+    per_node = None
+    if isinstance(hosts, list) and hosts and size % len(set(map(str, hosts))) == 0:
+        per_node = size // len(set(map(str, hosts)))
+    return f"resume with: {resume_command(attempt, size, per_node)}"
 
 
 def _train_lines(train: list[dict[str, Any]]) -> list[str]:

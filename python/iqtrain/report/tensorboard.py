@@ -31,9 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from iqtrain.errors import ConfigError
+from iqtrain.storage import creatable_dir
 from iqtrain.report.summary import AttemptView, load_attempt, number
 
-__all__ = ["EVENT_PREFIX", "export_tensorboard", "scalar_events"]
+__all__ = ["EVENT_PREFIX", "export_tensorboard", "scalar_events", "tensorboard_target"]
 
 TB_EXTRA = "--tensorboard needs tensorboard: pip install 'iqtrain[tensorboard]'"
 EVENT_PREFIX = "events.out.tfevents."
@@ -124,31 +125,45 @@ def _replaceable(target: Path) -> None:
             )
 
 
-def export_tensorboard(attempt: Path, out_dir: Path) -> tuple[Path, int]:
-    """Export attempt ``attempt`` into ``out_dir/<run name>/<attempt id>/``, replacing an
-    earlier export of the same attempt. Returns (that directory, scalar values written).
-
-    ``ConfigError`` (one line naming the path) without tensorboard, for a directory that cannot
-    be written or that holds other files; ``CheckpointError`` if ``attempt`` is not an attempt.
-    """
-    _tensorboard()  # before anything is created
+def tensorboard_target(attempt: Path, out_dir: Path) -> Path:
+    """Where :func:`export_tensorboard` writes ``attempt``: ``out_dir/<run name>/<attempt id>/``,
+    once writing it is known to be possible (tensorboard is there, an existing target holds
+    event files only, ``out_dir`` can be created). ``ConfigError`` naming the path otherwise;
+    ``CheckpointError`` if ``attempt`` is not an attempt. Nothing is written."""
+    _tensorboard()
     view = load_attempt(attempt)
     here = view.path.resolve()
     run_dir = view.info.get("run_dir")
     run = Path(run_dir).name if isinstance(run_dir, str) and run_dir else here.parent.parent.name
-    parent = Path(out_dir) / (run or "run")
-    target = parent / here.name
-    tmp = parent / f".tmp-{here.name}-{os.getpid()}"
-    old = parent / f".old-{here.name}-{os.getpid()}"
+    target = Path(out_dir) / (run or "run") / here.name
+    if target.exists() or target.is_symlink():
+        _replaceable(target)
+    why = creatable_dir(target.parent)
+    if why is not None:
+        raise ConfigError(f"--tensorboard {out_dir}: cannot write: {why}")
+    return target
+
+
+def export_tensorboard(attempt: Path, out_dir: Path) -> tuple[Path, int]:
+    """Export attempt ``attempt`` into :func:`tensorboard_target`, replacing an earlier export
+    of the same attempt. Returns (that directory, scalar values written).
+
+    ``ConfigError`` (one line naming the path) without tensorboard, for a directory that cannot
+    be written or that holds other files; ``CheckpointError`` if ``attempt`` is not an attempt.
+    """
+    target = tensorboard_target(attempt, out_dir)  # before anything is created
+    view = load_attempt(attempt)
+    parent, name_id = target.parent, target.name
+    run = parent.name
+    tmp = parent / f".tmp-{name_id}-{os.getpid()}"
+    old = parent / f".old-{name_id}-{os.getpid()}"
     try:
-        if target.exists() or target.is_symlink():
-            _replaceable(target)
         parent.mkdir(parents=True, exist_ok=True)
         for prefix in (".tmp", ".old"):  # leftovers of a killed export
-            for leftover in parent.glob(f"{prefix}-{here.name}-*"):
+            for leftover in parent.glob(f"{prefix}-{name_id}-*"):
                 shutil.rmtree(leftover, ignore_errors=True)
         tmp.mkdir()
-        name = f"{EVENT_PREFIX}{int(_start_time(view))}.iqtrain.{run}.{here.name}"
+        name = f"{EVENT_PREFIX}{int(_start_time(view))}.iqtrain.{run}.{name_id}"
         written = _write_events(tmp / name, view)
         if target.exists():
             os.rename(target, old)

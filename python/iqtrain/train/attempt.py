@@ -51,7 +51,7 @@ from iqtrain.evidence.lock import AttemptLock
 from iqtrain.evidence.manifest import publish_manifest
 from iqtrain.evidence.metrics import MetricCursor, MetricWriter
 from iqtrain.model.transformer import NextPatchModel
-from iqtrain.storage import file_digest
+from iqtrain.storage import creatable_dir, file_digest
 from iqtrain.train.loop import LoopState, Trainer, restore, state_components
 from iqtrain.train.probe import TrainingProbe
 from iqtrain.train.rng import RNGState
@@ -137,17 +137,11 @@ def _plan(config: Config, parent: Parent | None) -> tuple[Plan, int]:
     return plan, start
 
 
-def _check_run_dir(run_dir: Path | None) -> None:
+def _check_run_dir(run_dir: Path) -> None:
     """run.dir can be created and written (checked before any data is generated)."""
-    if run_dir is None:
-        return
-    probe = run_dir
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
-        raise ConfigError(f"run.dir: {run_dir} cannot be created or written ({probe})")
-
-
+    why = creatable_dir(run_dir)
+    if why is not None:
+        raise ConfigError(f"run.dir: {run_dir} cannot be created or written ({why})")
 
 
 def _preflight(config: Config, ref: ParentRef | None, world: World) -> _Ready:

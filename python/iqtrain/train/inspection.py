@@ -27,22 +27,25 @@ def _t(x) -> str:
     return f"shape {tuple(x.shape)} dtype {str(x.dtype).removeprefix('torch.')} device {x.device}"
 
 
-def inspect_config(path: str | os.PathLike, overrides: list[str] | None = None) -> None:
+def inspect_config(path: str | os.PathLike, overrides: list[str] | None = None) -> str:
+    """The report of ``iqtrain inspect``: one batch through every stage (the CLI prints it)."""
+    lines: list[str] = []
+    emit = lines.append
     config = load_config(path, overrides)
     d, t = config.data, config.training
     train, val = open_datasets(config.data)
-    print(
+    emit(
         "resolved config:\n"
         + "".join(f"  {line}\n" for line in dumps_toml(config_to_dict(config)).splitlines())
     )
-    print(f"train: {train!r}\n  fingerprint {train.fingerprint}")
-    print(f"val:   {val!r}\n  fingerprint {val.fingerprint}")
+    emit(f"train: {train!r}\n  fingerprint {train.fingerprint}")
+    emit(f"val:   {val!r}\n  fingerprint {val.fingerprint}")
 
     from iqtrain.data.dataset import TrainStream
 
     stream = TrainStream(train, batch_size=d.batch_size, seed=config.run.seed, prefetch=0)
     raw = next(stream)
-    print(
+    emit(
         f"1 loader batch (numpy): shape {raw.shape} dtype {raw.dtype} "
         f"ids {stream.last_ids()[:4].tolist()}…"
     )
@@ -55,36 +58,36 @@ def inspect_config(path: str | os.PathLike, overrides: list[str] | None = None) 
         compile=False,
     )
     dev = torch.from_numpy(raw).to(stepper.device)
-    print(f"2 on device: {_t(dev)}")
+    emit(f"2 on device: {_t(dev)}")
     patches, scale = prepare_batch(raw, stepper, config.data)
-    print(f"3 prepare_iq_input patches: {_t(patches)}")
-    print(f"  scale: {_t(scale)} min {scale.min().item():.4g} max {scale.max().item():.4g}")
-    print(
+    emit(f"3 prepare_iq_input patches: {_t(patches)}")
+    emit(f"  scale: {_t(scale)} min {scale.min().item():.4g} max {scale.max().item():.4g}")
+    emit(
         f"  mean power of patches {patches.float().square().mean().item() * 2:.4f} "
         "(1.0 = normalised)"
     )
     with torch.no_grad():
         stepper.model.eval()
         pred = stepper.model(patches)
-    print(f"4 model predictions: {_t(pred)}")
+    emit(f"4 model predictions: {_t(pred)}")
     total, trainable = stepper.model.param_counts()
-    print(f"  parameters: {total:,} ({trainable:,} require gradients)")
-    print(
+    emit(f"  parameters: {total:,} ({trainable:,} require gradients)")
+    emit(
         f"  weight decay on {len(stepper.decay_param_names)} tensors, "
         f"none on {len(stepper.no_decay_param_names)}"
     )
     loss_sum, count = stepper.eval_step(patches)
     zero = patches.float()[:, 1:].square().sum().item() / count
-    print(
+    emit(
         f"5 untrained loss {loss_sum / count:.4f} vs zero-prediction {zero:.4f} "
         f"(targets per batch: {count:,} complex samples)"
     )
     per_step = d.batch_size * t.grad_accum
-    print(
+    emit(
         f"per optimizer step: {per_step} windows = {per_step * d.window:,} samples, "
         f"{per_step * d.seq_patches:,} input patches, {per_step * (d.seq_patches - 1):,} predicted"
     )
-    print(
+    emit(
         f"one epoch = {train.num_windows} windows = "
         f"{math.ceil(train.num_windows / per_step)} steps; "
         f"{t.max_steps} steps = {t.max_steps * per_step / train.num_windows:.2f} epochs"
@@ -95,4 +98,5 @@ def inspect_config(path: str | os.PathLike, overrides: list[str] | None = None) 
     marks = sorted(
         {0, plan.warmup_steps, plan.decay_start, t.max_steps - 1} & set(range(t.max_steps))
     )
-    print("lr plan: " + ", ".join(f"step {s + 1}: {lr_at(s, plan):.3g}" for s in marks))
+    emit("lr plan: " + ", ".join(f"step {s + 1}: {lr_at(s, plan):.3g}" for s in marks))
+    return "\n".join(lines)

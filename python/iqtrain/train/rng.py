@@ -41,8 +41,7 @@ class RNGState:
     rank's generators exactly. At another world size no saved stream belongs to a rank (rank r
     of W' did not exist, or read other rows), so every rank's generators are re-derived: seeded
     with a hash of rank 0's saved CPU state, the new world size and the rank, the same on every
-    resume of that checkpoint. (State version 2 checkpoints hold one process's generators:
-    ``{"cpu": ..., "cuda": ...}``, read as a world of one.)
+    resume of that checkpoint.
     """
 
     def __init__(self, world: World | None = None) -> None:
@@ -53,8 +52,6 @@ class RNGState:
         return {"world_size": self.world.world_size, "ranks": ranks}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if "ranks" not in state:  # state version 2: one process
-            state = {"world_size": 1, "ranks": [state]}
         ranks, size = state["ranks"], state["world_size"]
         if not isinstance(ranks, list) or not ranks or len(ranks) != size:
             raise ValueError(f"rng: {len(ranks)} rank states for world_size {size!r}")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import COMPONENT_DTYPES, random_iq, write_sigmf
+from helpers import COMPONENT_DTYPES, random_iq, write_sigmf
 
 from iqtrain._native import digest_files
 from iqtrain.data.dataset import IQDataset, TrainStream

@@ -15,21 +15,20 @@ from pathlib import Path
 import pytest
 import torch
 
-from iqtrain import prepare
+from iqtrain.model import prepare
 from iqtrain.model.prepare import prepare_iq_input, prepare_iq_input_reference
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
 HAVE_CUDA = torch.cuda.is_available()
 
-needs_cuda = pytest.mark.skipif(not HAVE_CUDA, reason="needs a CUDA GPU")
 needs_triton = pytest.mark.skipif(not HAVE_TRITON, reason="needs triton")
 
 
 def _interpreter_on() -> bool:
     if not HAVE_TRITON:
         return False
-    from iqtrain.kernels.normalize_patch import normalize_patch
+    from iqtrain.kernels import normalize_patch
 
     return normalize_patch.interpreted()
 
@@ -324,7 +323,7 @@ def test_bad_argument_raises_value_error_naming_it(raw, kwargs, name, backend) -
 
 @needs_triton
 def test_triton_on_cpu_without_interpreter_names_backend(monkeypatch: pytest.MonkeyPatch) -> None:
-    from iqtrain.kernels.normalize_patch import normalize_patch
+    from iqtrain.kernels import normalize_patch
 
     monkeypatch.setattr(normalize_patch, "interpreted", lambda: False)
     with pytest.raises(ValueError, match=r"^backend: .*TRITON_INTERPRET=1"):
@@ -401,7 +400,7 @@ def test_interpreted_kernel_multi_block_loops(
 ) -> None:
     # The grid's windows fit one block (cap 8192 elements); a 32-element cap makes both passes
     # loop over many blocks with a masked tail (L=48 prefix: 3 x 16 x 2 = 96 values, 3 blocks).
-    from iqtrain.kernels.normalize_patch import normalize_patch
+    from iqtrain.kernels import normalize_patch
 
     monkeypatch.setattr(normalize_patch, "_MAX_BLOCK", 32)
     raw = make_raw(3, length, torch.int16, seed=5)
@@ -428,7 +427,7 @@ def test_interpreted_kernel_long_window_bf16_and_non_contiguous(norm: str) -> No
 # CUDA: the compiled kernel against the reference
 
 
-@needs_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("out_dtype", _OUT_DTYPES, ids=["fp32", "bf16"])
 @pytest.mark.parametrize(("batch", "length", "patch_len", "dtype", "norm"), GRID)
 def test_cuda_kernel_matches_reference(batch, length, patch_len, dtype, norm, out_dtype) -> None:
@@ -439,7 +438,7 @@ def test_cuda_kernel_matches_reference(batch, length, patch_len, dtype, norm, ou
     assert_matches(got, prepare_iq_input_reference(raw, patch_len, **kwargs))
 
 
-@needs_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", IN_DTYPES)
 @pytest.mark.parametrize("out_dtype", _OUT_DTYPES, ids=["fp32", "bf16"])
 def test_cuda_kernel_long_windows(dtype: torch.dtype, out_dtype: torch.dtype) -> None:
@@ -450,7 +449,7 @@ def test_cuda_kernel_long_windows(dtype: torch.dtype, out_dtype: torch.dtype) ->
         assert_matches(got, prepare_iq_input_reference(raw, 16, **kwargs))
 
 
-@needs_cuda
+@pytest.mark.gpu
 def test_cuda_auto_uses_triton(monkeypatch: pytest.MonkeyPatch) -> None:
     def no_reference(*args: object, **kwargs: object) -> None:
         raise AssertionError("auto must pick Triton for a CUDA tensor")
@@ -460,7 +459,7 @@ def test_cuda_auto_uses_triton(monkeypatch: pytest.MonkeyPatch) -> None:
     assert patches.is_cuda and scale.is_cuda
 
 
-@needs_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["auto", "triton"])
 def test_cuda_special_values(backend: str) -> None:
     raw = torch.full((3, 4096, 2), -32768, dtype=torch.int16)
@@ -475,7 +474,7 @@ def test_cuda_special_values(backend: str) -> None:
     assert torch.isnan(patches[2]).all() and torch.isnan(scale[2])
 
 
-@needs_cuda
+@pytest.mark.gpu
 def test_cuda_offsets_past_int32() -> None:
     # 16,385 windows of 65,536 int8 samples: 2^31 + 2^17 input elements, so offsets into the last
     # window exceed int32 (2 GiB in, 4 GiB bf16 out).

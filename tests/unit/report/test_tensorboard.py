@@ -7,7 +7,7 @@ import json
 import sys
 
 import pytest
-from test_report import RECORDS, train_record, write_attempt, write_lineage
+from helpers import RECORDS, train_record, write_attempt, write_lineage
 
 from iqtrain.cli.main import main
 from iqtrain.errors import CheckpointError, ConfigError

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from iqtrain import flops
+from iqtrain.model import flops
 from iqtrain.model.flops import (
     PEAK_TFLOPS,
     achieved_tflops,

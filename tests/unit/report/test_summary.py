@@ -7,69 +7,11 @@ import subprocess
 import sys
 
 import pytest
+from helpers import RECORDS, write_attempt, write_lineage
 
 from iqtrain.errors import CheckpointError
 from iqtrain.evidence.lock import AttemptLock
 from iqtrain.report.summary import load_attempt, report, resume_points
-
-
-def train_record(step, **extra):
-    return {
-        "kind": "train",
-        "step": step,
-        "loss": 1.0 / step,
-        "lr": 1e-3,
-        "grad_norm": 0.5,
-        "clipped": step == 2,
-        "samples": 4,
-        "patches": 28,
-        "step_time_s": 0.01,
-        "samples_per_s": 400.0 + step,
-        "spike": False,
-        **extra,
-    }
-
-
-def val_record(step, loss, best, **extra):
-    return {
-        "kind": "val",
-        "step": step,
-        "loss": loss,
-        "pred_snr_db": 3.0,
-        "samples": 8,
-        "patches": 56,
-        "best": best,
-        "time_s": 0.1,
-        **extra,
-    }
-
-
-RECORDS = [
-    train_record(1),
-    train_record(2),
-    val_record(2, 0.5, True, baseline_zero_loss=1.0, baseline_copy_last_loss=2.0),
-    train_record(3),
-    val_record(3, 0.25, True),
-]
-
-
-def write_attempt(run_dir, number="0001", status="completed", records=RECORDS, tail=b"", **info):
-    """``run_dir/attempts/<number>/`` with attempt.json (``info`` overrides) and metrics.jsonl,
-    as the evidence readers see them (no config, checkpoints or manifest)."""
-    att = run_dir / "attempts" / number
-    att.mkdir(parents=True)
-    info = {
-        "id": number,
-        "status": status,
-        "parent": None,
-        "device": {"kind": "cpu", "name": "test-cpu", "precision": "fp32"},
-        "started": "2025-01-01T00:00:00+00:00",
-        **info,
-    }
-    (att / "attempt.json").write_text(json.dumps(info))
-    lines = b"".join(json.dumps(r).encode() + b"\n" for r in records)
-    (att / "metrics.jsonl").write_bytes(lines + tail)
-    return att
 
 
 def _attempt(tmp_path, status="completed", records=RECORDS, tail=b"", **info):
@@ -244,14 +186,6 @@ def test_the_command_never_tracebacks(tmp_path):
 # ------------------------------------------------------------------------------ shared readers
 
 
-def write_lineage(run_dir, steps=(4, 7), records=RECORDS):
-    """Attempts 0001 .. 000N of ``run_dir``, each resumed from the one before at ``steps[i]``;
-    every one holds ``records``. Returns the attempt directories, oldest first."""
-    atts = [write_attempt(run_dir, "0001", records=records)]
-    for i, step in enumerate(steps, start=2):
-        parent = {"attempt": str(atts[-1].resolve()), "checkpoint": "x", "step": step}
-        atts.append(write_attempt(run_dir, f"{i:04d}", records=records, parent=parent))
-    return atts
 
 
 def test_load_attempt_reads_record_status_and_stream(tmp_path):

@@ -2,7 +2,8 @@
 
 Every run here is ``python -m torch.distributed.run --standalone --nproc-per-node N -m iqtrain``
 (exactly what the README tells a user to type, with torchrun spelled as its module), on a tiny
-model, eager except in the one compile test. The unit tests at the end need no processes.
+model, eager except in the compile tests. The World's unit tests (no processes) are in
+tests/unit/distributed/test_world.py.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,12 +23,12 @@ import torch
 import iqtrain
 from iqtrain.checkpoint.files import load_checkpoint
 from iqtrain.config.schema import dumps_toml
-from iqtrain.distributed.world import RankExit, World, agree, world_from_env
-from iqtrain.errors import ConfigError, DataError, TrainingError
 from iqtrain.evidence.metrics import read_metrics, strip_timing
 
 MAX_STEPS = 12
 TIMEOUT = 300  # a hang fails the test instead of the CI job
+
+pytestmark = pytest.mark.distributed
 
 
 def tables(run_dir: Path, cache: Path, **training) -> dict:
@@ -202,6 +204,47 @@ setattr(owner, name, slow)
     )
 
 
+def recording_exits(tmp_path: Path, rank0_body: str = "") -> tuple[dict, Callable[[], dict]]:
+    """The environment for a torchrun whose workers record the code they leave with (torchrun,
+    itself stopped by a signal, prints no summary of its workers'), rank 0 running
+    ``rank0_body`` at start-up; and a function returning ``{rank: code}`` (a worker killed by a
+    signal records none)."""
+    exits = tmp_path / "exits"
+    exits.mkdir()
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    lines = [
+        "import os, pathlib",
+        "if os.environ.get('RANK') is not None:",
+        "    _exit = os._exit",
+        "    def recorded_exit(code):",
+        f"        pathlib.Path({os.fspath(exits)!r}, os.environ['RANK']).write_text(str(code))",
+        "        _exit(code)",
+        "    os._exit = recorded_exit",
+        "if os.environ.get('RANK') == '0':",
+        *("    " + line for line in (rank0_body.strip().splitlines() or ["pass"])),
+    ]
+    (inject / "sitecustomize.py").write_text("\n".join(lines) + "\n")
+    env = {"PYTHONPATH": f"{inject}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    return env, lambda: {int(p.name): int(p.read_text()) for p in exits.iterdir()}
+
+
+def torchrun_until(marker: Path, *args, env: dict, signum: int = signal.SIGTERM) -> str:
+    """Start torchrun, send it ``signum`` once ``marker`` exists (and a second more), and
+    return its stderr."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
+    cmd += ["2", "-m", "iqtrain", *map(str, args)]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(env), text=True
+    )
+    deadline = time.monotonic() + TIMEOUT
+    while not marker.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    time.sleep(1)
+    proc.send_signal(signum)  # torchrun forwards it to every worker
+    return proc.communicate(timeout=TIMEOUT)[1]
+
+
 def test_a_rank_that_raises_ends_the_job_with_exit_1(tmp_path):
     env = on_rank(  # rank 1 raises in its third step
         tmp_path,
@@ -256,7 +299,7 @@ a.open_datasets = refuse
 
 def test_a_non_finite_loss_on_one_rank_stops_every_rank_naming_the_global_batch(tmp_path):
     import numpy as np
-    from conftest import write_sigmf
+    from helpers import write_sigmf
 
     rng = np.random.default_rng(0)
     window = 128  # seq_patches 16 x patch_len 8
@@ -303,10 +346,10 @@ def test_a_batch_size_that_does_not_divide_is_exit_2_on_every_rank(tmp_path):
     cfg.write_text(dumps_toml(tabs))
     proc = torchrun(2, "run", cfg)
     # torchrun turns any failed worker into its own exit 1; each worker's code is in its
-    # summary.
+    # summary. The ranks agree before either reports: one line for the job.
     assert proc.returncode != 0
-    assert proc.stderr.count("data.batch_size: 5 is not divisible by the world size 2") == 2
-    assert "exitcode  : 2" in proc.stderr and "exitcode  : 1" not in proc.stderr
+    assert proc.stderr.count("data.batch_size: 5 is not divisible by the world size 2") == 1
+    assert proc.stderr.count("exitcode  : 2") == 2, proc.stderr[-4000:]
     assert not (tmp_path / "run").exists() and not (tmp_path / "cache").exists()
 
 
@@ -318,11 +361,169 @@ def test_a_worker_still_starting_when_its_peer_refuses_the_config_exits_2_as_wel
     cfg = tmp_path / "c.toml"
     cfg.write_text(dumps_toml(tabs))
     proc = torchrun(2, "run", cfg, env=env)
-    # torchrun sent rank 0 SIGTERM while it slept: remembered, not fatal, and rank 0 reached
-    # the same refusal (without the deferral it showed exitcode -15).
-    assert proc.stderr.count("training.max_stepz") == 2, proc.stderr[-4000:]
+    # Rank 1 waits for rank 0 to join before either reports: the same refusal on both, printed
+    # once (by rank 0), and each worker exits 2 itself.
+    assert proc.stderr.count("training.max_stepz") == 1, proc.stderr[-4000:]
     assert proc.stderr.count("exitcode  : 2") == 2, proc.stderr[-4000:]
     assert not (tmp_path / "run").exists()
+
+
+def error_lines(proc: subprocess.CompletedProcess) -> list[str]:
+    return [ln for ln in proc.stderr.splitlines() if ln.startswith("iqtrain: error:")]
+
+
+def exit_codes(proc: subprocess.CompletedProcess) -> list[int]:
+    """Every worker's exit code from torchrun's summary (a signal shows as negative)."""
+    return sorted(
+        int(ln.split(":", 1)[1].split()[0])
+        for ln in proc.stderr.splitlines()
+        if ln.strip().startswith("exitcode  :")
+    )
+
+
+@pytest.mark.parametrize(
+    "how",
+    ["misspelled key", "missing config file", "unknown option", "cuda without a GPU"],
+)
+def test_a_refusal_before_the_ranks_join_is_exit_2_on_every_rank_printed_once(tmp_path, how):
+    # Each worker refuses before it has joined the group; they join anyway, agree, and only
+    # rank 0 prints. Without that one worker died of torchrun's SIGTERM (-15) or of a gloo
+    # thread's abort at exit (-6) in some runs, and every rank printed the line.
+    if how == "cuda without a GPU" and torch.cuda.is_available():
+        pytest.skip("checks the refusal of training.device = 'cuda' where there is no GPU")
+    cfg = write_config(tmp_path / "c.toml", tmp_path / "run", tmp_path / "cache")
+    args = {
+        "misspelled key": ("run", cfg, "--set", "training.max_stepz=3"),
+        "missing config file": ("run", tmp_path / "nope.toml"),
+        "unknown option": ("run", cfg, "--sett", "x=1"),
+        "cuda without a GPU": ("run", cfg, "--set", "training.device='cuda'"),
+    }[how]
+    proc = torchrun(2, *args)
+    assert exit_codes(proc) == [2, 2], proc.stderr[-4000:]
+    assert len(error_lines(proc)) == 1, proc.stderr[-4000:]
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_data_glob_that_matches_nothing_is_exit_2_on_every_rank(tmp_path):
+    # The refusal of the preflight agreement: each worker leaves without interpreter
+    # finalization (a gloo thread tearing down the agreement's work aborted it: SIGABRT).
+    tabs = tables(tmp_path / "run", tmp_path / "cache")
+    tabs["data"]["train"] = [os.fspath(tmp_path / "none" / "*.sigmf-meta")]
+    tabs["data"]["val"] = [os.fspath(tmp_path / "none" / "*.sigmf-meta")]
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(dumps_toml(tabs))
+    proc = torchrun(2, "run", cfg)
+    assert exit_codes(proc) == [2, 2], proc.stderr[-4000:]
+    assert len(error_lines(proc)) == 1 and "no recordings match" in error_lines(proc)[0]
+
+
+@pytest.mark.parametrize(
+    ("body", "expect"),
+    [
+        (  # a node with its own edited copy of the config
+            "c.optimizer = dataclasses.replace(c.optimizer, lr=c.optimizer.lr * 2)",
+            "rank 1 has optimizer.lr = 0.006, rank 0 has 0.003",
+        ),
+        (  # another step budget: once a hang for dist_timeout_s
+            "c.training = dataclasses.replace(c.training, max_steps=c.training.max_steps + 1)",
+            "rank 1 has training.max_steps = 13, rank 0 has 12",
+        ),
+    ],
+    ids=["lr", "max_steps"],
+)
+def test_ranks_that_do_not_run_the_same_config_are_refused(tmp_path, body, expect):
+    env = on_rank(
+        tmp_path,
+        1,
+        f"""
+import dataclasses
+import iqtrain.config.schema as schema
+orig = schema.load_config
+def load_config(*a, **k):
+    c = orig(*a, **k)
+    {body}
+    return c
+schema.load_config = load_config
+""",
+    )
+    cfg = write_config(tmp_path / "c.toml", tmp_path / "run", tmp_path / "cache")
+    proc = torchrun(2, "run", cfg, env=env)
+    assert exit_codes(proc) == [2, 2], proc.stderr[-4000:]
+    assert error_lines(proc) == [f"iqtrain: error: the ranks must run the same thing: {expect}"]
+    assert not (tmp_path / "run").exists()
+
+
+def test_ranks_that_do_not_read_the_same_data_are_refused(tmp_path):
+    # Rank 1's node generated other synthetic recordings under the same config.
+    env = on_rank(
+        tmp_path,
+        1,
+        """
+import dataclasses
+import iqtrain.data.sources as sources
+orig = sources.ensure_synthetic
+sources.ensure_synthetic = lambda s: orig(dataclasses.replace(s, seed=s.seed + 1))
+""",
+    )
+    cfg = write_config(tmp_path / "c.toml", tmp_path / "run", tmp_path / "cache")
+    proc = torchrun(2, "run", cfg, env=env)
+    assert exit_codes(proc) == [2, 2], proc.stderr[-4000:]
+    (line,) = error_lines(proc)
+    assert "the ranks must run the same thing: rank 1 has data.train fingerprint" in line
+    assert not (tmp_path / "run").exists()
+
+
+def test_sigterm_during_a_resume_data_check_stops_every_rank_with_nothing_created(tmp_path):
+    cfg = write_config(tmp_path / "c.toml", tmp_path / "run", tmp_path / "cache")
+    ok(torchrun(2, "run", cfg))
+    parent = tmp_path / "run" / "attempts" / "0001"
+    # Rank 0 reads every byte before the child exists (here: for a minute, in C as far as the
+    # main thread goes), rank 1 waits for it in a barrier.
+    marker = tmp_path / "digesting"
+    env, exits = recording_exits(
+        tmp_path,
+        f"""
+import pathlib, time
+import iqtrain.data.identity as identity
+def compute_digests(*a, **k):
+    pathlib.Path({os.fspath(marker)!r}).touch()
+    time.sleep(60)
+identity.compute_digests = compute_digests
+""",
+    )
+    err = torchrun_until(marker, "resume", "--attempt", parent, "--from", "step_5", env=env)
+    assert exits() == {0: 143, 1: 143}, err[-4000:]
+    assert err.count("stopped by signal 15 before the attempt existed") == 1, err[-4000:]
+    assert sorted(p.name for p in parent.parent.iterdir()) == ["0001"]
+
+
+def test_sigterm_while_the_attempt_is_claimed_gives_an_interrupted_attempt(tmp_path):
+    # A signal that arrives once the ranks hold their signals (just before the claim) is the
+    # loop's to act on: one step, a checkpoint, "interrupted", 143 on every rank (it once
+    # recorded the attempt as failed).
+    marker = tmp_path / "claiming"
+    env, exits = recording_exits(
+        tmp_path,
+        f"""
+import pathlib, time
+import iqtrain.train.attempt as attempt
+orig = attempt.claim_attempt
+def claim_attempt(*a, **k):
+    pathlib.Path({os.fspath(marker)!r}).touch()
+    time.sleep(3)
+    return orig(*a, **k)
+attempt.claim_attempt = claim_attempt
+""",
+    )
+    cfg = write_config(tmp_path / "c.toml", tmp_path / "run", tmp_path / "cache")
+    err = torchrun_until(marker, "run", cfg, env=env)
+    assert exits() == {0: 143, 1: 143}, err[-4000:]
+    attempt = tmp_path / "run" / "attempts" / "0001"
+    info = json.loads((attempt / "attempt.json").read_text())
+    assert info["status"] == "interrupted" and info["final_step"] == 1, err[-4000:]
+    assert [p.name for p in (attempt / "checkpoints").iterdir()] == ["step_00000001"]
+    assert err.count("checkpoint saved. Resume with:") == 1
+    ok(single("verify", attempt))
 
 
 def test_sigterm_stops_every_rank_at_one_step_and_resumes_exactly(tmp_path):
@@ -369,79 +570,6 @@ def test_compiled_ddp_matches_eager_ddp(tmp_path):
     a = records(tmp_path / "c" / "attempts" / "0001")
     b = records(tmp_path / "e" / "attempts" / "0001")
     close(a, b, rel=1e-4)
-
-
-# ------------------------------------------------------------------------ without processes
-
-
-def test_world_from_env(monkeypatch):
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
-        monkeypatch.delenv(key, raising=False)
-    assert world_from_env() == World()
-    monkeypatch.setenv("WORLD_SIZE", "1")
-    assert not world_from_env().distributed
-    monkeypatch.setenv("WORLD_SIZE", "4")
-    monkeypatch.setenv("RANK", "3")
-    monkeypatch.setenv("LOCAL_RANK", "1")
-    w = world_from_env()
-    assert (w.rank, w.world_size, w.local_rank, w.is_main) == (3, 4, 1, False)
-    monkeypatch.setenv("RANK", "4")
-    with pytest.raises(ConfigError, match="RANK=4"):
-        world_from_env()
-    monkeypatch.setenv("WORLD_SIZE", "two")
-    with pytest.raises(ConfigError, match="WORLD_SIZE='two'"):
-        world_from_env()
-
-
-def test_agree_in_one_process_raises_the_error_itself():
-    agree(World(), None)
-    with pytest.raises(DataError, match="bad file"):
-        agree(World(), DataError("bad file"))
-
-
-class _FakeWorld(World):
-    """A world whose all_gather returns given per-rank objects (no process group)."""
-
-    def __init__(self, rank: int, gathered: list):
-        super().__init__(rank, len(gathered), rank, "gloo")
-        object.__setattr__(self, "_gathered", gathered)
-
-    def all_gather_object(self, obj):
-        return list(self._gathered)
-
-    def wait_for_main(self):
-        pass
-
-
-@pytest.fixture
-def keep_sigterm(monkeypatch):
-    """agree() ignores SIGTERM once the ranks agreed to fail: not in the test process."""
-    import iqtrain.distributed.world
-
-    monkeypatch.setattr(iqtrain.distributed.world.signal, "signal", lambda *a: None)
-
-
-def _failure(exc):
-    from iqtrain.errors import CheckpointError
-
-    bad = isinstance(exc, ConfigError | DataError | CheckpointError)
-    return (bad, f"{type(exc).__name__}: {exc}", str(exc))
-
-
-def test_agree_rank_0_reports_and_the_others_exit_silently(keep_sigterm):
-    err = DataError("x.sigmf-data: truncated")
-    gathered = [None, _failure(err)]
-    with pytest.raises(ConfigError, match="rank 1: x.sigmf-data: truncated"):
-        agree(_FakeWorld(0, gathered), None)
-    with pytest.raises(RankExit) as info:
-        agree(_FakeWorld(1, gathered), err)
-    assert info.value.exit_code == 2
-    late = TrainingError("boom")
-    with pytest.raises(TrainingError, match="rank 1: boom"):
-        agree(_FakeWorld(0, [None, _failure(late)]), None)
-    with pytest.raises(RankExit) as info:
-        agree(_FakeWorld(1, [_failure(err), None]), None)
-    assert info.value.exit_code == 2
 
 
 # -------------------------------------------------------------- FSDP2 (training.parallel = fsdp)

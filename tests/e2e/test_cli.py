@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import write_sigmf
+from helpers import cli_tables, write_sigmf
 
 from iqtrain.config.schema import dumps_toml
 
@@ -25,24 +25,6 @@ def iqtrain(*args, cwd=None):
     )
 
 
-def cli_tables(run_dir: Path, cache: Path, **training):
-    return {
-        "run": {"dir": os.fspath(run_dir)},
-        "data": {
-            "patch_len": 8,
-            "seq_patches": 8,
-            "batch_size": 4,
-            "synthetic": {
-                "train_recordings": 1,
-                "val_recordings": 1,
-                "samples": 2048,
-                "cache_dir": os.fspath(cache),
-            },
-        },
-        "model": {"dim": 16, "layers": 1, "heads": 2},
-        "schedule": {"warmup_steps": 1, "decay_steps": 1},
-        "training": {"max_steps": 3, "eval_every": 2, "checkpoint_every": 2, **training},
-    }
 
 
 def _real_config(tmp_path, train_iq, val_iq, *, data=None, **training) -> Path:

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_attempt import tiny_tables
+from helpers import tiny_tables
 
 from iqtrain.config.schema import build_config
 from iqtrain.errors import CheckpointError

@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 
 import pytest
-from test_attempt import tiny_tables
+from helpers import tiny_tables
 
 from iqtrain.config.schema import build_config, config_to_dict
 from iqtrain.errors import CheckpointError, ConfigError

@@ -25,9 +25,6 @@ def test_rng_state_restores_at_the_same_world_size_and_rederives_at_another():
     torch.manual_seed(99)
     RNGState(World()).load_state_dict(saved)
     assert torch.equal(torch.rand(3), expected)
-    # A version 2 state (one process's generators, no "ranks") reads as a world of one.
-    RNGState(World()).load_state_dict(saved["ranks"][0])
-    assert torch.equal(torch.rand(3), expected)
     # At another world size every rank is seeded from the checkpoint, rank and world size.
     draws = []
     for rank in (0, 1, 0):

@@ -15,7 +15,7 @@ import pytest
 
 import iqtrain
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 installed = "site-packages" in Path(iqtrain.__file__).parts
 
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import tiny_tables
 from safetensors.torch import load_file
-from test_attempt import tiny_tables
 
 from iqtrain.checkpoint.files import list_checkpoints
 from iqtrain.config.schema import dumps_toml

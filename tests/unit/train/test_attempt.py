@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import tiny_tables
 from safetensors.torch import load_file
 
 from iqtrain.config.schema import build_config
@@ -28,33 +29,6 @@ from iqtrain.train.schedule import Plan, lr_at
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def tiny_tables(run_dir: Path, cache: Path, **training) -> dict:
-    return {
-        "run": {"dir": os.fspath(run_dir), "seed": 3},
-        "data": {
-            "patch_len": 8,
-            "seq_patches": 16,
-            "batch_size": 8,
-            "val_batch_size": 24,
-            "synthetic": {
-                "train_recordings": 2,
-                "val_recordings": 1,
-                "samples": 4096,
-                "cache_dir": os.fspath(cache),
-            },
-        },
-        "model": {"dim": 32, "layers": 2, "heads": 2},
-        "optimizer": {"lr": 3e-3, "min_lr": 3e-4},
-        "schedule": {"kind": "wsd", "warmup_steps": 2, "decay_steps": 4},
-        "training": {
-            "max_steps": 12,
-            "eval_every": 4,
-            "checkpoint_every": 5,
-            "keep_last": 1,
-            "log_every": 4,
-            **training,
-        },
-    }
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,7 @@ atomic pruning, crash leftovers, and storage failures that lose nothing."""
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import os
@@ -13,6 +14,7 @@ import textwrap
 
 import pytest
 import torch
+from helpers import TESTS, checkpoint_state
 
 import iqtrain.checkpoint.files as checkpoint_mod
 from iqtrain.checkpoint.files import (
@@ -43,9 +45,8 @@ def _stepper(steps=2):
 
 def test_round_trip_is_exact(tmp_path):
     s = _stepper()
-    path = save_checkpoint(
-        tmp_path, 7, s.model_state_dict(), s.optimizer.state_dict(), {"step": 7, "note": "x"}
-    )
+    want_state = checkpoint_state(7, plan={"note": "x"})
+    path = save_checkpoint(tmp_path, s.model_state_dict(), s.optimizer.state_dict(), want_state)
     assert path.name == "step_00000007"
     assert sorted(p.name for p in path.iterdir()) == [
         "checkpoint.json",
@@ -55,7 +56,8 @@ def test_round_trip_is_exact(tmp_path):
     ]
     assert verify_checkpoint(path) == []
     model, optim, state = load_checkpoint(path)
-    assert state == {"step": 7, "note": "x"}
+    assert state == dataclasses.replace(want_state, optimizer=state.optimizer)
+    assert state.optimizer is not None
     for k, v in s.model_state_dict().items():
         assert torch.equal(model[k], v)
     fresh = _stepper(steps=0)
@@ -78,8 +80,8 @@ def test_round_trip_is_exact(tmp_path):
 
 def test_tampering_is_detected(tmp_path):
     s = _stepper(1)
-    state = {"step": 1}
-    path = save_checkpoint(tmp_path, 1, s.model_state_dict(), s.optimizer.state_dict(), state)
+    state = checkpoint_state(1)
+    path = save_checkpoint(tmp_path, s.model_state_dict(), s.optimizer.state_dict(), state)
     f = path / "optimizer.safetensors"
     data = bytearray(f.read_bytes())
     data[-1] ^= 0xFF
@@ -97,16 +99,16 @@ def test_non_finite_state_is_refused_before_writing(tmp_path):
     model[name] = model[name].clone()
     model[name].view(-1)[0] = float("nan")
     with pytest.raises(NonFiniteError, match=name):
-        save_checkpoint(tmp_path, 1, model, s.optimizer.state_dict(), {})
+        save_checkpoint(tmp_path, model, s.optimizer.state_dict(), checkpoint_state(1))
     assert list(tmp_path.iterdir()) == []
 
 
 def test_never_overwrites_and_torn_checkpoints_are_not_listed(tmp_path):
     s = _stepper(1)
-    state = {"step": 1}
-    save_checkpoint(tmp_path, 1, s.model_state_dict(), s.optimizer.state_dict(), state)
+    state = checkpoint_state(1)
+    save_checkpoint(tmp_path, s.model_state_dict(), s.optimizer.state_dict(), state)
     with pytest.raises(CheckpointError, match="already exists"):
-        save_checkpoint(tmp_path, 1, s.model_state_dict(), s.optimizer.state_dict(), state)
+        save_checkpoint(tmp_path, s.model_state_dict(), s.optimizer.state_dict(), state)
     (tmp_path / ".tmp-step_00000002-123").mkdir()
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step_00000001"]
     torn = tmp_path / "step_00000003"
@@ -117,14 +119,14 @@ def test_never_overwrites_and_torn_checkpoints_are_not_listed(tmp_path):
 # ------------------------------------------------------------------------------ helpers
 
 
-def _tiny(root, step, *, model_n=4, optim_n=4, **state):
+def _tiny(root, step, *, model_n=4, optim_n=4):
     """A checkpoint of a few hand-made tensors (no model needed)."""
     model = {"w": torch.arange(model_n, dtype=torch.float32)}
     optim = {
         "state": {0: {"exp_avg": torch.zeros(optim_n), "step": 3}},
         "param_groups": [{"lr": 1e-3, "betas": (0.9, 0.95), "params": [0]}],
     }
-    return save_checkpoint(root, step, model, optim, {"step": step, **state})
+    return save_checkpoint(root, model, optim, checkpoint_state(step))
 
 
 def _names(root):
@@ -136,8 +138,10 @@ _PRELUDE = """
 import json, os, resource, shutil, signal, sys
 from pathlib import Path
 import torch
-from iqtrain.checkpoint.files import remove_checkpoint, save_checkpoint, write_json_atomic
+from helpers import checkpoint_state
+from iqtrain.checkpoint.files import remove_checkpoint, save_checkpoint
 from iqtrain.errors import IQTrainError
+from iqtrain.storage import write_json_atomic
 
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
 
@@ -145,11 +149,11 @@ def limit_file_size(nbytes):
     hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
     resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, hard))
 
-def tiny(root, step, model_n=4, optim_n=4, **state):
+def tiny(root, step, model_n=4, optim_n=4, **plan):
     model = {"w": torch.arange(model_n, dtype=torch.float32)}
     optim = {"state": {0: {"exp_avg": torch.zeros(optim_n)}},
              "param_groups": [{"lr": 1e-3, "params": [0]}]}
-    return save_checkpoint(root, step, model, optim, {"step": step, **state})
+    return save_checkpoint(root, model, optim, checkpoint_state(step, plan=plan))
 
 def report(fn):
     try:
@@ -167,6 +171,7 @@ def _child(tmp_path, body):
         capture_output=True,
         text=True,
         cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": os.fspath(TESTS)},
         timeout=300,
     )
     return proc
@@ -434,8 +439,8 @@ def _shards(directory):
 
 def _sharded(tmp_path, step=3):
     s = _stepper(1)
-    state = {"step": step, "rng": {"world_size": 2, "ranks": [{}, {}]}}
-    return save_checkpoint(tmp_path, step, s.model_state_dict(), None, state, sharded=_shards)
+    state = checkpoint_state(step, components={"rng": {"world_size": 2, "ranks": [{}, {}]}})
+    return save_checkpoint(tmp_path, s.model_state_dict(), None, state, sharded=_shards)
 
 
 def test_a_sharded_checkpoint_lists_every_shard_and_loads_without_an_optimizer(tmp_path):
@@ -451,7 +456,7 @@ def test_a_sharded_checkpoint_lists_every_shard_and_loads_without_an_optimizer(t
     ]
     assert verify_checkpoint(path) == []
     model, optim, state = load_checkpoint(path)
-    assert optim is None and state["step"] == 3 and model
+    assert optim is None and state.step == 3 and model
     assert checkpoint_mod.sharded_state_dir(path) == path / "dcp"
     assert checkpoint_mod.sharded_state_dir(_tiny(tmp_path, 4)) is None
 
@@ -506,7 +511,7 @@ def test_a_failed_shard_write_loses_nothing(tmp_path):
 
     s = _stepper(1)
     with pytest.raises(StorageError, match="rank"):
-        save_checkpoint(tmp_path, 3, s.model_state_dict(), None, {"step": 3}, sharded=full)
+        save_checkpoint(tmp_path, s.model_state_dict(), None, checkpoint_state(3), sharded=full)
     assert _names(tmp_path) == ["step_00000002"]
     assert crash_leftovers(tmp_path) == []
 
@@ -514,8 +519,12 @@ def test_a_failed_shard_write_loses_nothing(tmp_path):
 def test_exactly_one_of_optimizer_state_and_shards(tmp_path):
     s = _stepper(1)
     with pytest.raises(ValueError, match="exactly one"):
-        save_checkpoint(tmp_path, 1, s.model_state_dict(), None, {"step": 1})
+        save_checkpoint(tmp_path, s.model_state_dict(), None, checkpoint_state(1))
     with pytest.raises(ValueError, match="exactly one"):
         save_checkpoint(
-            tmp_path, 1, s.model_state_dict(), s.optimizer.state_dict(), {}, sharded=_shards
+            tmp_path,
+            s.model_state_dict(),
+            s.optimizer.state_dict(),
+            checkpoint_state(1),
+            sharded=_shards,
         )

@@ -17,7 +17,7 @@ from iqtrain.config.schema import (
 )
 from iqtrain.errors import ConfigError
 
-QUICKSTART = Path(__file__).resolve().parent.parent / "examples" / "quickstart.toml"
+QUICKSTART = Path(__file__).resolve().parents[3] / "examples" / "quickstart.toml"
 
 
 def test_quickstart_loads_and_resolves_every_default():
@@ -64,6 +64,9 @@ MALFORMED = [
     ({"training": {"max_steps": "10"}}, "training.max_steps"),
     ({"training": {"compile": 1}}, "training.compile"),
     ({"training": {"grad_accum": 0}}, "training.grad_accum"),
+    # 1e14 s once overflowed the process group's timedelta on every rank (a traceback).
+    ({"training": {"dist_timeout_s": 10**14}}, "training.dist_timeout_s"),
+    ({"training": {"dist_timeout_s": 7 * 24 * 3600 + 1}}, "training.dist_timeout_s"),
     ({"schedule": {"warmup_steps": 600, "decay_steps": 500}}, "schedule.decay_steps"),
     ({"schedule": {"kind": "step"}}, "schedule.kind"),
     ({"optimizer": {"lr": -1.0}}, "optimizer.lr"),
@@ -217,7 +220,7 @@ def test_load_config_resolves_against_the_cwd_not_the_file(tmp_path, monkeypatch
 
 
 def test_one_datatype_table_for_reader_synth_and_config():
-    from conftest import COMPONENT_DTYPES
+    from helpers import COMPONENT_DTYPES
 
     from iqtrain.config.sections import SIGMF_DATATYPES, SYNTH_DATATYPES, SynthConfig
     from iqtrain.data.sigmf_meta import SUPPORTED_DATATYPES
@@ -253,9 +256,9 @@ def test_device_and_precision_names_are_defined_once():
 def test_every_section_is_defined_in_the_torch_free_sections_module():
     import dataclasses
 
-    from iqtrain import config
+    from iqtrain.config import schema, sections
 
-    sections = (config.ModelConfig, config.OptimizerConfig, config.ScheduleConfig)
-    for cls in sections:
+    classes = (sections.ModelConfig, sections.OptimizerConfig, sections.ScheduleConfig)
+    for cls in classes:
         assert dataclasses.is_dataclass(cls) and cls.__module__ == "iqtrain.config.sections", cls
-    assert set(config._SECTIONS.values()) >= set(sections)
+    assert set(schema._SECTIONS.values()) >= set(classes)

@@ -9,8 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import COMPONENT_DTYPES, random_iq
-from test_cli import cli_tables
+from helpers import COMPONENT_DTYPES, cli_tables, random_iq
 
 from iqtrain.cli.main import main
 from iqtrain.config.schema import build_config

@@ -7,7 +7,7 @@ import sys
 import textwrap
 
 import pytest
-from test_report import RECORDS, train_record, val_record, write_attempt, write_lineage
+from helpers import RECORDS, train_record, val_record, write_attempt, write_lineage
 
 from iqtrain.cli.main import main
 from iqtrain.errors import CheckpointError, ConfigError
@@ -208,7 +208,7 @@ def test_ema_is_bias_corrected():
 
 @pytest.mark.usefixtures("one_torch_thread")
 def test_a_real_resumed_attempt(tmp_path):
-    from test_attempt import tiny_tables
+    from helpers import tiny_tables
 
     from iqtrain.config.schema import build_config
     from iqtrain.evidence.lineage import ParentRef

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DEV = REPO / ".ci" / "dev"
 BASH = shutil.which("bash")
 VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"  # this interpreter's

@@ -27,7 +27,7 @@ def labelled(tmp_path_factory) -> str:
 
 
 def _tables(tmp_path: Path, name: str, probe: dict | None) -> dict:
-    from test_attempt import tiny_tables
+    from helpers import tiny_tables
 
     tables = tiny_tables(tmp_path / name, tmp_path / "cache", checkpoint_every=4, keep_last=0)
     if probe is not None:

@@ -1,0 +1,185 @@
+"""What the tests share: recordings on disk, tiny configs, hand-made attempts.
+
+One module instead of test files importing each other (``tests`` is on ``sys.path``: see
+``[tool.pytest.ini_options] pythonpath`` in pyproject.toml).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+#: The tests folder (on sys.path for the tests; child processes need it on PYTHONPATH).
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+
+# numpy dtype of one component, per SigMF complex datatype
+COMPONENT_DTYPES = {
+    "ci8": np.dtype("i1"),
+    "cu8": np.dtype("u1"),
+    "ci16_le": np.dtype("<i2"),
+    "ci16_be": np.dtype(">i2"),
+    "cf32_le": np.dtype("<f4"),
+    "cf32_be": np.dtype(">f4"),
+}
+
+def write_sigmf(directory: Path, name: str, iq: np.ndarray, datatype: str, **global_fields) -> Path:
+    """Write ``iq`` ([n, 2] components) as a SigMF recording with the sigmf package."""
+    from sigmf import SigMFFile
+
+    directory.mkdir(parents=True, exist_ok=True)
+    data_path = directory / f"{name}.sigmf-data"
+    np.ascontiguousarray(iq, dtype=COMPONENT_DTYPES[datatype]).tofile(data_path)
+    meta = SigMFFile(
+        data_file=data_path,
+        global_info={"core:datatype": datatype, "core:sample_rate": 1e6, **global_fields},
+    )
+    meta.add_capture(0, metadata={"core:frequency": 915e6})
+    meta.tofile(directory / f"{name}.sigmf-meta")
+    return directory / f"{name}.sigmf-meta"
+
+def random_iq(rng: np.random.Generator, n: int, datatype: str) -> np.ndarray:
+    dt = COMPONENT_DTYPES[datatype]
+    if dt.kind == "f":
+        return rng.standard_normal((n, 2)).astype(dt)
+    info = np.iinfo(dt)
+    return rng.integers(info.min, info.max, size=(n, 2), endpoint=True).astype(dt)
+
+def tiny_tables(run_dir: Path, cache: Path, **training) -> dict:
+    return {
+        "run": {"dir": os.fspath(run_dir), "seed": 3},
+        "data": {
+            "patch_len": 8,
+            "seq_patches": 16,
+            "batch_size": 8,
+            "val_batch_size": 24,
+            "synthetic": {
+                "train_recordings": 2,
+                "val_recordings": 1,
+                "samples": 4096,
+                "cache_dir": os.fspath(cache),
+            },
+        },
+        "model": {"dim": 32, "layers": 2, "heads": 2},
+        "optimizer": {"lr": 3e-3, "min_lr": 3e-4},
+        "schedule": {"kind": "wsd", "warmup_steps": 2, "decay_steps": 4},
+        "training": {
+            "max_steps": 12,
+            "eval_every": 4,
+            "checkpoint_every": 5,
+            "keep_last": 1,
+            "log_every": 4,
+            **training,
+        },
+    }
+
+def cli_tables(run_dir: Path, cache: Path, **training):
+    return {
+        "run": {"dir": os.fspath(run_dir)},
+        "data": {
+            "patch_len": 8,
+            "seq_patches": 8,
+            "batch_size": 4,
+            "synthetic": {
+                "train_recordings": 1,
+                "val_recordings": 1,
+                "samples": 2048,
+                "cache_dir": os.fspath(cache),
+            },
+        },
+        "model": {"dim": 16, "layers": 1, "heads": 2},
+        "schedule": {"warmup_steps": 1, "decay_steps": 1},
+        "training": {"max_steps": 3, "eval_every": 2, "checkpoint_every": 2, **training},
+    }
+
+def train_record(step, **extra):
+    return {
+        "kind": "train",
+        "step": step,
+        "loss": 1.0 / step,
+        "lr": 1e-3,
+        "grad_norm": 0.5,
+        "clipped": step == 2,
+        "samples": 4,
+        "patches": 28,
+        "step_time_s": 0.01,
+        "samples_per_s": 400.0 + step,
+        "spike": False,
+        **extra,
+    }
+
+def val_record(step, loss, best, **extra):
+    return {
+        "kind": "val",
+        "step": step,
+        "loss": loss,
+        "pred_snr_db": 3.0,
+        "samples": 8,
+        "patches": 56,
+        "best": best,
+        "time_s": 0.1,
+        **extra,
+    }
+
+RECORDS = [
+    train_record(1),
+    train_record(2),
+    val_record(2, 0.5, True, baseline_zero_loss=1.0, baseline_copy_last_loss=2.0),
+    train_record(3),
+    val_record(3, 0.25, True),
+]
+
+def write_attempt(run_dir, number="0001", status="completed", records=RECORDS, tail=b"", **info):
+    """``run_dir/attempts/<number>/`` with attempt.json (``info`` overrides) and metrics.jsonl,
+    as the evidence readers see them (no config, checkpoints or manifest)."""
+    att = run_dir / "attempts" / number
+    att.mkdir(parents=True)
+    info = {
+        "id": number,
+        "status": status,
+        "parent": None,
+        "device": {"kind": "cpu", "name": "test-cpu", "precision": "fp32"},
+        "started": "2025-01-01T00:00:00+00:00",
+        **info,
+    }
+    (att / "attempt.json").write_text(json.dumps(info))
+    lines = b"".join(json.dumps(r).encode() + b"\n" for r in records)
+    (att / "metrics.jsonl").write_bytes(lines + tail)
+    return att
+
+
+def write_lineage(run_dir, steps=(4, 7), records=RECORDS):
+    """Attempts 0001 .. 000N of ``run_dir``, each resumed from the one before at ``steps[i]``;
+    every one holds ``records``. Returns the attempt directories, oldest first."""
+    atts = [write_attempt(run_dir, "0001", records=records)]
+    for i, step in enumerate(steps, start=2):
+        parent = {"attempt": str(atts[-1].resolve()), "checkpoint": "x", "step": step}
+        atts.append(write_attempt(run_dir, f"{i:04d}", records=records, parent=parent))
+    return atts
+
+
+def checkpoint_state(step: int, **fields):
+    """A valid CheckpointState for hand-made checkpoints (no data, loop or stream needed)."""
+    from iqtrain.checkpoint.state import CheckpointState
+
+    components = {
+        "cursor": {},
+        "loop": {"best_checkpoint": None, "stale_validations": 0},
+        "rng": {"world_size": 1, "ranks": []},
+    }
+    components.update(fields.pop("components", {}))
+    empty = {k: {} for k in ("train", "val", "train_meta", "val_meta")}
+    values = {
+        "step": step,
+        "config_sha256": "0" * 64,
+        "plan": {},
+        "fingerprints": {"train": "t", "val": "v"},
+        "data": empty,
+        "metrics": {"records": 0, "bytes": 0, "sha256": "0" * 64},
+        "components": components,
+        **fields,
+    }
+    return CheckpointState(**values)
