@@ -245,6 +245,7 @@ def torchrun_until(marker: Path, *args, env: dict, signum: int = signal.SIGTERM)
     return proc.communicate(timeout=TIMEOUT)[1]
 
 
+@pytest.mark.exit_path
 def test_a_rank_that_raises_ends_the_job_with_exit_1(tmp_path):
     env = on_rank(  # rank 1 raises in its third step
         tmp_path,
@@ -274,6 +275,7 @@ s.TrainStep.train_step = boom
     ok(single("verify", tmp_path / "run" / "attempts" / "0001"))
 
 
+@pytest.mark.exit_path
 def test_a_rank_that_refuses_its_input_stops_every_rank_before_anything_exists(tmp_path):
     # Rank 1 alone cannot open its data (as if its node lacked the files): every rank exits 2,
     # rank 0 prints the one line naming rank 1, and no attempt directory is created.
@@ -297,6 +299,7 @@ a.open_datasets = refuse
     assert not (tmp_path / "run" / "attempts").exists()
 
 
+@pytest.mark.exit_path
 def test_a_non_finite_loss_on_one_rank_stops_every_rank_naming_the_global_batch(tmp_path):
     import numpy as np
     from helpers import write_sigmf
@@ -339,6 +342,7 @@ def test_work_rank_0_does_alone_is_not_bounded_by_the_collective_timeout(tmp_pat
     assert [r["step"] for r in recs if r["kind"] == "probe"] == [8]
 
 
+@pytest.mark.exit_path
 def test_a_batch_size_that_does_not_divide_is_exit_2_on_every_rank(tmp_path):
     tabs = tables(tmp_path / "run", tmp_path / "cache")
     tabs["data"]["batch_size"] = 5
@@ -353,6 +357,7 @@ def test_a_batch_size_that_does_not_divide_is_exit_2_on_every_rank(tmp_path):
     assert not (tmp_path / "run").exists() and not (tmp_path / "cache").exists()
 
 
+@pytest.mark.exit_path
 def test_a_worker_still_starting_when_its_peer_refuses_the_config_exits_2_as_well(tmp_path):
     # Rank 0 is slow to read its config: rank 1 refuses it and exits first.
     env = slow_on_rank(tmp_path, 0, "iqtrain.config.schema", "load_config", 5)
@@ -381,6 +386,7 @@ def exit_codes(proc: subprocess.CompletedProcess) -> list[int]:
     )
 
 
+@pytest.mark.exit_path
 @pytest.mark.parametrize(
     "how",
     ["misspelled key", "missing config file", "unknown option", "cuda without a GPU"],
@@ -404,6 +410,7 @@ def test_a_refusal_before_the_ranks_join_is_exit_2_on_every_rank_printed_once(tm
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.exit_path
 def test_a_data_glob_that_matches_nothing_is_exit_2_on_every_rank(tmp_path):
     # The refusal of the preflight agreement: each worker leaves without interpreter
     # finalization (a gloo thread tearing down the agreement's work aborted it: SIGABRT).
@@ -417,6 +424,7 @@ def test_a_data_glob_that_matches_nothing_is_exit_2_on_every_rank(tmp_path):
     assert len(error_lines(proc)) == 1 and "no recordings match" in error_lines(proc)[0]
 
 
+@pytest.mark.exit_path
 @pytest.mark.parametrize(
     ("body", "expect"),
     [
@@ -453,6 +461,7 @@ schema.load_config = load_config
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.exit_path
 def test_ranks_that_do_not_read_the_same_data_are_refused(tmp_path):
     # Rank 1's node generated other synthetic recordings under the same config.
     env = on_rank(
@@ -473,6 +482,7 @@ sources.ensure_synthetic = lambda s: orig(dataclasses.replace(s, seed=s.seed + 1
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.exit_path
 def test_sigterm_during_a_resume_data_check_stops_every_rank_with_nothing_created(tmp_path):
     cfg = write_config(tmp_path / "c.toml", tmp_path / "run", tmp_path / "cache")
     ok(torchrun(2, "run", cfg))
@@ -497,6 +507,7 @@ identity.compute_digests = compute_digests
     assert sorted(p.name for p in parent.parent.iterdir()) == ["0001"]
 
 
+@pytest.mark.exit_path
 def test_sigterm_while_the_attempt_is_claimed_gives_an_interrupted_attempt(tmp_path):
     # A signal that arrives once the ranks hold their signals (just before the claim) is the
     # loop's to act on: one step, a checkpoint, "interrupted", 143 on every rank (it once
@@ -526,6 +537,7 @@ attempt.claim_attempt = claim_attempt
     ok(single("verify", attempt))
 
 
+@pytest.mark.exit_path
 def test_sigterm_stops_every_rank_at_one_step_and_resumes_exactly(tmp_path):
     steps = 60
     settings = {"max_steps": steps, "eval_every": 20, "checkpoint_every": 100}
@@ -696,6 +708,7 @@ def test_a_changed_shard_refuses_the_resume_before_anything_exists(fsdp):
     assert sorted(p.name for p in fsdp.parent.iterdir()) == before
 
 
+@pytest.mark.exit_path
 @pytest.mark.parametrize(
     ("body", "expect"),
     [
@@ -731,6 +744,7 @@ fs.FileSystemWriter.write_data = fail
     ok(single("verify", attempt))
 
 
+@pytest.mark.exit_path
 def test_a_rank_lost_in_a_sharded_validation_ends_the_job_in_one_line(tmp_path):
     env = on_rank(  # rank 1 dies at its first validation batch: rank 0 is in a forward
         tmp_path,

@@ -28,6 +28,8 @@ from iqtrain.evidence.manifest import checkpoint_problems
 from iqtrain.evidence.metrics import read_metrics, strip_timing
 from iqtrain.evidence.verify import check_attempt
 
+pytestmark = pytest.mark.slow
+
 KILLS = 6
 MAX_STEPS = 60
 

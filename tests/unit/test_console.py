@@ -1,9 +1,11 @@
-"""The signal guard: which signals end a run, and which are left alone."""
+"""Signals: the loop's guard (library use) and the process's latch (the CLI), by phase."""
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 
 from iqtrain.console import SignalGuard
 
@@ -26,3 +28,39 @@ def test_a_hangup_ignored_at_start_stays_ignored():
             assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGHUP, old)
+
+
+def _latch_child(body: str) -> subprocess.CompletedProcess:
+    """A fresh interpreter that installs the process's SignalLatch, then runs ``body``."""
+    prelude = (
+        "import os, signal, sys, time\n"
+        "from iqtrain.console import SignalLatch\n"
+        "latch = SignalLatch.install(distributed=True)\n"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", prelude + body], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_a_signal_before_the_attempt_exists_ends_the_process_at_once_with_128_plus_it():
+    # Even from inside a blocking call in C (here: a sleep the main thread never returns from).
+    proc = _latch_child("os.kill(os.getpid(), signal.SIGTERM)\ntime.sleep(30)\nsys.exit(7)")
+    assert proc.returncode == 143, proc.stderr
+    assert "stopped by signal 15 before the attempt existed; nothing was created" in proc.stderr
+
+
+def test_a_held_signal_is_a_flag_and_an_ending_process_drops_them():
+    proc = _latch_child(
+        "latch.hold()\n"
+        "os.kill(os.getpid(), signal.SIGHUP)\n"
+        "assert latch.wait(10) == signal.SIGHUP\n"
+        "os.kill(os.getpid(), signal.SIGTERM)  # a second one, under torchrun: dropped\n"
+        "latch.ending()\n"
+        "os.kill(os.getpid(), signal.SIGINT)\n"
+        "time.sleep(0.5)\n"
+        "print(latch.signum)\n"
+        "sys.exit(3)\n"
+    )
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stdout.strip() == str(int(signal.SIGHUP))
+    assert "finishing this step, then saving a checkpoint" in proc.stderr

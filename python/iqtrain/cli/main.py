@@ -22,6 +22,7 @@ import math
 import os
 import signal
 import sys
+import traceback
 from pathlib import Path
 from typing import NoReturn
 
@@ -285,12 +286,23 @@ def _under_torchrun() -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the command; its exit code. Under torchrun the worker ends here (``os._exit``)."""
+    """Run the command; its exit code. Under torchrun the worker ends here (``os._exit``).
+
+    As the process's own command (``argv`` None: the console script, ``python -m iqtrain``,
+    torchrun's workers) it takes the process's signals first (:class:`SignalLatch`); called
+    with an ``argv`` from Python it leaves them to the caller (the loop's SignalGuard)."""
     args_list = sys.argv[1:] if argv is None else argv
     distributed = _under_torchrun()
-    if distributed or (args_list[:1] and args_list[0] in ("run", "resume")):
+    training = args_list[:1] == ["run"] or args_list[:1] == ["resume"]
+    if argv is None and (distributed or training):
         SignalLatch.install(distributed=distributed)  # first: see the module docstring
-    code = _run_command(args_list)
+    try:
+        code = _run_command(args_list)
+    except BaseException:
+        if not distributed:
+            raise  # a bug: its traceback, and the interpreter's own exit
+        traceback.print_exc()  # under torchrun too, but the worker still leaves at once
+        code = EXIT_FAILURE
     code = _flush_stdout(code)
     if distributed:
         latch = SignalLatch.current()

@@ -274,8 +274,13 @@ def _run(config: Config, parent: ParentRef | None, world: World) -> AttemptResul
                 config, run=dataclasses.replace(config.run, dir=os.fspath(run_dir))
             )
         config_text = dumps_toml(config_to_dict(config))
+        # From here a signal is a flag the loop acts on: every rank holds its signals, then
+        # meets the others (the hosts' gather), so no rank is still ending at once on one
+        # while rank 0 claims the attempt.
+        latch = SignalLatch.current()
+        if latch is not None:
+            latch.hold()
         info = _attempt_info(config, run_dir, ready, world)
-        claimed = _agreed_claim(run_dir, config_text, info, world)
     except PeerError:
         # A peer that a signal ended before the attempt existed: torchrun sends this rank the
         # same signal a moment later. Then this is the job's stop, not a failure.
@@ -285,6 +290,7 @@ def _run(config: Config, parent: ParentRef | None, world: World) -> AttemptResul
             world.ending()
             raise StoppedBeforeStart(signum) from None
         raise
+    claimed = _agreed_claim(run_dir, config_text, info, world)
     if claimed is None:
         return _follow(config, claimed_path(world, None), run_dir, ready, config_text, world)
     attempt, lock = claimed
@@ -316,12 +322,9 @@ def _agreed_preflight(config: Config, parent: ParentRef | None, world: World) ->
 def _agreed_claim(
     run_dir: Path, config_text: str, info: dict[str, Any], world: World
 ) -> tuple[Path, AttemptLock] | None:
-    """Rank 0 claims the attempt (its path and lock; None on the other ranks). From here a
-    signal is a flag the loop acts on: every rank holds its signals before the claim, and the
-    claim itself is agreed."""
-    latch = SignalLatch.current()
-    if latch is not None:
-        latch.hold()
+    """Rank 0 claims the attempt (its path and lock; None on the other ranks), agreed: a claim
+    that failed is every rank's refusal; a peer lost meanwhile fails the claimed attempt, as
+    any failure once it exists does."""
     error: IQTrainError | None = None
     claimed = None
     if world.is_main:
@@ -330,7 +333,15 @@ def _agreed_claim(
             claimed = claim_attempt(run_dir, config_text, info)
         except IQTrainError as exc:
             error = exc
-    agree(world, error)
+    try:
+        agree(world, error)
+    except BaseException as exc:
+        if claimed is not None:
+            world.ending()
+            info["error"] = f"{type(exc).__name__}: {exc}"
+            finish_attempt(claimed[0], info, "failed", 0)
+            claimed[1].release()
+        raise
     return claimed
 
 

@@ -1,0 +1,82 @@
+"""Run every torchrun exit-path test N times in a row (default 30) and report the counts.
+
+An exit path that passes 4 runs in 5 is failing: after any change to exit, signal or
+distributed code, run this (too slow for CI: about 10 s a run on 2 CPU cores):
+
+    python scripts/exit_paths.py [-n 30] [-k EXPR] [--stop-first]
+
+The tests are those marked ``exit_path`` (tests/e2e/test_distributed.py). Each runs in its own
+pytest process, one after the other; a test stops at its first failure (its output is kept in
+the log directory), and the table at the end gives passes in a row for each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _collect(expr: str | None) -> list[str]:
+    cmd = [sys.executable, "-m", "pytest", "tests", "-m", "exit_path", "--collect-only", "-q"]
+    cmd += ["-p", "no:cacheprovider"] + (["-k", expr] if expr else [])
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False).stdout
+    return [line for line in out.splitlines() if "::" in line]
+
+
+def _run(test: str, n: int, logs: Path) -> tuple[int, float]:
+    """Passes in a row of ``test`` (up to ``n``) and the median seconds of a run."""
+    times: list[float] = []
+    for i in range(n):
+        start = time.monotonic()
+        proc = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        times.append(time.monotonic() - start)
+        if proc.returncode != 0:
+            log = logs / (test.replace("/", "_").replace(":", "_") + f".run{i + 1}.log")
+            log.write_text(proc.stdout + proc.stderr)
+            print(f"  FAILED on run {i + 1}: {log}", flush=True)
+            return i, sorted(times)[len(times) // 2]
+    return n, sorted(times)[len(times) // 2]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-n", type=int, default=30, help="runs of each test (default 30)")
+    parser.add_argument("-k", dest="expr", help="only the tests pytest -k selects")
+    parser.add_argument("--stop-first", action="store_true", help="stop at the first failure")
+    args = parser.parse_args()
+    tests = _collect(args.expr)
+    if not tests:
+        print("no exit-path test collected", file=sys.stderr)
+        return 2
+    logs = Path(tempfile.mkdtemp(prefix="iqtrain-exit-paths."))
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    rows = []
+    for test in tests:
+        print(f"{test} x{args.n}", flush=True)
+        passed, median = _run(test, args.n, logs)
+        rows.append((test, passed, median))
+        if passed < args.n and args.stop_first:
+            break
+    print(f"\n{'passes in a row':>16}  {'median s':>8}  test")
+    for test, passed, median in rows:
+        print(f"{passed:>9} of {args.n:<4}  {median:8.1f}  {test}")
+    failed = [t for t, p, _ in rows if p < args.n]
+    print(f"\n{len(rows) - len(failed)} of {len(rows)} tests passed {args.n} times in a row")
+    return 1 if failed or len(rows) < len(tests) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
