@@ -84,8 +84,6 @@ from iqtrain.train.step import TrainStep
 THREADS = 1
 
 
-
-
 # --------------------------------------------------------------------------- the nanoGPT peer
 
 

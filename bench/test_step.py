@@ -321,7 +321,6 @@ def test_cpu_interleaved(benchmark) -> None:
 # --------------------------------------------------------------------------- CUDA
 
 
-
 @pytest.mark.gpu
 def test_cuda_matmul_ceiling(benchmark) -> None:
     n = 8192

@@ -5,9 +5,10 @@ distributed code, run this (too slow for CI: about 10 s a run on 2 CPU cores):
 
     python scripts/exit_paths.py [-n 30] [-k EXPR] [--stop-first]
 
-The tests are those marked ``exit_path`` (tests/e2e/test_distributed.py). Each runs in its own
-pytest process, one after the other; a test stops at its first failure (its output is kept in
-the log directory), and the table at the end gives passes in a row for each.
+The tests are those marked ``exit_path`` (tests/e2e/test_distributed.py). Each runs N times in
+one pytest process (``--repeat N -x``, tests/conftest.py), one test after the other; a test
+stops at its first failure (its output is kept in the log directory), and the table at the end
+gives passes in a row for each.
 """
 
 from __future__ import annotations
@@ -31,24 +32,24 @@ def _collect(expr: str | None) -> list[str]:
 
 
 def _run(test: str, n: int, logs: Path) -> tuple[int, float]:
-    """Passes in a row of ``test`` (up to ``n``) and the median seconds of a run."""
-    times: list[float] = []
-    for i in range(n):
-        start = time.monotonic()
-        proc = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        times.append(time.monotonic() - start)
-        if proc.returncode != 0:
-            log = logs / (test.replace("/", "_").replace(":", "_") + f".run{i + 1}.log")
-            log.write_text(proc.stdout + proc.stderr)
-            print(f"  FAILED on run {i + 1}: {log}", flush=True)
-            return i, sorted(times)[len(times) // 2]
-    return n, sorted(times)[len(times) // 2]
+    """Passes in a row of ``test`` (up to ``n``: one pytest process, ``--repeat n -x``) and the
+    mean seconds of a run."""
+    start = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-rA"]
+        + ["--repeat", str(n), test],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    passed = sum(1 for line in proc.stdout.splitlines() if line.startswith("PASSED "))
+    seconds = (time.monotonic() - start) / max(passed + (proc.returncode != 0), 1)
+    if proc.returncode != 0:
+        log = logs / (test.replace("/", "_").replace(":", "_") + f".run{passed + 1}.log")
+        log.write_text(proc.stdout + proc.stderr)
+        print(f"  FAILED on run {passed + 1}: {log}", flush=True)
+    return passed, seconds
 
 
 def main() -> int:
@@ -70,7 +71,7 @@ def main() -> int:
         rows.append((test, passed, median))
         if passed < args.n and args.stop_first:
             break
-    print(f"\n{'passes in a row':>16}  {'median s':>8}  test")
+    print(f"\n{'passes in a row':>16}  {'s / run':>8}  test")
     for test, passed, median in rows:
         print(f"{passed:>9} of {args.n:<4}  {median:8.1f}  {test}")
     failed = [t for t, p, _ in rows if p < args.n]

@@ -59,3 +59,20 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--repeat",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run each selected test N times (scripts/exit_paths.py: N in a row, with -x)",
+    )
+
+
+def pytest_generate_tests(metafunc):
+    count = metafunc.config.getoption("repeat")
+    if count > 1:
+        metafunc.fixturenames.append("repeat_index")
+        metafunc.parametrize("repeat_index", range(count), ids=lambda i: f"run{i + 1}")

@@ -26,6 +26,7 @@ COMPONENT_DTYPES = {
     "cf32_be": np.dtype(">f4"),
 }
 
+
 def write_sigmf(directory: Path, name: str, iq: np.ndarray, datatype: str, **global_fields) -> Path:
     """Write ``iq`` ([n, 2] components) as a SigMF recording with the sigmf package."""
     from sigmf import SigMFFile
@@ -41,12 +42,14 @@ def write_sigmf(directory: Path, name: str, iq: np.ndarray, datatype: str, **glo
     meta.tofile(directory / f"{name}.sigmf-meta")
     return directory / f"{name}.sigmf-meta"
 
+
 def random_iq(rng: np.random.Generator, n: int, datatype: str) -> np.ndarray:
     dt = COMPONENT_DTYPES[datatype]
     if dt.kind == "f":
         return rng.standard_normal((n, 2)).astype(dt)
     info = np.iinfo(dt)
     return rng.integers(info.min, info.max, size=(n, 2), endpoint=True).astype(dt)
+
 
 def tiny_tables(run_dir: Path, cache: Path, **training) -> dict:
     return {
@@ -76,6 +79,7 @@ def tiny_tables(run_dir: Path, cache: Path, **training) -> dict:
         },
     }
 
+
 def cli_tables(run_dir: Path, cache: Path, **training):
     return {
         "run": {"dir": os.fspath(run_dir)},
@@ -95,6 +99,7 @@ def cli_tables(run_dir: Path, cache: Path, **training):
         "training": {"max_steps": 3, "eval_every": 2, "checkpoint_every": 2, **training},
     }
 
+
 def train_record(step, **extra):
     return {
         "kind": "train",
@@ -111,6 +116,7 @@ def train_record(step, **extra):
         **extra,
     }
 
+
 def val_record(step, loss, best, **extra):
     return {
         "kind": "val",
@@ -124,6 +130,7 @@ def val_record(step, loss, best, **extra):
         **extra,
     }
 
+
 RECORDS = [
     train_record(1),
     train_record(2),
@@ -131,6 +138,7 @@ RECORDS = [
     train_record(3),
     val_record(3, 0.25, True),
 ]
+
 
 def write_attempt(run_dir, number="0001", status="completed", records=RECORDS, tail=b"", **info):
     """``run_dir/attempts/<number>/`` with attempt.json (``info`` overrides) and metrics.jsonl,
@@ -183,3 +191,20 @@ def checkpoint_state(step: int, **fields):
         **fields,
     }
     return CheckpointState(**values)
+
+
+def manifest_weights(attempt: Path, which: str = "latest"):
+    """(model, optimizer) tensors of the checkpoint an attempt's manifest names ``which``."""
+    from safetensors.torch import load_file
+
+    manifest = json.loads((attempt / "manifest.json").read_text())
+    ckpt = (attempt / manifest[which]["path"]).resolve()
+    return load_file(ckpt / "model.safetensors"), load_file(ckpt / "optimizer.safetensors")
+
+
+def assert_same_tensors(a: dict, b: dict) -> None:
+    import torch
+
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k

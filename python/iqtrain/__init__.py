@@ -4,10 +4,10 @@ The Rust extension (``iqtrain._native``) is private; this module re-exports the 
 
 The re-exports are lazy (PEP 562): ``import iqtrain`` loads no submodule, so neither torch nor
 the extension; ``iqtrain.X`` or ``from iqtrain import X`` imports the module that defines ``X``
-on first use, and ``__version__`` reads the package metadata on first use. ``iqtrain.config.schema``,
-``iqtrain.errors`` and the evidence readers (``lineage``, ``metrics``, ``report``,
-``checkpoint``) import no torch either, so the commands that only read or check
-(``iqtrain --help``, ``verify``, ``report``, ``synth``) start without it.
+on first use, and ``__version__`` reads the package metadata on first use. The torch-free
+subpackages (``config``, ``data``, ``checkpoint``, ``evidence``, ``report``, ``cli``) import no
+torch either, so the commands that only read or check (``iqtrain --help``, ``verify``,
+``report``, ``synth``) start without it. The layout: docs/design.md section 0.
 """
 
 import typing as _typing

@@ -1,19 +1,25 @@
-"""Stub of the private Rust extension ``iqtrain._native`` (use the wrappers in iqtrain.data.dataset)."""
+"""Stub of the private Rust extension ``iqtrain._native``.
 
-from typing import Literal
+Use the wrappers in :mod:`iqtrain.data.dataset`; stubtest checks this against the extension.
+"""
+
+from typing import Literal, Self, final
 
 import numpy as np
 import numpy.typing as npt
 
+__all__ = ["NativeDataset", "NativeStream", "digest_files", "feistel_index"]
+
+@final
 class NativeDataset:
-    def __init__(
-        self,
+    def __new__(
+        cls,
         data_paths: list[str],
         kinds: list[str],
         window: int,
         stride: int,
         captures: list[list[int]] | None = None,
-    ) -> None: ...
+    ) -> Self: ...
     @property
     def num_windows(self) -> int: ...
     @property
@@ -36,16 +42,17 @@ class NativeDataset:
         self, ids: npt.NDArray[np.uint64] | npt.NDArray[np.int64]
     ) -> npt.NDArray[np.generic]: ...
 
+@final
 class NativeStream:
-    def __init__(
-        self,
+    def __new__(
+        cls,
         dataset: NativeDataset,
         batch_size: int,
         seed: int,
         rank: int = 0,
         world_size: int = 1,
         prefetch: int = 2,
-    ) -> None: ...
+    ) -> Self: ...
     def next(self) -> npt.NDArray[np.generic]: ...
     def use_ring(self, buffers: list[npt.NDArray[np.generic]]) -> None: ...
     def next_slot(self) -> int: ...

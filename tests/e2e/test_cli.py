@@ -4,15 +4,24 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import cli_tables, write_sigmf
+from helpers import (
+    assert_same_tensors,
+    cli_tables,
+    manifest_weights,
+    tiny_tables,
+    write_sigmf,
+)
 
 from iqtrain.config.schema import dumps_toml
+from iqtrain.evidence.metrics import read_metrics, strip_timing
 
 
 def iqtrain(*args, cwd=None):
@@ -23,8 +32,6 @@ def iqtrain(*args, cwd=None):
         cwd=cwd,
         timeout=600,
     )
-
-
 
 
 def _real_config(tmp_path, train_iq, val_iq, *, data=None, **training) -> Path:
@@ -226,3 +233,63 @@ def test_changed_metadata_is_named_on_resume_and_by_verify_data(tmp_path):
     proc = iqtrain("resume", "--attempt", attempt, "--from", "step_2")
     assert proc.returncode == 2 and "train.sigmf-meta" in proc.stderr, proc.stderr
     assert sorted(p.name for p in attempt.parent.iterdir()) == ["0001"]
+
+
+def test_cli_resume_in_a_fresh_process_after_sigterm(tmp_path):
+    cache = tmp_path / "cache"
+    import tomllib  # noqa: F401  (the config below is written as TOML)
+
+    from iqtrain.config.schema import dumps_toml
+
+    cfg_path = tmp_path / "cfg.toml"
+    cfg_path.write_text(dumps_toml(tiny_tables(tmp_path / "run", cache, max_steps=40, keep_last=0)))
+    straight = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "iqtrain.cli.main",
+            "run",
+            os.fspath(cfg_path),
+            "--set",
+            f"run.dir='{tmp_path / 'straight'}'",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert straight.returncode == 0, straight.stderr
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "iqtrain.cli.main", "run", os.fspath(cfg_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    metrics = tmp_path / "run" / "attempts" / "0001" / "metrics.jsonl"
+    deadline = time.time() + 120
+    while not (metrics.exists() and metrics.stat().st_size > 0) and time.time() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode in (143, 0), err  # 0 only if it finished before the signal landed
+    if proc.returncode == 143:
+        assert "iqtrain resume --attempt" in err
+        resumed = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "iqtrain.cli.main",
+                "resume",
+                "--attempt",
+                os.fspath(tmp_path / "run" / "attempts" / "0001"),
+            ],
+            capture_output=True,
+            text=True,
+        )
+        assert resumed.returncode == 0, resumed.stderr
+        child = tmp_path / "run" / "attempts" / "0002"
+    else:
+        child = tmp_path / "run" / "attempts" / "0001"
+    ref = tmp_path / "straight" / "attempts" / "0001"
+    assert strip_timing(read_metrics(child / "metrics.jsonl")) == strip_timing(
+        read_metrics(ref / "metrics.jsonl")
+    )
+    assert_same_tensors(manifest_weights(ref)[0], manifest_weights(child)[0])

@@ -91,7 +91,8 @@ def test_module_imports_no_torch(module: str) -> None:
 
 
 def test_the_importtime_parser_sees_torch() -> None:
-    # The negative tests above are only as good as this: a chain through iqtrain.model.transformer is found.
+    # The negative tests above are only as good as this: a chain through
+    # iqtrain.model.transformer is found.
     proc = _run("-c", "import iqtrain.model.transformer")
     assert proc.returncode == 0, proc.stderr[-2000:]
     chain = _torch_chain(proc.stderr)
@@ -178,10 +179,8 @@ def test_reading_commands_import_no_torch(attempt: Path, args: list[str]) -> Non
 
 def test_synth_imports_no_torch(tmp_path: Path) -> None:
     out = tmp_path / "synth"
-    proc = _run(
-        "-m", "iqtrain.cli.main", "synth", out, "--recordings", "1", "--samples", "1024", "--datatype",
-        "ci8",
-    )  # fmt: skip
+    args = ["synth", out, "--recordings", "1", "--samples", "1024", "--datatype", "ci8"]
+    proc = _run("-m", "iqtrain.cli.main", *args)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert len(list(out.glob("*.sigmf-meta"))) == 1
     _assert_no_torch(proc, "iqtrain synth")

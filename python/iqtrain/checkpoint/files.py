@@ -116,8 +116,6 @@ def save_checkpoint(
     directory whose write, fsync or rename failed (disk full, file too large, I/O error); the
     temporary directory is then removed and the existing checkpoints are untouched.
     """
-    from safetensors.torch import save_file
-
     if (sharded is None) == (optimizer_state is None):
         raise ValueError("save_checkpoint: pass exactly one of optimizer_state and sharded")
     model_t = {k: v.detach().to("cpu").contiguous() for k, v in model_state.items()}
@@ -128,60 +126,78 @@ def save_checkpoint(
         optim_t = {k: v.detach().to("cpu").contiguous() for k, v in optim_t.items()}
         _check_finite("optimizer", optim_t)
         state = dataclasses.replace(state, optimizer=optim_meta)
-    state_bytes = state.encode()
-    step = state.step
+    state_bytes = state.encode()  # before anything is written: a bug, not a storage error
 
-    name = checkpoint_name(step)
+    name = checkpoint_name(state.step)
     final = root / name
     if final.exists():
         raise CheckpointError(f"{final}: already exists; checkpoints are never overwritten")
     tmp = root / f".tmp-{name}-{os.getpid()}"
-    current = root  # the file or directory being written, named by a StorageError
+    w = _Writing(root)
     try:
         root.mkdir(parents=True, exist_ok=True)
-        current = tmp
-        if tmp.exists():  # left by a crashed process that had our pid
+        if w.at(tmp).exists():  # left by a crashed process that had our pid
             shutil.rmtree(tmp)
         tmp.mkdir()
-        current = tmp / "model.safetensors"
-        save_file(model_t, current)
-        if sharded is None:
-            current = tmp / "optimizer.safetensors"
-            save_file(optim_t, current)
-            listed = list(CHECKPOINT_FILES)
-        else:
-            current = tmp / SHARDED_DIR
-            sharded(current)  # every rank writes its shards (fsynced by the writer)
-            fsync_dir(current)
-            shards = sorted(p.name for p in current.iterdir())
-            listed = ["model.safetensors", "state.json", *(f"{SHARDED_DIR}/{n}" for n in shards)]
-        current = tmp / "state.json"
-        write_file(current, state_bytes)
-        files = {}
-        for fname in listed:
-            current = tmp / fname
-            fsync_file(current)
-            files[fname] = file_digest(current)
-        current = tmp / "checkpoint.json"
-        index: dict[str, Any] = {"name": name, "step": step, "files": files}
+        files = _write_files(tmp, w, (model_t, optim_t), state_bytes, sharded)
+        index: dict[str, Any] = {"name": name, "step": state.step, "files": files}
         if sharded is not None:
             index["format"] = SHARDED_DIR
-        write_file(current, (json.dumps(index, indent=2, sort_keys=True) + "\n").encode())
-        current = tmp
-        fsync_dir(tmp)
-        current = final
-        os.rename(tmp, final)
+        text = json.dumps(index, indent=2, sort_keys=True) + "\n"
+        write_file(w.at(tmp / "checkpoint.json"), text.encode())
+        fsync_dir(w.at(tmp))
+        os.rename(tmp, w.at(final))
         # From here the checkpoint is complete under its real name; only the rename's
         # durability is still at stake.
-        current = root
-        fsync_dir(root)
+        fsync_dir(w.at(root))
     except (OSError, SafetensorError) as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise storage_error(current, exc) from exc
+        raise storage_error(w.path, exc) from exc
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return final
+
+
+class _Writing:
+    """The file or directory a save is writing: what its StorageError names."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def at(self, path: Path) -> Path:
+        self.path = path
+        return path
+
+
+def _write_files(
+    tmp: Path,
+    w: _Writing,
+    tensors: tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]],
+    state_bytes: bytes,
+    sharded: Callable[[Path], None] | None,
+) -> dict[str, dict[str, Any]]:
+    """Every file of a checkpoint into ``tmp`` (the shards: by every rank), fsynced; returns
+    checkpoint.json's ``files`` (bytes and SHA-256 of each)."""
+    from safetensors.torch import save_file
+
+    model_t, optim_t = tensors
+    save_file(model_t, w.at(tmp / "model.safetensors"))
+    if sharded is None:
+        save_file(optim_t, w.at(tmp / "optimizer.safetensors"))
+        listed = list(CHECKPOINT_FILES)
+    else:
+        shards = w.at(tmp / SHARDED_DIR)
+        sharded(shards)  # every rank writes its shards (fsynced by the writer)
+        fsync_dir(shards)
+        names = sorted(p.name for p in shards.iterdir())
+        listed = ["model.safetensors", "state.json", *(f"{SHARDED_DIR}/{n}" for n in names)]
+    write_file(w.at(tmp / "state.json"), state_bytes)
+    files = {}
+    for fname in listed:
+        fsync_file(w.at(tmp / fname))
+        files[fname] = file_digest(tmp / fname)
+    return files
 
 
 def remove_checkpoint(path: Path) -> None:
@@ -249,31 +265,34 @@ def verify_checkpoint(path: Path) -> list[str]:
             problems.append(f"{index}: does not list {fname}")
     problems.extend(_unlisted_shards(path, files))
     for fname, want in files.items():
-        if not _LISTED.match(str(fname)):
-            problems.append(f"{index}: lists {fname!r}, which no checkpoint contains")
-            continue
-        p = path / str(fname)
-        if not p.is_file():
-            problems.append(f"{p}: missing")
-            continue
-        try:
-            got = file_digest(p)
-        except OSError as exc:
-            problems.append(f"{p}: unreadable: {exc.strerror or exc}")
-            continue
-        if got != want:
-            if isinstance(want, dict):
-                recorded = f"{want.get('bytes')} bytes sha256 {str(want.get('sha256'))[:16]}…"
-            else:
-                recorded = repr(want)
-            problems.append(
-                f"{p}: {got['bytes']} bytes sha256 {got['sha256'][:16]}… but checkpoint.json "
-                f"records {recorded}"
-            )
+        problem = _file_problem(path, index, str(fname), want)
+        if problem is not None:
+            problems.append(problem)
     problems.extend(_step_problems(path, listing))
     if fmt == SHARDED_DIR:
         problems.extend(_missing_shards(path, files))
     return problems
+
+
+def _file_problem(path: Path, index: Path, fname: str, want: Any) -> str | None:
+    """What is wrong with one file checkpoint.json lists (None: it is what it records)."""
+    if not _LISTED.match(fname):
+        return f"{index}: lists {fname!r}, which no checkpoint contains"
+    p = path / fname
+    if not p.is_file():
+        return f"{p}: missing"
+    try:
+        got = file_digest(p)
+    except OSError as exc:
+        return f"{p}: unreadable: {exc.strerror or exc}"
+    if got == want:
+        return None
+    if isinstance(want, dict):
+        recorded = f"{want.get('bytes')} bytes sha256 {str(want.get('sha256'))[:16]}…"
+    else:
+        recorded = repr(want)
+    found = f"{got['bytes']} bytes sha256 {got['sha256'][:16]}…"
+    return f"{p}: {found} but checkpoint.json records {recorded}"
 
 
 def _unlisted_shards(path: Path, files: dict[str, Any]) -> list[str]:
@@ -393,5 +412,3 @@ def checkpoint_step(path: Path) -> int:
     if not m:
         raise CheckpointError(f"{path}: not a checkpoint directory name")
     return int(m.group(1))
-
-

@@ -30,7 +30,7 @@ def split_optimizer_state(
                 scalars.setdefault(str(idx), {})[key] = value
     groups = []
     for group in optim_sd["param_groups"]:
-        g = {}
+        g: dict[str, Any] = {}
         for key, value in group.items():
             if isinstance(value, torch.Tensor):
                 # A tensor hyperparameter (the lr) stays a tensor on restore, with its dtype.
@@ -55,7 +55,7 @@ def join_optimizer_state(tensors: dict[str, torch.Tensor], meta: dict[str, Any])
         state.setdefault(int(idx), {}).update(entry)
     groups = []
     for g in meta["param_groups"]:
-        group = {}
+        group: dict[str, Any] = {}
         for key, value in g.items():
             if isinstance(value, dict) and "tensor" in value:
                 group[key] = torch.tensor(value["tensor"], dtype=getattr(torch, value["dtype"]))

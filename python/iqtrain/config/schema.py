@@ -6,8 +6,8 @@ across sections. The resolved config (every default filled in) is what an attemp
 hashes, so ``config.toml`` in an attempt is the complete record of what ran.
 
 This module imports no torch (nor numpy): the sections, the shared validators and the closed
-sets of names live in :mod:`iqtrain.config.sections` and are re-exported here, so reading, checking and
-writing a config, and the commands that only do that, never pay for torch.
+sets of names live in :mod:`iqtrain.config.sections`, so reading, checking and writing a
+config, and the commands that only do that, never pay for torch.
 
 Paths (``run.dir``, ``data.train``, ``data.val``, ``data.synthetic.cache_dir``) are resolved when
 a section is built: ``~`` is expanded, then a relative path is taken relative to the current
@@ -57,7 +57,9 @@ class Config:
 
     run: RunConfig = field(default_factory=RunConfig)
     data: DataConfig = field(default_factory=DataConfig)
-    model: ModelConfig | None = None  # None: defaults, sized to data.patch_len/seq_patches
+    # None: defaults, sized to data.patch_len/seq_patches by __post_init__, so every reader
+    # sees a ModelConfig.
+    model: ModelConfig = None  # type: ignore[assignment]
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)

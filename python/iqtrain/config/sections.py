@@ -2,8 +2,8 @@
 
 Each validates its own values in ``__post_init__`` and names the dotted key in every error. The
 closed sets of names (devices, precisions, schedule kinds and shapes), the one SigMF datatype
-table and the shared validators live here too. :mod:`iqtrain.config.schema` assembles the sections into
-a :class:`~iqtrain.config.schema.Config` and re-exports them. Imports no torch (nor numpy).
+table and the shared validators live here too. :mod:`iqtrain.config.schema` assembles the
+sections into a :class:`~iqtrain.config.schema.Config`. Imports no torch (nor numpy).
 """
 
 from __future__ import annotations
@@ -224,9 +224,10 @@ class DataConfig:
     val: list[str] = field(default_factory=list)
     patch_len: int = 16
     seq_patches: int = 64
-    stride: int | None = None  # in samples; None = the window length (non-overlapping)
+    # stride and val_batch_size are typed as __post_init__ leaves them: it replaces None.
+    stride: int = None  # type: ignore[assignment]  # samples; None = window (non-overlapping)
     batch_size: int = 32  # windows per microbatch, global across ranks
-    val_batch_size: int | None = None  # None = batch_size
+    val_batch_size: int = None  # type: ignore[assignment]  # None = batch_size
     norm: str = "window"
     prefix_patches: int = 4
     prefetch: int = 2

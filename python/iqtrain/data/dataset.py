@@ -65,7 +65,7 @@ def _expand(
                 raise DataError(f"{text}: no such file")
             found.add(path)
     if not found:
-        raise DataError(f"{', '.join(map(os.fspath, paths))}: no .sigmf-meta files found")
+        raise DataError(f"{', '.join(os.fspath(p) for p in paths)}: no .sigmf-meta files found")
     links: dict[Path, Path] = {}
     for path in found:
         if path.is_symlink():

@@ -110,9 +110,7 @@ class DataIdentity:
         return self._digests
 
 
-def _compare(
-    key: str, old: dict[str, str], new: dict[str, str], what: str, ds: IQDataset
-) -> None:
+def _compare(key: str, old: dict[str, str], new: dict[str, str], what: str, ds: IQDataset) -> None:
     added = sorted(new.keys() - old.keys())
     for path in added:  # named through a symlink that now points elsewhere: say so first
         link = ds.links.get(Path(path).with_suffix(".sigmf-meta"))

@@ -65,7 +65,9 @@ def _generate(s: SynthConfig, root: Path, key: str) -> None:
             ("train", s.train_recordings, s.seed),
             ("val", s.val_recordings, s.seed + SYNTH_VAL_SEED_OFFSET),  # never the train set
         ):
-            synthesize(tmp / part, recordings=count, samples=s.samples, datatype=s.datatype, seed=seed)
+            synthesize(
+                tmp / part, recordings=count, samples=s.samples, datatype=s.datatype, seed=seed
+            )
         (tmp / "COMPLETE").write_text(key + "\n")
     except (OSError, StorageError) as exc:
         shutil.rmtree(tmp, ignore_errors=True)

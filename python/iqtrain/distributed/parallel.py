@@ -27,7 +27,7 @@ modules alike.
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -53,8 +53,9 @@ def replicate(module: nn.Module, world: World, *, cuda: bool) -> nn.Module:
     # (torch 2.15 renamed the switch; older releases know only broadcast_buffers.)
     params = inspect.signature(DistributedDataParallel.__init__).parameters
     no_sync = "forward_sync_buffers" if "forward_sync_buffers" in params else "broadcast_buffers"
+    switch: dict[str, Any] = {no_sync: False}
     return DistributedDataParallel(
-        module, device_ids=[world.local_rank] if cuda else None, **{no_sync: False}
+        module, device_ids=[world.local_rank] if cuda else None, **switch
     )
 
 
@@ -86,7 +87,8 @@ def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    return get_model_state_dict(model, options=options)
+    # Typed for any state dict (ValueType covers optimizer state too); a model's is all tensors.
+    return cast(dict[str, torch.Tensor], get_model_state_dict(model, options=options))
 
 
 def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict | None:
@@ -110,32 +112,8 @@ def load_full_optimizer_state(
     set_optimizer_state_dict(model, optimizer, state, options=options)
 
 
-
-
-
-
-
-
-
-
 # ------------------------------------------------------------- reading what others wrote, safely
 # DCP unpickles ``.metadata`` and every non-tensor item (the optimizer's hyperparameters) with
 # full powers: a forged checkpoint would run code on load. checkpoint.json's hashes prove only
 # that the files are the ones it lists, so both are read first by unpicklers that build only
 # what a checkpoint holds.
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-

@@ -113,7 +113,9 @@ class World:
                 )
             # "cuda" then means this rank's GPU everywhere (tensors, the model, DDP).
             torch.cuda.set_device(self.local_rank)
-        extra = {"device_id": torch.device("cuda", self.local_rank)} if device == "cuda" else {}
+        extra: dict[str, Any] = (
+            {"device_id": torch.device("cuda", self.local_rank)} if device == "cuda" else {}
+        )
         try:
             dist.init_process_group(
                 backend=backend, timeout=datetime.timedelta(seconds=timeout_s), **extra
@@ -263,7 +265,9 @@ def agree(world: World, error: BaseException | None, same: dict[str, Any] | None
         for r, (_, theirs) in enumerate(gathered):
             what = _difference(r, theirs, main)
             if what is not None:
-                failed = [(r, (ConfigError.exit_code, f"the ranks must run the same thing: {what}"))]
+                failed = [
+                    (r, (ConfigError.exit_code, f"the ranks must run the same thing: {what}"))
+                ]
                 break
     if not failed:
         return

@@ -379,8 +379,9 @@ def load_checkpoint_model(
 ) -> tuple[NextPatchModel, Any, Path, int]:
     """``(model, config, checkpoint dir, step)`` of checkpoint ``which`` (latest, best, step_N).
 
-    Resolved and verified as a resume does (:func:`iqtrain.evidence.lineage.load_parent`: the attempt's
-    manifest, the checkpoint's hashes); the config is the one of the attempt that wrote it.
+    Resolved and verified as a resume does (:func:`iqtrain.evidence.lineage.load_parent`: the
+    attempt's manifest, the checkpoint's hashes); the config is the one of the attempt that
+    wrote it.
     """
     parent = load_parent(ParentRef(Path(attempt), which))
     config = build_config(parent.config_tables)

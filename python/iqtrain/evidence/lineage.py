@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from iqtrain.checkpoint.files import (
     checkpoint_name,
@@ -79,6 +79,11 @@ def _read_json(path: Path) -> dict:
     return obj
 
 
+# Without ``skipped`` a checkpoint that does not verify raises: the result is never None.
+@overload
+def _checked(ckpt: Path, skipped: None = None) -> Path: ...
+@overload
+def _checked(ckpt: Path, skipped: list[dict]) -> Path | None: ...
 def _checked(ckpt: Path, skipped: list[dict] | None = None) -> Path | None:
     """``ckpt`` if it verifies; else None, with the reason appended to ``skipped``."""
     problems = checkpoint_problems(ckpt)
@@ -205,5 +210,3 @@ def config_changes(parent_tables: dict, config: Config) -> dict[str, tuple[Any, 
             f"{changes[illegal[0]][1]!r}); only {', '.join(sorted(RESUMABLE_KEYS))} may change"
         )
     return changes
-
-

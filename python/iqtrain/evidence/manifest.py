@@ -410,7 +410,9 @@ def _stopped_early_counts(attempt: Path, manifest: dict, info: dict) -> str | No
         parent = info.get("parent")
         if isinstance(parent, dict):
             owner = Path(parent["attempt"])
-            ref, count = CheckpointState.read(owner / "checkpoints" / parent["checkpoint"]).early_stop
+            ref, count = CheckpointState.read(
+                owner / "checkpoints" / parent["checkpoint"]
+            ).early_stop
         inherited = manifest.get("inherited_metrics") or {}
         records = read_metrics(attempt / "metrics.jsonl")[int(inherited.get("records", 0)) :]
     except (CheckpointError, OSError, KeyError, TypeError, ValueError) as exc:
@@ -450,13 +452,13 @@ def publish_manifest(
     records: int,
     inherited: dict | None,
     checkpoints: list[Path],
-    best: Path | None,
-    best_val_loss: float | None,
+    best: tuple[Path, float] | None,
     parent: dict | None,
     stopped_early: dict | None = None,
 ) -> None:
-    """Freeze the evidence and bind it: config, metric stream, every checkpoint, latest, best,
-    and why the attempt ended before its max_steps when early stopping ended it."""
+    """Freeze the evidence and bind it: config, metric stream, every checkpoint, latest, best
+    (its checkpoint and validation loss), and why the attempt ended before its max_steps when
+    early stopping ended it."""
     metrics_path = attempt / "metrics.jsonl"
     config_path = attempt / "config.toml"
     for p in (metrics_path, config_path):
@@ -472,7 +474,7 @@ def publish_manifest(
         "metrics": {"path": "metrics.jsonl", "records": records, **file_digest(metrics_path)},
         "inherited_metrics": inherited,
         "latest": _ref(attempt, checkpoints[-1]),
-        "best": None if best is None else _ref(attempt, best, val_loss=best_val_loss),
+        "best": None if best is None else _ref(attempt, best[0], val_loss=best[1]),
         "checkpoints": [_ref(attempt, p) for p in checkpoints],
         "stopped_early": stopped_early,
         "published": utc_now(),

@@ -24,15 +24,6 @@ __all__ = [
 ]
 
 
-
-
-
-
-
-
-
-
-
 # ------------------------------------------------------------------------------- verification
 
 
@@ -82,8 +73,6 @@ def check_attempt(attempt: Path) -> AttemptCheck:
     Raises CheckpointError when ``attempt`` is not an attempt directory at all (a bad input);
     everything else found is a problem (verification fails) or a note (leftovers of a crash).
     """
-    from iqtrain.checkpoint.files import crash_leftovers
-
     attempt = Path(attempt)
     if not (attempt / "attempt.json").is_file():
         raise CheckpointError(f"{attempt}: not an attempt directory (no attempt.json)")
@@ -97,6 +86,23 @@ def check_attempt(attempt: Path) -> AttemptCheck:
         check.problems.append(f"{attempt / 'attempt.json'}: unreadable: {exc}")
         return check
     check = AttemptCheck(attempt, status)
+    _check_layout(attempt, info, check)
+    manifest_path = attempt / "manifest.json"
+    if not manifest_path.is_file():
+        if status == "completed":
+            check.problems.append(f"{manifest_path}: missing, but attempt.json says completed")
+        _verify_checkpoints_only(attempt, check)
+        _note_torn_tail(attempt, check)
+    else:
+        _check_manifest(attempt, info, check)
+    check.problems = list(dict.fromkeys(check.problems))  # one line per problem
+    return check
+
+
+def _check_layout(attempt: Path, info: dict, check: AttemptCheck) -> None:
+    """The attempt's own record and files, and the notes a crash leaves."""
+    from iqtrain.checkpoint.files import crash_leftovers
+
     if info["id"] != attempt.name:
         check.problems.append(f"attempt.json id: {info['id']!r} is not this attempt")
     if not (attempt / "config.toml").is_file():
@@ -105,23 +111,20 @@ def check_attempt(attempt: Path) -> AttemptCheck:
         check.problems.append(f"{attempt / 'metrics.jsonl'}: missing")
     for left in [*crash_leftovers(attempt), *crash_leftovers(attempt / "checkpoints")]:
         check.notes.append(f"{left}: leftover of an interrupted write or prune (ignored)")
-    if status == "crashed":
+    if check.status == "crashed":
         check.notes.append(
             f"{attempt}: crashed (attempt.json says running, but no process holds its lock); "
             "resume it from its newest verified checkpoint"
         )
+
+
+def _check_manifest(attempt: Path, info: dict, check: AttemptCheck) -> None:
+    """Every field of manifest.json against the files it binds."""
     manifest_path = attempt / "manifest.json"
-    if not manifest_path.is_file():
-        if status == "completed":
-            check.problems.append(f"{manifest_path}: missing, but attempt.json says completed")
-        _verify_checkpoints_only(attempt, check)
-        _note_torn_tail(attempt, check)
-        check.problems = list(dict.fromkeys(check.problems))
-        return check
-    if status in ("failed", "interrupted"):  # a manifest is published only on success
-        check.problems.append(f"attempt.json status: {status}, but manifest.json exists")
-    elif status != "completed":  # killed between publishing and recording the end
-        check.notes.append(f"{attempt}: manifest.json exists but attempt.json says {status}")
+    if check.status in ("failed", "interrupted"):  # a manifest is published only on success
+        check.problems.append(f"attempt.json status: {check.status}, but manifest.json exists")
+    elif check.status != "completed":  # killed between publishing and recording the end
+        check.notes.append(f"{attempt}: manifest.json exists but attempt.json says {check.status}")
     try:
         manifest = json.loads(manifest_path.read_text())
         verify_manifest(attempt, manifest, info, check.problems)
@@ -129,8 +132,6 @@ def check_attempt(attempt: Path) -> AttemptCheck:
         check.problems.append(f"{manifest_path}: unreadable: {exc}")
     except ManifestError as exc:
         check.problems.append(str(exc))
-    check.problems = list(dict.fromkeys(check.problems))  # one line per problem
-    return check
 
 
 def verify_attempt(attempt: Path) -> list[str]:

@@ -151,7 +151,9 @@ def compiled_reference() -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
     return prepare
 
 
-def _triton_launcher(raw: torch.Tensor, backend: str) -> Callable[..., tuple[torch.Tensor, ...]]:
+def _triton_launcher(
+    raw: torch.Tensor, backend: str
+) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
     """Import the kernel; check it runs on ``raw``'s device (else ``ValueError`` naming backend)."""
     try:
         from iqtrain.kernels import normalize_patch as kernel

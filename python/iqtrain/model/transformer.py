@@ -120,6 +120,9 @@ class NextPatchModel(nn.Module):
     # Modules whose weights are embeddings: AdamW does not decay them (see step.py). The patch
     # embedding is a matrix, but decaying it shrinks the input representation, not capacity.
     embedding_modules: tuple[str, ...] = ("patch_embed",)
+    # Buffers registered in __init__; declared so type checkers see Tensors, not Module.
+    rope_cos: Tensor
+    rope_sin: Tensor
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from iqtrain.errors import ConfigError
-from iqtrain.storage import creatable_dir
 from iqtrain.report.summary import AttemptView, Lineage, load_attempt, number, resume_points
+from iqtrain.storage import creatable_dir
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -108,7 +108,7 @@ def _val_loss(ax: Axes, val: list[dict[str, Any]]) -> bool:
     if steps:
         ax.plot(steps, loss, color=VAL, marker="o", ms=3.5, lw=1.4, label="val loss")
         i = min(range(len(loss)), key=loss.__getitem__)
-        best = {"ls": "none", "marker": "*", "ms": 12, "color": VAL, "mec": "k", "mew": 0.6}
+        best: dict[str, Any] = dict(ls="none", marker="*", ms=12, color=VAL, mec="k", mew=0.6)
         ax.plot(
             [steps[i]], [loss[i]], label=f"best val {loss[i]:.4g} (step {steps[i]:.0f})", **best
         )
@@ -192,7 +192,8 @@ def _grad_panel(ax: Axes, view: AttemptView) -> None:
 
 def _probe_panel(ax: Axes, probes: list[dict[str, Any]]) -> None:
     shown = []
-    for key, name, style in (
+    # (metric key, legend label, line style)
+    series: tuple[tuple[str, str, dict[str, Any]], ...] = (
         ("accuracy", "probe accuracy", dict(color="C5", marker="o", ms=4, lw=1.4)),
         (
             "random_init_accuracy",
@@ -200,7 +201,8 @@ def _probe_panel(ax: Axes, probes: list[dict[str, Any]]) -> None:
             dict(color="0.45", marker="s", ms=3, ls="--", lw=1),
         ),
         ("chance", "chance", dict(color="0.25", ls=":", lw=1.1)),
-    ):
+    )
+    for key, name, style in series:
         steps, values = _series(probes, key)
         if steps and key == "chance" and len(set(values)) == 1:
             # One probe set, one majority-class rate: a line across, even for a single probe.
@@ -241,7 +243,8 @@ def _title(view: AttemptView) -> str:
     info = view.info
     run_dir = info.get("run_dir")
     run = Path(run_dir).name if isinstance(run_dir, str) else view.path.resolve().parent.parent.name
-    device = info.get("device") if isinstance(info.get("device"), dict) else {}
+    device = info.get("device")
+    device = device if isinstance(device, dict) else {}
     parts = [str(device[k]) for k in ("name", "precision") if device.get(k)]
     return f"{run} / attempt {info['id']} ({view.status})" + (
         f" — {', '.join(parts)}" if parts else ""
@@ -299,10 +302,10 @@ def check_plot_target(out: Path) -> str:
     _matplotlib()
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    if out.name in ("", ".", "..") or out.is_dir():
-        raise ConfigError(f"--plot {os.fspath(out) or repr('')}: a directory; name an image file")
+    if out.name in ("", ".", "..") or out.is_dir():  # "/", ".", "": a directory, not an image
+        raise ConfigError(f"--plot {out}: cannot write: Is a directory (name an image file)")
     if not out.parent.is_dir():
-        raise ConfigError(f"--plot {out}: no directory {out.parent}")
+        raise ConfigError(f"--plot {out}: cannot write: No such file or directory")
     why = creatable_dir(out.parent)
     if why is not None:
         raise ConfigError(f"--plot {out}: cannot write: {why}")

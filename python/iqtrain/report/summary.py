@@ -81,7 +81,8 @@ def _header(attempt: Path, info: dict[str, Any], status: str) -> list[str]:
     parts = [str(device[k]) for k in ("name", "precision") if device.get(k)]
     lines = [f"attempt {attempt} ({status})" + (f", device {', '.join(parts)}" if parts else "")]
     world = info.get("world")
-    size = world.get("size") if isinstance(world, dict) else None
+    world = world if isinstance(world, dict) else {}
+    size = world.get("size")
     if isinstance(size, int) and size > 1:  # under torchrun: how many, connected and held how
         how = [str(world[k]) for k in ("backend", "parallel") if isinstance(world.get(k), str)]
         lines[0] += f", {size} ranks" + (f" ({', '.join(how)})" if how else "")
@@ -151,10 +152,9 @@ def _val_lines(val: list[dict[str, Any]]) -> list[str]:
             + ("" if snr is None else f" ({snr:.2f} dB)")
             + ("  best" if r.get("best") is True else "")
         )
-    scored = [r for r in val if number(r, "loss") is not None]
+    scored = [(v, r) for r in val if (v := number(r, "loss")) is not None]
     if scored:
-        best = min(scored, key=lambda r: number(r, "loss"))
-        loss = number(best, "loss")
+        loss, best = min(scored, key=lambda pair: pair[0])  # ties: the first, as before
         lines.append(f"  best val loss {loss:.5f} at step {best.get('step', '?')} ({_db(loss)})")
     return lines
 
@@ -164,7 +164,8 @@ class AttemptView:
     """What an attempt directory shows: its record, its status and its metric stream.
 
     ``stream`` is None when ``metrics.jsonl`` was never created. ``status`` is
-    :func:`~iqtrain.evidence.verify.attempt_status` (``crashed`` included), or ``"<status>? lock …"``
+    :func:`~iqtrain.evidence.lock.attempt_status` (``crashed`` included), or
+    ``"<status>? lock …"``
     when the lock file cannot be opened.
     """
 

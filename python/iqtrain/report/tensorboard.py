@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from iqtrain.errors import ConfigError
-from iqtrain.storage import creatable_dir
 from iqtrain.report.summary import AttemptView, load_attempt, number
+from iqtrain.storage import creatable_dir
 
 __all__ = ["EVENT_PREFIX", "export_tensorboard", "scalar_events", "tensorboard_target"]
 

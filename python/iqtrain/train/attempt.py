@@ -32,7 +32,7 @@ import torch
 from iqtrain.checkpoint.manager import CheckpointManager
 from iqtrain.config.schema import Config, config_to_dict, dumps_toml
 from iqtrain.console import Interrupted, SignalLatch, StoppedBeforeStart, note
-from iqtrain.data.dataset import IQDataset, TrainStream
+from iqtrain.data.dataset import TrainStream
 from iqtrain.data.identity import DataIdentity, check_parent_data
 from iqtrain.data.sources import open_datasets, report_skipped
 from iqtrain.distributed.world import PeerError, RankExit, World, agree, join
@@ -52,7 +52,7 @@ from iqtrain.evidence.manifest import publish_manifest
 from iqtrain.evidence.metrics import MetricCursor, MetricWriter
 from iqtrain.model.transformer import NextPatchModel
 from iqtrain.storage import creatable_dir, file_digest
-from iqtrain.train.loop import LoopState, Trainer, restore, state_components
+from iqtrain.train.loop import LoopParts, LoopState, Trainer, restore, state_components
 from iqtrain.train.probe import TrainingProbe
 from iqtrain.train.rng import RNGState
 from iqtrain.train.schedule import Plan
@@ -101,22 +101,18 @@ def _device_description(device: str) -> str:
 
 @dataclass
 class _Ready:
-    """Everything built and checked before the attempt exists."""
+    """Everything built and checked before the attempt exists: the parent (a resume), the
+    config changes it makes, and the loop's parts."""
 
     parent: Parent | None
     changes: dict[str, tuple[Any, Any]]
-    plan: Plan
     start_step: int
-    stepper: TrainStep
-    stream: TrainStream
-    val: IQDataset
-    identity: DataIdentity | None  # rank 0 only
-    loop: LoopState
-    probe: TrainingProbe | None  # rank 0 only, when [probe] every > 0
+    parts: LoopParts
 
 
 def _plan(config: Config, parent: Parent | None) -> tuple[Plan, int]:
-    """The schedule plan and first step: a parent's plan, extended only as docs/design.md section 5 allows."""
+    """The schedule plan and first step: a parent's plan, extended only as docs/design.md
+    section 5 allows."""
     t, o = config.training, config.optimizer
     if parent is None:
         return Plan.from_config(config.schedule, t.max_steps, o.lr, o.min_lr), 0
@@ -188,12 +184,14 @@ def _preflight(config: Config, ref: ParentRef | None, world: World) -> _Ready:
         restore(parent, stepper, state_components(stream, loop, RNGState(world)))
         loop.step = start_step
     for line in parent.skipped if parent is not None and world.is_main else []:
+        assert ref is not None  # parent was loaded from ref
         note(f"skipped checkpoint {line['checkpoint']} of {ref.attempt}: {line['reason']}")
     identity = DataIdentity(train, val, digests) if world.is_main else None
     probe = None
     if world.is_main and config.probe.every:
         probe = TrainingProbe(config.probe, config.data, config.model, config.run.seed)
-    return _Ready(parent, changes, plan, start_step, stepper, stream, val, identity, loop, probe)
+    parts = LoopParts(stepper, stream, val, plan, loop, identity, probe)
+    return _Ready(parent, changes, start_step, parts)
 
 
 def _load_shards(stepper: TrainStep, directory: Path) -> IQTrainError | None:
@@ -222,7 +220,7 @@ def _attempt_info(config: Config, run_dir: Path, ready: _Ready, world: World) ->
         },
         "started": utc_now(),
         "status": "running",
-        "plan": ready.plan.to_dict(),
+        "plan": ready.parts.plan.to_dict(),
         "argv": sys.argv,
         "pid": os.getpid(),
         "world": {
@@ -307,15 +305,15 @@ def _agreed_preflight(config: Config, parent: ParentRef | None, world: World) ->
     try:
         ready = _preflight(config, parent, world)
         same = {
-            "data.train fingerprint": ready.stream.dataset.fingerprint,
-            "data.val fingerprint": ready.val.fingerprint,
+            "data.train fingerprint": ready.parts.stream.dataset.fingerprint,
+            "data.val fingerprint": ready.parts.val.fingerprint,
         }
     except IQTrainError as exc:
         error = exc
     agree(world, error, same=same)
-    ready.stepper.data_parallel()
+    ready.parts.stepper.data_parallel()
     if ready.parent is not None and ready.parent.sharded is not None:
-        agree(world, _load_shards(ready.stepper, ready.parent.sharded))
+        agree(world, _load_shards(ready.parts.stepper, ready.parent.sharded))
     return ready
 
 
@@ -375,14 +373,16 @@ def _lead(
         trainer.train()
         metrics.close()
         loop = trainer.loop
+        best = None
+        if loop.best_checkpoint is not None and loop.best_val_loss is not None:
+            best = (run_dir / loop.best_checkpoint, loop.best_val_loss)
         publish_manifest(
             attempt,
             config_sha=trainer.config_sha,
             records=metrics.records,
             inherited=inherited,
             checkpoints=trainer.checkpoints.saved,
-            best=None if loop.best_checkpoint is None else run_dir / loop.best_checkpoint,
-            best_val_loss=loop.best_val_loss,
+            best=best,
             parent=info["parent"],
             stopped_early=trainer.stopped_early,
         )
@@ -419,28 +419,21 @@ def _trainer(
     config_text: str,
 ) -> Trainer:
     t = config.training
-    world = ready.stepper.world
     trainer = Trainer(
         t,
         config.data,
         attempt,
-        stepper=ready.stepper,
-        stream=ready.stream,
-        val=ready.val,
-        plan=ready.plan,
-        metrics=metrics,
+        ready.parts,
         checkpoints=CheckpointManager(
             attempt / "checkpoints",
             run_dir,
             every=t.checkpoint_every,
             keep_last=t.keep_last,
-            world=world,
+            world=ready.parts.stepper.world,
         ),
-        identity=ready.identity,
+        metrics=metrics,
         config_sha=_sha256_bytes(config_text.encode()),
-        loop=ready.loop,
         probe_every=config.probe.every,
-        probe=ready.probe,
     )
     ready.parent = None  # the parent's tensors are in the model and optimizer now
     return trainer

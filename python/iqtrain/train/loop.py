@@ -40,6 +40,7 @@ from iqtrain.train.step import StepResult, TrainStep
 from iqtrain.train.validation import prepare_batch, validate
 
 __all__ = [
+    "LoopParts",
     "LoopState",
     "Trainer",
     "spike_update",
@@ -160,6 +161,21 @@ def restore(parent: Parent, stepper: TrainStep, components: dict[str, Any]) -> N
         ) from None
 
 
+@dataclass
+class LoopParts:
+    """The components a :class:`Trainer` runs over, built and checked before the attempt
+    exists (:mod:`iqtrain.train.attempt`). ``identity`` and ``probe`` are rank 0's alone (the
+    probe only when ``[probe] every`` > 0)."""
+
+    stepper: TrainStep
+    stream: TrainStream
+    val: IQDataset
+    plan: Plan
+    loop: LoopState
+    identity: DataIdentity | None = None
+    probe: TrainingProbe | None = None
+
+
 class Trainer:
     """One attempt's loop over its components (built by ``run_pretraining_attempt``)."""
 
@@ -168,34 +184,32 @@ class Trainer:
         training: TrainingConfig,
         data: DataConfig,
         attempt: Path,
+        parts: LoopParts,
         *,
-        stepper: TrainStep,
-        stream: TrainStream,
-        val: IQDataset,
-        plan: Plan,
-        metrics: MetricWriter | None,
         checkpoints: CheckpointManager,
-        identity: DataIdentity | None,
+        metrics: MetricWriter | None,
         config_sha: str,
-        loop: LoopState,
         probe_every: int = 0,
-        probe: TrainingProbe | None = None,
     ) -> None:
         """With several ranks every rank builds a Trainer and runs the same loop (the same
-        decisions from the same agreed numbers); only rank 0 has ``metrics``, ``identity``
-        and ``probe``, and writes: the records, the checkpoints. Other ranks pass None."""
-        self.training, self.data, self.attempt, self.plan = training, data, attempt, plan
-        self.stepper, self.stream, self.val = stepper, stream, val
-        self.metrics, self.checkpoints, self.identity = metrics, checkpoints, identity
-        self.probe_every, self.probe = probe_every, probe
-        self.config_sha = config_sha
-        self.loop = loop
-        self.world = stepper.world
+        decisions from the same agreed numbers); only rank 0 has ``metrics`` (and the parts'
+        ``identity`` and ``probe``) and writes: the records, the checkpoints."""
+        self.training, self.data, self.attempt = training, data, attempt
+        self.stepper, self.stream, self.val, self.plan = (
+            parts.stepper,
+            parts.stream,
+            parts.val,
+            parts.plan,
+        )
+        self.loop, self.identity, self.probe = parts.loop, parts.identity, parts.probe
+        self.metrics, self.checkpoints = metrics, checkpoints
+        self.probe_every, self.config_sha = probe_every, config_sha
+        self.world = self.stepper.world
         self.rng = RNGState(self.world)
         self.stopped_early: dict[str, Any] | None = None
         t = training
-        self.ring = _ring(stream, stepper.device, t.grad_accum)
-        self.flops_per_patch = stepper.model.train_flops_per_patch(data.seq_patches)
+        self.ring = _ring(self.stream, self.stepper.device, t.grad_accum)
+        self.flops_per_patch = self.stepper.model.train_flops_per_patch(data.seq_patches)
         # The records' TFLOP/s are the whole job's (the global batch), so MFU divides by the
         # peak of every rank's device together.
         peak = device_peak_tflops(t.device, t.precision, t.peak_tflops or None)

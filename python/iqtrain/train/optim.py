@@ -65,7 +65,3 @@ def build_adamw(
     for group in optimizer.param_groups:
         group["lr"] = torch.tensor(opt_cfg.lr, dtype=torch.float64)
     return optimizer
-
-
-
-

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from torch import Tensor, nn
+from torch import Tensor
 
 from iqtrain.config.sections import DataConfig, ModelConfig, ProbeConfig
 from iqtrain.data.sources import validation_patterns
@@ -26,6 +26,7 @@ from iqtrain.eval.probe import (
     probe_model,
     random_init_model,
 )
+from iqtrain.model.transformer import NextPatchModel
 
 __all__ = ["TrainingProbe", "probe_due"]
 
@@ -48,12 +49,14 @@ class TrainingProbe:
             seed,
         )
         self.labelled = labelled_windows(probe.data or validation_patterns(data), data.window)
-        assign_folds(self.labelled.labels, self.labelled.groups, probe.folds, seed, key="probe.folds")
+        assign_folds(
+            self.labelled.labels, self.labelled.groups, probe.folds, seed, key="probe.folds"
+        )
         counts = np.bincount(self.labelled.labels, minlength=len(self.labelled.classes))
         self.chance = float(counts.max() / counts.sum())
         self._random_init: ProbeScore | None = None
 
-    def record(self, model: nn.Module | Mapping[str, Tensor], step: int) -> dict[str, Any]:
+    def record(self, model: NextPatchModel | Mapping[str, Tensor], step: int) -> dict[str, Any]:
         """The ``probe`` record of ``model`` (a module, or a whole model's state dict) at
         ``step`` (without its ``time_s``)."""
         if isinstance(model, Mapping):
@@ -63,7 +66,9 @@ class TrainingProbe:
         score = probe_model(model, self.labelled, self.data, self.folds, self.seed)
         if self._random_init is None:
             baseline = random_init_model(self.model, self.seed)
-            self._random_init = probe_model(baseline, self.labelled, self.data, self.folds, self.seed)
+            self._random_init = probe_model(
+                baseline, self.labelled, self.data, self.folds, self.seed
+            )
         return {
             "kind": "probe",
             "step": step,

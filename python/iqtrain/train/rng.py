@@ -15,7 +15,9 @@ __all__ = ["RNGState", "restore_rng_state", "rng_state"]
 
 
 def rng_state() -> dict[str, Any]:
-    state = {"cpu": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()}
+    state: dict[str, Any] = {
+        "cpu": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()
+    }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = [
             base64.b64encode(s.numpy().tobytes()).decode() for s in torch.cuda.get_rng_state_all()

@@ -21,8 +21,9 @@ and float64 keeps the value the loop asked for exactly.
 Preparation. :meth:`TrainStep.prepare` turns a loader batch into the model's input on the step's
 device: CUDA runs copy it through pinned memory (``non_blocking``: a copy from pageable memory
 would synchronise the stream) and run the Triton kernel; CPU runs with ``compile=True`` run the
-compiled reference (:func:`iqtrain.model.prepare.compiled_reference`, bit-identical to the eager one),
-CPU runs without it the eager reference. So ``compile`` selects compiled code for the whole step.
+compiled reference (:func:`iqtrain.model.prepare.compiled_reference`, bit-identical to the eager
+one), CPU runs without it the eager reference. So ``compile`` selects compiled code for the
+whole step.
 
 Host synchronisations. Every call the loop makes per step queues device work and returns, except:
 
@@ -50,7 +51,7 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -70,8 +71,11 @@ from iqtrain.distributed.parallel import (
 from iqtrain.distributed.world import World
 from iqtrain.errors import ConfigError, NonFiniteError
 from iqtrain.model.prepare import compiled_reference, prepare_iq_input, prepare_iq_input_reference
-from iqtrain.model.transformer import next_patch_loss
+from iqtrain.model.transformer import NextPatchModel, next_patch_loss
 from iqtrain.train.optim import build_adamw, split_parameters
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import FSDPModule
 
 __all__ = [
     "StepResult",
@@ -156,7 +160,7 @@ class TrainStep:
 
     def __init__(
         self,
-        model: nn.Module,
+        model: NextPatchModel,
         opt_cfg: OptimizerConfig,
         *,
         device: str,
@@ -188,7 +192,7 @@ class TrainStep:
 
         # A module someone already compiled would put _orig_mod. into every key: unwrap it.
         model = getattr(model, "_orig_mod", model)
-        self.model: nn.Module = model.to(device=device, dtype=torch.float32)
+        self.model: NextPatchModel = model.to(device=device, dtype=torch.float32)
         self.device = torch.device(device)
         self.precision = precision
         self.compiled = compile
@@ -209,13 +213,17 @@ class TrainStep:
         self.sharded = parallel == "fsdp"
         # Set once the model is sharded: every forward then gathers parameters with all ranks.
         self.forward_is_collective = False
+        # The model again once sharded (with forward_is_collective), typed for FSDP2's methods.
+        self._fsdp: FSDPModule | None = None
         self._loss_module = _ForwardLoss(self.model, self.device.type, precision)
         # fullgraph: a graph break would silently fall back to eager for part of the model.
         # CPU: inductor's C++ wrapper calls the graph's kernels and matmuls from C++ instead of
         # generated Python: per-step wrapper time 7.2 -> 3.6 ms of a 116 ms step at dim 128
         # (per-op minima), loop per FLOP vs the nanoGPT peer median 1.03x -> 1.11x over 3 and 5
         # runs of bench/test_loop.py; the cost is a longer first compile (~41 -> ~50 s cold).
-        self._compile_options = {"cpp_wrapper": True} if device == "cpu" else None
+        self._compile_options: dict[str, Any] | None = (
+            {"cpp_wrapper": True} if device == "cpu" else None
+        )
         self._forward_loss_fn = (
             torch.compile(self._forward_loss, fullgraph=True, options=self._compile_options)
             if compile
@@ -237,7 +245,8 @@ class TrainStep:
 
     def data_parallel(self) -> None:
         """Several ranks only: replicate the forward and loss in DistributedDataParallel, or
-        (``training.parallel = "fsdp"``) shard the model with FSDP2 (:mod:`iqtrain.distributed.parallel`).
+        (``training.parallel = "fsdp"``) shard the model with FSDP2
+        (:mod:`iqtrain.distributed.parallel`).
 
         A collective: every rank calls it at the same point, after the ranks agreed that
         preflight passed. Evaluation under DDP calls the inner compiled module: it needs no
@@ -259,8 +268,13 @@ class TrainStep:
         (same groups, same order, same hyperparameters). Optimizer state already restored (from
         a replicated checkpoint: training.parallel changed on resume) is carried over, sharded;
         a sharded parent's state is loaded afterwards (:meth:`load_sharded`)."""
+        from torch.distributed.fsdp import FSDPModule
+
         carried = full_optimizer_state(self.model, self.optimizer)
         shard(self.model, compile_options=self._compile_options, compile=self.compiled)
+        # fully_shard swaps the model's class in place for a subclass of FSDPModule.
+        assert isinstance(self.model, FSDPModule)
+        self._fsdp = self.model
         # The blocks are compiled inside (before sharding); the rest runs eagerly around them.
         self._forward_loss_fn = self._train_fn = self._forward_loss
         named = dict(self.model.named_parameters())
@@ -339,8 +353,8 @@ class TrainStep:
         for i, mb in enumerate(mbs):
             # Several ranks: only the last microbatch's backward all-reduces the gradients.
             last = i == accum - 1
-            if self.forward_is_collective:  # FSDP2: reduce-scatter after the last only
-                self.model.set_requires_gradient_sync(last)
+            if self._fsdp is not None:  # FSDP2: reduce-scatter after the last only
+                self._fsdp.set_requires_gradient_sync(last)
             with (
                 self.world.collective("the step's gradient all-reduce"),
                 self._ddp.no_sync() if self._ddp is not None and not last else nullcontext(),

@@ -33,9 +33,7 @@ def prepare_batch(
     return stepper.prepare(raw, d.patch_len, norm=d.norm, prefix_patches=d.prefix_patches)
 
 
-def _batch_sums(
-    stepper: TrainStep, val: IQDataset, d: DataConfig, baselines: bool
-) -> torch.Tensor:
+def _batch_sums(stepper: TrainStep, val: IQDataset, d: DataConfig, baselines: bool) -> torch.Tensor:
     """``[batches, 4]`` float64 on the step's device: summed loss, target count and the two
     baseline sums of every batch this rank evaluates; zeros in the other ranks' rows."""
     world = stepper.world

@@ -80,8 +80,6 @@ def test_agree_rank_0_reports_and_the_others_exit_silently(keep_sigterm):
     assert info.value.exit_code == 2
 
 
-
-
 def test_agree_refuses_ranks_that_do_not_run_the_same_thing(keep_sigterm):
     # Rank 1 was given its own edited copy of the config: both ranks refuse, rank 0 names it.
     ours, theirs = {"optimizer.lr": 0.003, "training.max_steps": 9}, {"optimizer.lr": 0.001}

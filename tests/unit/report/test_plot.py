@@ -155,6 +155,26 @@ def test_an_unwritable_output_is_one_config_error(tmp_path, target, expect):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "run"]
 
 
+@pytest.mark.parametrize("target", ["/", ".", ""])
+def test_a_directory_for_a_plot_is_one_line_exit_2(tmp_path, target, capsys):
+    att = write_attempt(tmp_path / "run")
+    assert main(["report", str(att), "--plot", target]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("iqtrain: error: --plot ") and "Is a directory" in err
+    assert err.count("\n") == 1
+
+
+def test_every_output_is_checked_before_any_is_written(tmp_path, capsys):
+    # The plot could be written, the TensorBoard export cannot: neither is.
+    att = write_attempt(tmp_path / "run")
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    args = ["report", str(att), "--plot", str(tmp_path / "p.png"), "--tensorboard", str(blocked)]
+    assert main(args) == 2
+    assert "--tensorboard" in capsys.readouterr().err
+    assert not (tmp_path / "p.png").exists()
+
+
 def test_a_directory_that_is_not_an_attempt_is_a_checkpoint_error(tmp_path):
     with pytest.raises(CheckpointError, match="no attempt.json"):
         write_plot(tmp_path, tmp_path / "p.png")

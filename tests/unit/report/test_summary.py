@@ -46,9 +46,39 @@ def test_a_crashed_attempt_is_shown_as_crashed(tmp_path):
     att = _attempt(tmp_path, status="running")  # nobody holds its lock
     text = report(att)
     assert text.splitlines()[0].startswith(f"attempt {att} (crashed)")
-    assert f"iqtrain resume --attempt {att}" in text
+    # It wrote no checkpoint: there is no resume to offer.
+    assert "resume --attempt" not in text and "it wrote no checkpoint" in text
+    (att / "checkpoints" / "step_00000004").mkdir(parents=True)
+    assert f"resume with: iqtrain resume --attempt {att}" in report(att)
     (att / "attempt.lock").write_text("12345\n")  # a lock file left by a dead process
     assert "(crashed)" in report(att)
+
+
+def test_a_crashed_multi_rank_attempt_is_resumed_under_torchrun(tmp_path):
+    world = {"size": 4, "backend": "gloo", "hosts": ["a", "a", "b", "b"]}
+    att = _attempt(tmp_path, status="running", world=world)
+    (att / "checkpoints" / "step_00000004").mkdir(parents=True)
+    text = report(att)
+    want = "torchrun --nnodes 2 --nproc-per-node 2 <rendezvous options> -m iqtrain resume"
+    assert f"{want} --attempt {att}" in text
+    one_node = write_attempt(
+        tmp_path / "one", status="running", world={**world, "hosts": ["a"] * 4}
+    )
+    (one_node / "checkpoints" / "step_00000004").mkdir(parents=True)
+    assert f"torchrun --nproc-per-node 4 -m iqtrain resume --attempt {one_node}" in report(one_node)
+
+
+def test_report_into_a_closed_pipe_is_quiet(tmp_path):
+    # `iqtrain report ... | head`: the reader is gone before anything is written.
+    att = _attempt(tmp_path)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "iqtrain", "report", str(att)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141 and err == "", err
 
 
 def test_a_running_attempt_is_shown_as_running(tmp_path):
@@ -184,8 +214,6 @@ def test_the_command_never_tracebacks(tmp_path):
 
 
 # ------------------------------------------------------------------------------ shared readers
-
-
 
 
 def test_load_attempt_reads_record_status_and_stream(tmp_path):

@@ -5,16 +5,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import torch
-from helpers import tiny_tables
-from safetensors.torch import load_file
+from helpers import assert_same_tensors, manifest_weights, tiny_tables
 
 from iqtrain.config.schema import build_config
 from iqtrain.data.synth import synthesize
@@ -29,8 +25,6 @@ from iqtrain.train.schedule import Plan, lr_at
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-
-
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
     return tmp_path_factory.mktemp("synth-cache")
@@ -39,18 +33,6 @@ def cache(tmp_path_factory):
 def _run(tmp_path, cache, name="run", parent=None, **training):
     cfg = build_config(tiny_tables(tmp_path / name, cache, **training))
     return run_pretraining_attempt(cfg, parent)
-
-
-def _weights(attempt: Path, which="latest"):
-    manifest = json.loads((attempt / "manifest.json").read_text())
-    ckpt = (attempt / manifest[which]["path"]).resolve()
-    return load_file(ckpt / "model.safetensors"), load_file(ckpt / "optimizer.safetensors")
-
-
-def _assert_same_tensors(a: dict, b: dict):
-    assert a.keys() == b.keys()
-    for k in a:
-        assert torch.equal(a[k], b[k]), k
 
 
 def test_end_to_end_evidence(tmp_path, cache):
@@ -138,10 +120,10 @@ def test_exact_resume_from_step_k(tmp_path, cache, k):
     a = strip_timing(read_metrics(straight / "metrics.jsonl"))
     b = strip_timing(read_metrics(child / "metrics.jsonl"))
     assert a == b
-    wa, oa = _weights(straight)
-    wb, ob = _weights(child)
-    _assert_same_tensors(wa, wb)
-    _assert_same_tensors(oa, ob)
+    wa, oa = manifest_weights(straight)
+    wb, ob = manifest_weights(child)
+    assert_same_tensors(wa, wb)
+    assert_same_tensors(oa, ob)
     manifest = json.loads((child / "manifest.json").read_text())
     assert manifest["inherited_metrics"]["records"] == sum(1 for r in a if r["step"] <= k)
     assert verify_attempt(child) == []
@@ -172,7 +154,7 @@ def test_resume_of_a_crashed_parent_uses_its_latest_verified_checkpoint(tmp_path
     assert strip_timing(read_metrics(child / "metrics.jsonl")) == strip_timing(
         read_metrics(straight / "metrics.jsonl")
     )
-    _assert_same_tensors(_weights(straight)[0], _weights(child)[0])
+    assert_same_tensors(manifest_weights(straight)[0], manifest_weights(child)[0])
 
 
 def test_interrupt_then_resume_matches_the_straight_run(tmp_path, cache):
@@ -200,8 +182,8 @@ def test_interrupt_then_resume_matches_the_straight_run(tmp_path, cache):
     assert strip_timing(read_metrics(child / "metrics.jsonl")) == strip_timing(
         read_metrics(straight / "metrics.jsonl")
     )
-    _assert_same_tensors(_weights(straight)[0], _weights(child)[0])
-    _assert_same_tensors(_weights(straight)[1], _weights(child)[1])
+    assert_same_tensors(manifest_weights(straight)[0], manifest_weights(child)[0])
+    assert_same_tensors(manifest_weights(straight)[1], manifest_weights(child)[1])
 
 
 def test_plan_change_allowed_only_before_the_decay_start(tmp_path, cache):
@@ -289,66 +271,7 @@ def test_compiled_resume_is_exact(tmp_path, cache):
     assert strip_timing(read_metrics(child / "metrics.jsonl")) == strip_timing(
         read_metrics(straight / "metrics.jsonl")
     )
-    _assert_same_tensors(_weights(straight)[0], _weights(child)[0])
-
-
-def test_cli_resume_in_a_fresh_process_after_sigterm(tmp_path, cache):
-    import tomllib  # noqa: F401  (the config below is written as TOML)
-
-    from iqtrain.config.schema import dumps_toml
-
-    cfg_path = tmp_path / "cfg.toml"
-    cfg_path.write_text(dumps_toml(tiny_tables(tmp_path / "run", cache, max_steps=40, keep_last=0)))
-    straight = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "iqtrain.cli.main",
-            "run",
-            os.fspath(cfg_path),
-            "--set",
-            f"run.dir='{tmp_path / 'straight'}'",
-        ],
-        capture_output=True,
-        text=True,
-    )
-    assert straight.returncode == 0, straight.stderr
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "iqtrain.cli.main", "run", os.fspath(cfg_path)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    metrics = tmp_path / "run" / "attempts" / "0001" / "metrics.jsonl"
-    deadline = time.time() + 120
-    while not (metrics.exists() and metrics.stat().st_size > 0) and time.time() < deadline:
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode in (143, 0), err  # 0 only if it finished before the signal landed
-    if proc.returncode == 143:
-        assert "iqtrain resume --attempt" in err
-        resumed = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "iqtrain.cli.main",
-                "resume",
-                "--attempt",
-                os.fspath(tmp_path / "run" / "attempts" / "0001"),
-            ],
-            capture_output=True,
-            text=True,
-        )
-        assert resumed.returncode == 0, resumed.stderr
-        child = tmp_path / "run" / "attempts" / "0002"
-    else:
-        child = tmp_path / "run" / "attempts" / "0001"
-    ref = tmp_path / "straight" / "attempts" / "0001"
-    assert strip_timing(read_metrics(child / "metrics.jsonl")) == strip_timing(
-        read_metrics(ref / "metrics.jsonl")
-    )
-    _assert_same_tensors(_weights(ref)[0], _weights(child)[0])
+    assert_same_tensors(manifest_weights(straight)[0], manifest_weights(child)[0])
 
 
 def test_spike_flag_against_a_made_up_loss_sequence():
@@ -373,8 +296,8 @@ def test_validation_leaves_training_untouched(tmp_path, cache):
     train_once = [r for r in read_metrics(once / "metrics.jsonl") if r["kind"] == "train"]
     assert len(train_every) == 12
     assert strip_timing(train_every) == strip_timing(train_once)
-    _assert_same_tensors(_weights(every)[0], _weights(once)[0])
-    _assert_same_tensors(_weights(every)[1], _weights(once)[1])
+    assert_same_tensors(manifest_weights(every)[0], manifest_weights(once)[0])
+    assert_same_tensors(manifest_weights(every)[1], manifest_weights(once)[1])
 
 
 def test_resume_from_a_mid_run_best(tmp_path, cache):
@@ -392,7 +315,7 @@ def test_resume_from_a_mid_run_best(tmp_path, cache):
     assert strip_timing(read_metrics(child / "metrics.jsonl")) == strip_timing(
         read_metrics(straight / "metrics.jsonl")
     )
-    _assert_same_tensors(_weights(straight)[0], _weights(child)[0])
+    assert_same_tensors(manifest_weights(straight)[0], manifest_weights(child)[0])
     assert verify_attempt(child) == []
 
 

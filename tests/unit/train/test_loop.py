@@ -171,3 +171,51 @@ def test_verify_binds_the_early_stop_entry(tmp_path):
     path.write_text(json.dumps(original))
     problems = check_attempt(result.attempt).problems
     assert any("early stopping off" in p for p in problems), problems
+
+
+def test_verify_refuses_a_forged_early_stop_of_a_truncated_attempt(tmp_path):
+    # A hostile rewrite: an attempt with patience 100 that never stopped early, cut back to its
+    # step 8 (later checkpoints and records removed) and given a self-consistent manifest that
+    # says it stopped early there. Every hash matches; the counts do not.
+    import json
+    import shutil
+
+    from iqtrain.checkpoint.files import list_checkpoints
+    from iqtrain.checkpoint.state import CheckpointState
+    from iqtrain.config.schema import build_config
+    from iqtrain.evidence.manifest import publish_manifest
+    from iqtrain.evidence.metrics import read_metrics
+    from iqtrain.evidence.verify import check_attempt
+    from iqtrain.storage import file_digest
+    from iqtrain.train.attempt import run_pretraining_attempt
+
+    tables = _early_tables(tmp_path, tmp_path / "cache", early_stop_patience=100)
+    tables["training"]["early_stop_min_delta"] = 0.0
+    attempt = run_pretraining_attempt(build_config(tables)).attempt
+    assert check_attempt(attempt).problems == []
+    ckpts = attempt / "checkpoints"
+    for ckpt in list_checkpoints(ckpts):
+        if int(ckpt.name[5:]) > 8:
+            shutil.rmtree(ckpt)
+    state = CheckpointState.read(ckpts / "step_00000008")
+    assert state.stale_validations < 100
+    metrics = attempt / "metrics.jsonl"
+    metrics.chmod(0o644)
+    metrics.write_bytes(metrics.read_bytes()[: state.metrics["bytes"]])
+    vals = [r for r in read_metrics(metrics) if r["kind"] == "val"]
+    best = min(vals, key=lambda r: r["loss"])
+    info_path = attempt / "attempt.json"
+    info = json.loads(info_path.read_text())
+    info_path.write_text(json.dumps({**info, "final_step": 8}))
+    publish_manifest(
+        attempt,
+        config_sha=file_digest(attempt / "config.toml")["sha256"],
+        records=state.metrics["records"],
+        inherited=None,
+        checkpoints=list_checkpoints(ckpts),
+        best=(ckpts / f"step_{best['step']:08d}", best["loss"]),
+        parent=None,
+        stopped_early={"step": 8, "best_step": best["step"], "reason": "forged"},
+    )
+    problems = check_attempt(attempt).problems
+    assert any("training.early_stop_patience is 100" in p for p in problems), problems
