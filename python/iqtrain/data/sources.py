@@ -14,6 +14,7 @@ from iqtrain.config.schema import expand_path
 from iqtrain.config.sections import SYNTH_VAL_SEED_OFFSET, DataConfig, SynthConfig
 from iqtrain.console import note
 from iqtrain.data.dataset import IQDataset
+from iqtrain.data.synth import synthesize
 from iqtrain.errors import ConfigError, StorageError, WindowTooLongError
 from iqtrain.storage import storage_error
 
@@ -55,7 +56,6 @@ def ensure_synthetic(s: SynthConfig) -> tuple[list[str], list[str]]:
 def _generate(s: SynthConfig, root: Path, key: str) -> None:
     """Write the set into a temporary sibling of ``root`` and rename it into place; a failure
     (a full disk) leaves no partial set and names the file, as ``data.synthetic.cache_dir``."""
-    from iqtrain.data.synth import synthesize
 
     tmp = root.parent / f".tmp-{root.name}-{os.getpid()}"
     try:

@@ -31,6 +31,7 @@ from iqtrain.config.schema import build_config
 from iqtrain.config.sections import DataConfig, ModelConfig
 from iqtrain.data.dataset import IQDataset
 from iqtrain.data.sigmf_meta import read_annotations
+from iqtrain.data.sources import validation_patterns
 from iqtrain.errors import CheckpointError, ConfigError, DataError
 from iqtrain.evidence.lineage import ParentRef, load_parent
 from iqtrain.model.prepare import prepare_iq_input_reference
@@ -444,8 +445,6 @@ def run_probe(
         raise ConfigError(f"--folds: must be an integer >= 2, got {folds!r}")
     model, config, ckpt, step = load_checkpoint_model(attempt, from_)
     if not patterns:  # the attempt's validation recordings (synthetic: its cached set)
-        from iqtrain.data.sources import validation_patterns
-
         patterns = validation_patterns(config.data)
     labelled = labelled_windows(patterns, config.data.window)
     seed = config.run.seed

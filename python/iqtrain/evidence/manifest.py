@@ -14,19 +14,15 @@ from iqtrain.checkpoint.files import (
     checkpoint_name,
     checkpoint_step,
     list_checkpoints,
+    verify_checkpoint,
 )
 from iqtrain.checkpoint.state import CheckpointState
 from iqtrain.errors import CheckpointError
 from iqtrain.evidence.attempts import utc_now
+from iqtrain.evidence.metrics import MetricCursor, read_metrics, verify_prefix
 from iqtrain.storage import file_digest, write_json_atomic
 
-__all__ = ["ManifestError", "checkpoint_problems", "sha256_file", "verify_manifest"]
-
-
-def sha256_file(path: Path) -> dict[str, Any]:
-    from iqtrain.storage import file_digest
-
-    return file_digest(path)
+__all__ = ["ManifestError", "checkpoint_problems", "publish_manifest", "verify_manifest"]
 
 
 def checkpoint_problems(ckpt: Path) -> list[str]:
@@ -35,8 +31,6 @@ def checkpoint_problems(ckpt: Path) -> list[str]:
     Its files against checkpoint.json, its state's step against its name, and the config and
     metric prefix of the attempt that wrote it against the hashes its state records.
     """
-    from iqtrain.checkpoint.files import verify_checkpoint
-    from iqtrain.evidence.metrics import MetricCursor, verify_prefix
 
     found = verify_checkpoint(ckpt)
     if found:
@@ -44,7 +38,7 @@ def checkpoint_problems(ckpt: Path) -> list[str]:
     owner = ckpt.parent.parent
     try:
         state = json.loads((ckpt / "state.json").read_text())  # its step: verify_checkpoint
-        config_sha = sha256_file(owner / "config.toml")["sha256"]
+        config_sha = file_digest(owner / "config.toml")["sha256"]
         if state["config_sha256"] != config_sha:
             return [f"{owner / 'config.toml'}: does not match {ckpt.name}"]
         verify_prefix(owner / "metrics.jsonl", MetricCursor.from_dict(state["metrics"]))
@@ -69,7 +63,7 @@ def _entry_mismatch(path: Path, entry: dict) -> str | None:
     """Why ``path`` does not match the manifest's ``{bytes, sha256}`` entry (None if it does)."""
     if not path.is_file():
         return f"{path}: missing"
-    got = sha256_file(path)
+    got = file_digest(path)
     if got["bytes"] != entry["bytes"] or got["sha256"] != entry["sha256"]:
         return f"{path}: does not match manifest.json (changed after publication)"
     return None
@@ -206,7 +200,6 @@ def _check_against_records(
     attempt: Path, manifest: dict, latest_step: int, problems: list[str]
 ) -> None:
     """latest is the last train step; best is the first minimum of the validation records."""
-    from iqtrain.evidence.metrics import read_metrics
 
     try:
         recs = read_metrics(attempt / "metrics.jsonl")
@@ -244,7 +237,6 @@ def _check_against_records(
 
 
 def _check_inherited(attempt: Path, manifest: dict, info: dict, problems: list[str]) -> None:
-    from iqtrain.evidence.metrics import MetricCursor, verify_prefix
 
     inherited = manifest.get("inherited_metrics")
     if inherited is not None:
@@ -283,7 +275,7 @@ def _check_record(attempt: Path, manifest: dict, info: dict, problems: list[str]
         ckpt = Path(parent["attempt"]) / "checkpoints" / parent["checkpoint"]
         if not (ckpt / "checkpoint.json").is_file():
             return  # the parent's checkpoint is gone (pruned or moved): nothing to compare
-        if sha256_file(ckpt / "checkpoint.json")["sha256"] != parent["checkpoint_json_sha256"]:
+        if file_digest(ckpt / "checkpoint.json")["sha256"] != parent["checkpoint_json_sha256"]:
             problems.append(f"attempt.json parent: {ckpt} is not the checkpoint it records")
         state = json.loads((ckpt / "state.json").read_text())
         if state["step"] != parent["step"]:
@@ -400,7 +392,6 @@ def _stopped_early_counts(attempt: Path, manifest: dict, info: dict) -> str | No
     beat the reference by more than ``early_stop_min_delta``: the latest checkpoint's loop state
     must count that many, and so must the validation records this attempt wrote, replayed from
     the count its parent's checkpoint carried."""
-    from iqtrain.evidence.metrics import read_metrics
 
     patience, _, min_delta = _early_stop_settings(attempt)
     try:

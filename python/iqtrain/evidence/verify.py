@@ -12,9 +12,13 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from iqtrain.checkpoint.files import crash_leftovers, list_checkpoints
+from iqtrain.checkpoint.state import CheckpointState
+from iqtrain.data.identity import verify_data
 from iqtrain.errors import CheckpointError
 from iqtrain.evidence.lock import attempt_status, read_attempt_info
 from iqtrain.evidence.manifest import ManifestError, checkpoint_problems, verify_manifest
+from iqtrain.evidence.metrics import read_metric_stream
 
 __all__ = [
     "AttemptCheck",
@@ -43,7 +47,6 @@ class AttemptCheck:
 
 def _verify_checkpoints_only(attempt: Path, check: AttemptCheck) -> None:
     """An attempt without a manifest: each checkpoint, the config and the metric prefix."""
-    from iqtrain.checkpoint.files import list_checkpoints
 
     for ckpt in list_checkpoints(attempt / "checkpoints"):
         check.problems.extend(checkpoint_problems(ckpt))
@@ -51,7 +54,6 @@ def _verify_checkpoints_only(attempt: Path, check: AttemptCheck) -> None:
 
 def _note_torn_tail(attempt: Path, check: AttemptCheck) -> None:
     """A stream cut mid-record by a kill: a note (no checkpoint's cursor covers the tail)."""
-    from iqtrain.evidence.metrics import read_metric_stream
 
     path = attempt / "metrics.jsonl"
     if not path.exists():
@@ -101,7 +103,6 @@ def check_attempt(attempt: Path) -> AttemptCheck:
 
 def _check_layout(attempt: Path, info: dict, check: AttemptCheck) -> None:
     """The attempt's own record and files, and the notes a crash leaves."""
-    from iqtrain.checkpoint.files import crash_leftovers
 
     if info["id"] != attempt.name:
         check.problems.append(f"attempt.json id: {info['id']!r} is not this attempt")
@@ -142,9 +143,6 @@ def verify_attempt(attempt: Path) -> list[str]:
 def verify_attempt_data(attempt: Path) -> list[str]:
     """``verify --data``: every recording the attempt's newest verified checkpoint recorded,
     re-read and compared (:func:`iqtrain.data.identity.verify_data`). Reads every byte."""
-    from iqtrain.checkpoint.files import list_checkpoints
-    from iqtrain.checkpoint.state import CheckpointState
-    from iqtrain.data.identity import verify_data
 
     attempt = Path(attempt)
     checkpoints = reversed(list_checkpoints(attempt / "checkpoints"))

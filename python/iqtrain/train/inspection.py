@@ -14,6 +14,7 @@ import os
 import torch
 
 from iqtrain.config.schema import config_to_dict, dumps_toml, load_config
+from iqtrain.data.dataset import TrainStream
 from iqtrain.data.sources import open_datasets
 from iqtrain.model.transformer import NextPatchModel
 from iqtrain.train.schedule import Plan, lr_at
@@ -40,8 +41,6 @@ def inspect_config(path: str | os.PathLike, overrides: list[str] | None = None) 
     )
     emit(f"train: {train!r}\n  fingerprint {train.fingerprint}")
     emit(f"val:   {val!r}\n  fingerprint {val.fingerprint}")
-
-    from iqtrain.data.dataset import TrainStream
 
     stream = TrainStream(train, batch_size=d.batch_size, seed=config.run.seed, prefetch=0)
     raw = next(stream)

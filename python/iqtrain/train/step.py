@@ -58,7 +58,7 @@ from torch import Tensor, nn
 
 # The [optimizer] table and the device/precision names live in the torch-free config module;
 # re-exported here, as before.
-from iqtrain.config.sections import DEVICES, PARALLEL, PRECISIONS, OptimizerConfig
+from iqtrain.config.sections import OptimizerConfig, TrainingConfig
 from iqtrain.distributed.dcp import load_sharded, save_sharded
 from iqtrain.distributed.parallel import (
     full_model_state,
@@ -171,22 +171,10 @@ class TrainStep:
     ) -> None:
         if not isinstance(opt_cfg, OptimizerConfig):
             raise TypeError(f"opt_cfg must be an OptimizerConfig, got {type(opt_cfg).__name__}")
-        # Exact literals: "cuda:1" or "CPU" would silently pick a different device than the
-        # resolved config records.
-        if not isinstance(device, str) or device not in DEVICES:
-            raise ConfigError(f'training.device: must be exactly "cpu" or "cuda", got {device!r}')
-        if not isinstance(precision, str) or precision not in PRECISIONS:
-            raise ConfigError(f'training.precision: must be "fp32" or "bf16", got {precision!r}')
-        if precision == "bf16" and device != "cuda":
-            # CPU autocast to bf16 exists but is slow and numerically different from the CUDA
-            # path this precision is specified for; refuse rather than run a third mode.
-            raise ConfigError(
-                f'training.precision: "bf16" requires training.device = "cuda", got {device!r}'
-            )
-        if not isinstance(compile, bool):
-            raise ConfigError(f"training.compile: must be true or false, got {compile!r}")
-        if parallel not in PARALLEL:
-            raise ConfigError(f'training.parallel: must be "ddp" or "fsdp", got {parallel!r}')
+        # The [training] section is the one validator of these keys (exact literals: "cuda:1"
+        # or "CPU" would silently pick another device than the resolved config records; bf16
+        # only on CUDA); a step built from a config passes values it has checked already.
+        TrainingConfig(device=device, precision=precision, compile=compile, parallel=parallel)
         if device == "cuda" and not torch.cuda.is_available():
             raise ConfigError('training.device: "cuda" requested but no CUDA device is available')
 
