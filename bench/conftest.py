@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from helpers import skip_gpu_tests_without_cuda
 
 SUMMARY: list[str] = []
 
@@ -22,11 +23,4 @@ def pytest_terminal_summary(terminalreporter):
 
 def pytest_collection_modifyitems(config, items):
     """``gpu`` benchmarks skip on a machine without CUDA."""
-    import torch
-
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU")
-    for item in items:
-        if item.get_closest_marker("gpu") is not None:
-            item.add_marker(skip)
+    skip_gpu_tests_without_cuda(items)

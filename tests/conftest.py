@@ -15,7 +15,7 @@ if shutil.which("nvidia-smi") is None and "TRITON_INTERPRET" not in os.environ:
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-from helpers import random_iq, write_sigmf  # noqa: E402
+from helpers import random_iq, skip_gpu_tests_without_cuda, write_sigmf  # noqa: E402
 
 
 @pytest.fixture
@@ -51,14 +51,7 @@ def one_torch_thread():
 
 def pytest_collection_modifyitems(config, items):
     """``gpu`` tests skip on a machine without CUDA (with the reason a user would accept)."""
-    import torch
-
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU")
-    for item in items:
-        if item.get_closest_marker("gpu") is not None:
-            item.add_marker(skip)
+    skip_gpu_tests_without_cuda(items)
 
 
 def pytest_addoption(parser):

@@ -208,3 +208,17 @@ def assert_same_tensors(a: dict, b: dict) -> None:
     assert a.keys() == b.keys()
     for k in a:
         assert torch.equal(a[k], b[k]), k
+
+
+def skip_gpu_tests_without_cuda(items: list) -> None:
+    """Mark every collected ``gpu`` test skipped on a machine without CUDA (tests and bench
+    conftests call it from ``pytest_collection_modifyitems``)."""
+    import pytest
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip)

@@ -1,5 +1,5 @@
-//! Full-content digests: the BLAKE3 of every byte of each data file (DESIGN.md §1, dataset
-//! identity). No cache: every call reads every byte.
+//! Full-content digests: the BLAKE3 of every byte of each data file (docs/design.md section 1,
+//! dataset identity). No cache: every call reads every byte.
 //!
 //! Files are read with plain positioned reads, never memory-mapped: a file truncated during the
 //! digest makes a read come up short, reported as [`Error::LengthChanged`] naming the file, where

@@ -275,7 +275,7 @@ fn capture_starts(paths: &[String], captures: Vec<Vec<i128>>) -> Result<Vec<Vec<
         .collect()
 }
 
-/// Recordings cut into windows, one capture segment at a time; see DESIGN.md §1.
+/// Recordings cut into windows, one capture segment at a time; see docs/design.md section 1.
 #[pyclass(module = "iqtrain._native", frozen)]
 pub struct NativeDataset {
     ds: Arc<Dataset>,

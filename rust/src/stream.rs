@@ -1,4 +1,5 @@
-//! The global sample stream (DESIGN.md §2), rank slicing, batch buffers and the prefetch thread.
+//! The global sample stream (docs/design.md section 2), rank slicing, batch buffers and the
+//! prefetch thread.
 //!
 //! Global sample `g` is position `g % n` of epoch `g / n`; its window id is
 //! `Permutation::new(n, seed, g / n).index(g % n)`. Global batch at position `pos` is samples

@@ -22,7 +22,7 @@ from typing import Any
 
 from iqtrain.errors import CheckpointError
 
-__all__ = ["COMPONENTS", "STATE_VERSION", "CheckpointState", "recorded_step"]
+__all__ = ["COMPONENTS", "STATE_VERSION", "CheckpointState", "read_json_object", "recorded_step"]
 
 #: The only version this iqtrain writes and reads. 3: ``rng`` holds every rank's generators
 #: (``{"world_size": W, "ranks": [...]}``) and ``loop`` carries early stopping's counters.
@@ -123,13 +123,7 @@ class CheckpointState:
     def read(cls, checkpoint: Path) -> CheckpointState:
         """The validated state.json of checkpoint directory ``checkpoint``."""
         path = Path(checkpoint) / "state.json"
-        try:
-            obj = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise CheckpointError(f"{path}: missing") from None
-        except (OSError, ValueError) as exc:
-            raise CheckpointError(f"{path}: unreadable: {exc}") from None
-        return cls.from_json(obj, path)
+        return cls.from_json(read_json_object(path), path)
 
     # --------------------------------------------- component fields torch-free readers need
 
@@ -162,6 +156,20 @@ class CheckpointState:
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise CheckpointError(f"state.json of step {self.step}: rng.world_size is {size!r}")
         return size
+
+
+def read_json_object(path: Path) -> dict[str, Any]:
+    """A JSON object from an evidence file; anything else is one CheckpointError line naming
+    it (missing, unreadable, not JSON, not an object)."""
+    try:
+        obj = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: missing") from None
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path}: unreadable: {exc}") from None
+    if not isinstance(obj, dict):
+        raise CheckpointError(f"{path}: not a JSON object")
+    return obj
 
 
 def recorded_step(checkpoint: Path) -> int:

@@ -44,16 +44,16 @@ __all__ = [
 DEVICES = ("cpu", "cuda")
 #: ``training.precision``; bf16 requires cuda.
 PRECISIONS = ("fp32", "bf16")
-#: ``training.parallel``: how several ranks hold the model (DESIGN.md section 9).
+#: ``training.parallel``: how several ranks hold the model (docs/design.md section 9).
 PARALLEL = ("ddp", "fsdp")
-#: ``schedule.kind`` and ``schedule.decay_shape`` (DESIGN.md section 5).
+#: ``schedule.kind`` and ``schedule.decay_shape`` (docs/design.md section 5).
 KINDS = ("wsd", "cosine", "constant")
 SHAPES = ("linear", "cosine", "sqrt")
 
 
 @dataclass(frozen=True)
 class Datatype:
-    """One SigMF complex datatype iqtrain reads (DESIGN.md section 1)."""
+    """One SigMF complex datatype iqtrain reads (docs/design.md section 1)."""
 
     bytes_per_sample: int  # one complex sample: I and Q
     full_scale: float | None  # the code a float 1.0 is written as by synth; None: read only

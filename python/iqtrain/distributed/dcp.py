@@ -1,4 +1,12 @@
-"""The sharded state of a checkpoint as torch.distributed.checkpoint writes it."""
+"""The sharded state of a checkpoint (``training.parallel = "fsdp"``; docs/design.md 9.5).
+
+:func:`save_sharded` writes ``{"model", "optimizer"}`` as each rank holds them
+(parameter and moment shards, keyed by parameter name) with ``torch.distributed.checkpoint``:
+one file per rank plus ``.metadata``. :func:`load_sharded` reads into whatever layout the
+loading step has, sharded over any number of ranks or whole in one process: DCP reshards on
+load. Both go through ``get_state_dict``/``set_state_dict``, which handle sharded and plain
+modules alike.
+"""
 
 from __future__ import annotations
 
@@ -59,6 +67,13 @@ def _dcp_quietly() -> Iterator[None]:
             yield
     finally:
         root.removeFilter(quiet)
+
+
+# ------------------------------------------------------------- reading what others wrote, safely
+# DCP unpickles ``.metadata`` and every non-tensor item (the optimizer's hyperparameters) with
+# full powers: a forged checkpoint would run code on load. checkpoint.json's hashes prove only
+# that the files are the ones it lists, so both are read first by unpicklers that build only
+# what a checkpoint holds.
 
 
 def _metadata_global(module: str, name: str) -> bool:

@@ -1,5 +1,6 @@
-"""How several ranks hold a step's model (``training.parallel``, DESIGN.md section 9): replicated
-by DistributedDataParallel, or sharded by FSDP2 with its state in torch.distributed.checkpoint.
+"""How several ranks hold a step's model (``training.parallel``, docs/design.md section 9):
+replicated by DistributedDataParallel, or sharded by FSDP2 (its checkpoint state:
+:mod:`iqtrain.distributed.dcp`).
 
 Replication. As PyTorch documents for DDP, the module is compiled first (``module.compile``)
 and then wrapped, so dynamo never traces DDP itself; the backward is one compiled graph, so the
@@ -14,14 +15,8 @@ plain) *before* it is sharded, as torchtitan does: dynamo cannot trace FSDP2's h
 run eagerly between compiled blocks. FSDP2 averages gradients over the ranks exactly as DDP
 does: measured on 2 gloo ranks, eager FSDP2 and DDP parameters are bit-identical after three
 AdamW steps. The gradient norm is summed shard by shard, so it (and through clipping, the run)
-agrees with DDP's to rounding only (1e-4 relative over 12 steps in tests/test_distributed.py).
+agrees with DDP's to rounding only (1e-4 relative over 12 steps in tests/e2e/test_distributed.py).
 
-State. :func:`save_sharded` writes ``{"model", "optimizer"}`` as each rank holds them
-(parameter and moment shards, keyed by parameter name) with ``torch.distributed.checkpoint``:
-one file per rank plus ``.metadata``. :func:`load_sharded` reads into whatever layout the
-loading step has, sharded over any number of ranks or whole in one process: DCP reshards on
-load. Both go through ``get_state_dict``/``set_state_dict``, which handle sharded and plain
-modules alike.
 """
 
 from __future__ import annotations
@@ -110,10 +105,3 @@ def load_full_optimizer_state(
 
     options = StateDictOptions(full_state_dict=True)
     set_optimizer_state_dict(model, optimizer, state, options=options)
-
-
-# ------------------------------------------------------------- reading what others wrote, safely
-# DCP unpickles ``.metadata`` and every non-tensor item (the optimizer's hyperparameters) with
-# full powers: a forged checkpoint would run code on load. checkpoint.json's hashes prove only
-# that the files are the ones it lists, so both are read first by unpicklers that build only
-# what a checkpoint holds.

@@ -1,4 +1,5 @@
-"""Linear probe: how linearly decodable labels are from a frozen model's features (DESIGN.md 10).
+"""Linear probe: how linearly decodable labels are from a frozen model's features
+(docs/design.md section 10).
 
 Labelled examples are windows of the model's length lying wholly inside one SigMF annotation
 that has a ``core:label`` (:func:`labelled_windows`). Features are the final hidden states

@@ -9,7 +9,6 @@ Imports no torch at module level (loading a checkpoint's tensors does).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, overload
@@ -20,7 +19,7 @@ from iqtrain.checkpoint.files import (
     load_checkpoint,
     sharded_state_dir,
 )
-from iqtrain.checkpoint.state import CheckpointState
+from iqtrain.checkpoint.state import CheckpointState, read_json_object
 from iqtrain.config.schema import Config, build_config, config_to_dict, flatten
 from iqtrain.errors import CheckpointError, ConfigError
 from iqtrain.evidence.lock import attempt_status
@@ -64,19 +63,6 @@ class ParentRef:
 
     attempt: Path
     checkpoint: str = "latest"
-
-
-def _read_json(path: Path) -> dict:
-    """A JSON object from ``path``; anything else is one CheckpointError line naming it."""
-    try:
-        obj = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: missing") from None
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{path}: unreadable: {exc}") from None
-    if not isinstance(obj, dict):
-        raise CheckpointError(f"{path}: not a JSON object")
-    return obj
 
 
 # Without ``skipped`` a checkpoint that does not verify raises: the result is never None.
@@ -161,7 +147,7 @@ def load_parent(ref: ParentRef) -> Parent:
         raise CheckpointError(f"{attempt}: not an attempt directory (no attempt.json/config.toml)")
     manifest = None
     skipped: list[dict] = []
-    status = attempt_status(attempt, _read_json(attempt / "attempt.json"))
+    status = attempt_status(attempt, read_json_object(attempt / "attempt.json"))
     if status == "running":
         raise CheckpointError(f"{attempt}: still running (its lock is held); stop it first")
     if (attempt / "manifest.json").is_file() or status == "completed":
@@ -169,7 +155,7 @@ def load_parent(ref: ParentRef) -> Parent:
         if problems:
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
             raise CheckpointError(f"parent failed verification: {problems[0]}{more}")
-        manifest = _read_json(attempt / "manifest.json")
+        manifest = read_json_object(attempt / "manifest.json")
     ckpt = _resolve_checkpoint(attempt, ref.checkpoint, manifest, skipped)
     model_state, optimizer_state, state = load_checkpoint(ckpt)  # verifies hashes
     owner = ckpt.parent.parent  # the attempt that wrote this checkpoint

@@ -1,4 +1,4 @@
-"""The next-patch-prediction transformer and its loss (DESIGN.md section 4).
+"""The next-patch-prediction transformer and its loss (docs/design.md section 4).
 
 A window of complex baseband samples arrives as patches ``[B, N, 2P]`` (``prepare_iq_input``:
 patch j holds samples ``[jP, (j+1)P)`` interleaved ``I0, Q0, I1, Q1, ...``, divided by one real

@@ -1,6 +1,6 @@
-"""The optimizer of a step: which parameters get weight decay, fused AdamW with a tensor lr per
-group (DESIGN.md section 4), and its state as a checkpoint stores it (tensors for safetensors,
-the rest as JSON)."""
+"""The optimizer of a step: which parameters get weight decay, and fused AdamW with a tensor lr
+per group (docs/design.md section 4). How a checkpoint stores its state:
+:mod:`iqtrain.checkpoint.optim_codec`."""
 
 from __future__ import annotations
 

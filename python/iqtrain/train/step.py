@@ -1,4 +1,4 @@
-"""One optimizer step and one evaluation pass of the next-patch model (DESIGN.md section 4).
+"""One optimizer step and one evaluation pass of the next-patch model (docs/design.md section 4).
 
 The training loop owns batches, the schedule and checkpoints; this module owns what happens to
 one batch: A microbatches forward/backward -> global grad norm (reported before clipping) ->

@@ -1,4 +1,4 @@
-"""Learning-rate schedules: the DESIGN.md section 5 formulas, and plan changes on resume."""
+"""Learning-rate schedules: the docs/design.md section 5 formulas, and plan changes on resume."""
 
 from __future__ import annotations
 
