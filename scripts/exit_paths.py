@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -24,20 +25,33 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _collect(expr: str | None) -> list[str]:
+def _collect(expr: str | None, n: int) -> dict[str, list[str]]:
+    """Each exit-path test's N node ids under ``--repeat n`` (``...[run1]`` to ``[runN]``, or
+    ``[<params>-run1]`` for a parametrized test), keyed by the test's own id."""
     cmd = [sys.executable, "-m", "pytest", "tests", "-m", "exit_path", "--collect-only", "-q"]
-    cmd += ["-p", "no:cacheprovider"] + (["-k", expr] if expr else [])
+    cmd += ["-p", "no:cacheprovider", "--repeat", str(n)] + (["-k", expr] if expr else [])
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False).stdout
-    return [line for line in out.splitlines() if "::" in line]
+    tests: dict[str, list[str]] = {}
+    for line in out.splitlines():
+        if "::" not in line or not line.endswith("]"):
+            continue
+        head, _, params = line[:-1].rpartition("[")
+        parts = params.split("-")
+        runs = [p for p in parts if re.fullmatch(r"run\d+", p)]
+        if len(runs) != 1:
+            continue
+        base = "-".join(p for p in parts if p != runs[0])
+        tests.setdefault(f"{head}[{base}]" if base else head, []).append(line)
+    return tests
 
 
-def _run(test: str, n: int, logs: Path) -> tuple[int, float]:
-    """Passes in a row of ``test`` (up to ``n``: one pytest process, ``--repeat n -x``) and the
-    mean seconds of a run."""
+def _run(ids: list[str], logs: Path) -> tuple[int, float]:
+    """Passes in a row of one test's repeated ids (one pytest process, ``-x``) and the mean
+    seconds of a run."""
     start = time.monotonic()
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-rA"]
-        + ["--repeat", str(n), test],
+        + ["--repeat", str(len(ids)), *ids],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -46,7 +60,8 @@ def _run(test: str, n: int, logs: Path) -> tuple[int, float]:
     passed = sum(1 for line in proc.stdout.splitlines() if line.startswith("PASSED "))
     seconds = (time.monotonic() - start) / max(passed + (proc.returncode != 0), 1)
     if proc.returncode != 0:
-        log = logs / (test.replace("/", "_").replace(":", "_") + f".run{passed + 1}.log")
+        name = ids[0].replace("/", "_").replace(":", "_").replace(" ", "_")
+        log = logs / f"{name}.run{passed + 1}.log"
         log.write_text(proc.stdout + proc.stderr)
         print(f"  FAILED on run {passed + 1}: {log}", flush=True)
     return passed, seconds
@@ -58,16 +73,16 @@ def main() -> int:
     parser.add_argument("-k", dest="expr", help="only the tests pytest -k selects")
     parser.add_argument("--stop-first", action="store_true", help="stop at the first failure")
     args = parser.parse_args()
-    tests = _collect(args.expr)
+    tests = _collect(args.expr, args.n)
     if not tests:
         print("no exit-path test collected", file=sys.stderr)
         return 2
     logs = Path(tempfile.mkdtemp(prefix="iqtrain-exit-paths."))
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     rows = []
-    for test in tests:
+    for test, ids in tests.items():
         print(f"{test} x{args.n}", flush=True)
-        passed, median = _run(test, args.n, logs)
+        passed, median = _run(ids, logs)
         rows.append((test, passed, median))
         if passed < args.n and args.stop_first:
             break

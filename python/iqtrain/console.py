@@ -27,6 +27,7 @@ Library use (``run_pretraining_attempt`` called from Python) installs no latch: 
 from __future__ import annotations
 
 import _thread
+import contextlib
 import os
 import signal
 import sys
@@ -120,6 +121,7 @@ class SignalLatch:
         self._signals = _signals()
         self._lock = threading.Lock()
         self._arrived = threading.Event()
+        self._seen: int | None = None
 
     @classmethod
     def install(cls, *, distributed: bool) -> SignalLatch:
@@ -128,6 +130,8 @@ class SignalLatch:
         if threading.current_thread() is not threading.main_thread():
             raise RuntimeError("SignalLatch.install: only from the main thread")
         latch = cls(distributed=distributed)
+        # Rank 0 alone speaks for the job; torchrun's RANK is known before the world is.
+        latch.announce = os.environ.get("RANK", "0") == "0"
         signal.pthread_sigmask(signal.SIG_BLOCK, latch._signals)
         threading.Thread(target=latch._run, name="iqtrain-signals", daemon=True).start()
         cls._current = latch
@@ -153,30 +157,54 @@ class SignalLatch:
         self._arrived.wait(timeout)
         return self.signum
 
+    def pending_or_taken(self) -> int | None:
+        """The signal this process has received: taken by the signal thread, or still pending
+        for it (delivered by the kernel, not yet taken); None when none was sent."""
+        pending = signal.sigpending() & set(self._signals)
+        if self.signum is None and (pending or self._seen is not None):
+            self.wait(5.0)  # the signal thread records it in a moment
+        if self.signum is not None:
+            return self.signum
+        if self._seen is not None:
+            return self._seen
+        return int(min(pending)) if pending else None
+
     def _run(self) -> None:
         while True:
-            signum = signal.sigwait(self._signals)
-            with self._lock:
-                if self.phase == "ending":
-                    continue
-                first = self.signum is None
-                if first:
-                    self.signum = int(signum)
-                    self._arrived.set()
-                if self.phase == "start":
+            signum = int(signal.sigwait(self._signals))
+            self._seen = signum  # taken from the kernel, before the lock (pending_or_taken)
+            # This thread must never die: the signals would stay blocked with no one to take them.
+            with contextlib.suppress(BaseException):
+                self._take(signum)
+
+    def _take(self, signum: int) -> None:
+        with self._lock:
+            if self.phase == "ending":
+                return
+            first = self.signum is None
+            if first:
+                self.signum = signum
+                self._arrived.set()
+            if self.phase == "start":
+                try:
                     if self.announce:
-                        text = StoppedBeforeStart(int(signum))
-                        os.write(2, f"\niqtrain: {text}\n".encode())
-                    os._exit(128 + int(signum))
-                if first:
-                    if self.announce:
-                        os.write(
-                            2,
-                            f"\nsignal {int(signum)}: finishing this step, then saving a "
-                            "checkpoint\n".encode(),
-                        )
-                elif not self.distributed:  # the user insists
-                    _thread.interrupt_main()
+                        _write_stderr(f"\niqtrain: error: {StoppedBeforeStart(signum)}\n")
+                finally:
+                    os._exit(128 + signum)
+            if first:
+                if self.announce:
+                    _write_stderr(
+                        f"\nsignal {signum}: finishing this step, then saving a checkpoint\n"
+                    )
+            elif not self.distributed:  # the user insists
+                _thread.interrupt_main()
+
+
+def _write_stderr(text: str) -> None:
+    """Write to fd 2 from the signal thread; a terminal that is gone (a hang-up: EIO) or a
+    closed pipe costs the line, never the thread."""
+    with contextlib.suppress(OSError):
+        os.write(2, text.encode())
 
 
 class SignalGuard:

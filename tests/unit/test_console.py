@@ -55,12 +55,27 @@ def test_a_held_signal_is_a_flag_and_an_ending_process_drops_them():
         "os.kill(os.getpid(), signal.SIGHUP)\n"
         "assert latch.wait(10) == signal.SIGHUP\n"
         "os.kill(os.getpid(), signal.SIGTERM)  # a second one, under torchrun: dropped\n"
+        "time.sleep(0.5)\n"
+        "assert latch.signum == signal.SIGHUP\n"
         "latch.ending()\n"
-        "os.kill(os.getpid(), signal.SIGINT)\n"
+        "os.kill(os.getpid(), signal.SIGINT)  # the process has its exit code: dropped\n"
         "time.sleep(0.5)\n"
         "print(latch.signum)\n"
         "sys.exit(3)\n"
     )
     assert proc.returncode == 3, proc.stderr
     assert proc.stdout.strip() == str(int(signal.SIGHUP))
-    assert "finishing this step, then saving a checkpoint" in proc.stderr
+    assert proc.stderr.count("finishing this step, then saving a checkpoint") == 1
+
+
+def test_a_pending_signal_counts_before_the_signal_thread_takes_it():
+    proc = _latch_child(
+        "latch.hold()\n"
+        "with latch._lock:  # the signal thread cannot record it meanwhile\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    time.sleep(0.2)\n"
+        "    assert latch.signum is None  # taken from the kernel, not yet recorded\n"
+        "print(latch.pending_or_taken())\n"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str(int(signal.SIGTERM))

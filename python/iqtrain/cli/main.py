@@ -6,9 +6,10 @@ verifiable); 130/143/129 after SIGINT/SIGTERM/SIGHUP, with a checkpoint saved an
 command printed (or, before the attempt existed, nothing created). Each error class carries its
 code (:func:`iqtrain.errors.exit_code`).
 
-Under torchrun (``WORLD_SIZE`` > 1) a worker takes its signals from the first line on
-(:class:`~iqtrain.console.SignalLatch`) and leaves without interpreter finalization: once it
-has its exit code it flushes its output and calls ``os._exit``. Finalization would run while
+``run`` and ``resume`` take the process's signals from their first line on
+(:class:`~iqtrain.console.SignalLatch`). Under torchrun (``WORLD_SIZE`` > 1) a worker leaves
+without interpreter finalization: once it has its exit code it flushes its output and calls
+``os._exit``. Finalization would run while
 the process group's threads still hold work (a gloo thread releasing tensors after the
 interpreter began finalizing aborted the process: SIGABRT), and CPython restores the default
 signal handlers early in it (torchrun's SIGTERM to a slower worker then killed it: -15).
@@ -17,6 +18,7 @@ signal handlers early in it (torchrun's SIGTERM to a slower worker then killed i
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import math
 import os
@@ -266,12 +268,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _flush_stdout(code: int) -> int:
     """Flush stdout; a reader that closed the pipe early (``iqtrain report | head``) ends the
-    command quietly, as SIGPIPE ends other tools (141), not with a traceback at exit."""
+    command quietly, as SIGPIPE ends other tools (141), not with a traceback at exit; a
+    stdout that cannot be written otherwise (a terminal gone) costs the output, not the code."""
     try:
         sys.stdout.flush()
     except BrokenPipeError:
         _silence_stdout()
         return 128 + signal.SIGPIPE
+    except OSError:
+        _silence_stdout()
     return code
 
 
@@ -292,33 +297,39 @@ def main(argv: list[str] | None = None) -> int:
     torchrun's workers) it takes the process's signals first (:class:`SignalLatch`); called
     with an ``argv`` from Python it leaves them to the caller (the loop's SignalGuard)."""
     args_list = sys.argv[1:] if argv is None else argv
-    distributed = _under_torchrun()
+    own_process = argv is None
     training = args_list[:1] == ["run"] or args_list[:1] == ["resume"]
-    if argv is None and (distributed or training):
-        SignalLatch.install(distributed=distributed)  # first: see the module docstring
+    if own_process and training:
+        SignalLatch.install(distributed=_under_torchrun())  # first: see the module docstring
+    if not (own_process and _under_torchrun()):
+        code = _run_command(args_list)  # a bug raises: its traceback, the interpreter's exit
+        latch = SignalLatch.current()
+        if latch is not None:
+            latch.ending()  # done: a signal now can change nothing
+        return _flush_stdout(code)
+    code = EXIT_FAILURE
     try:
         code = _run_command(args_list)
     except BaseException:
-        if not distributed:
-            raise  # a bug: its traceback, and the interpreter's own exit
-        traceback.print_exc()  # under torchrun too, but the worker still leaves at once
-        code = EXIT_FAILURE
-    code = _flush_stdout(code)
-    if distributed:
+        with contextlib.suppress(BaseException):
+            traceback.print_exc()  # a bug: its traceback, and the worker still leaves at once
+    finally:
         latch = SignalLatch.current()
         if latch is not None:
             latch.ending()
-        sys.stdout.flush()
-        sys.stderr.flush()
+        code = _flush_stdout(code)
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(BaseException):
+                stream.flush()
         os._exit(code)
-    return code
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
     try:
         return build_parser().parse_args(argv)
     except UsageError as exc:
-        if _under_torchrun():  # every rank refuses alike: agree, so rank 0 alone says it
+        if _under_torchrun() and SignalLatch.current() is not None:
+            # Every worker refuses alike: they agree, so rank 0 alone says it.
             from iqtrain.distributed.world import join
 
             join(functools.partial(_raise, exc))
@@ -345,9 +356,7 @@ def _run_command(argv: list[str]) -> int:
         )
         return exc.exit_code
     except StoppedBeforeStart as exc:
-        from iqtrain.distributed.world import world_from_env
-
-        if world_from_env().is_main:
+        if os.environ.get("RANK", "0") == "0":  # rank 0 speaks for the job
             error(str(exc))
         return exc.exit_code
     except IQTrainError as exc:

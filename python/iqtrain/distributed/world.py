@@ -35,6 +35,7 @@ from iqtrain.console import SignalLatch
 from iqtrain.errors import ConfigError, IQTrainError, TrainingError, exit_code
 
 __all__ = [
+    "NODE_LOCAL",
     "RANK0_WORK_TIMEOUT",
     "PeerError",
     "RankExit",
@@ -44,6 +45,10 @@ __all__ = [
     "world_from_env",
 ]
 
+#: Config keys a node may hold its own value of (its cache path, how far its loader reads
+#: ahead, the labelled data only rank 0 probes): every other key must be the same on every
+#: rank. The data itself is compared by its fingerprints after it opened.
+NODE_LOCAL = frozenset({"data.synthetic.cache_dir", "data.prefetch", "probe.data"})
 #: How long ranks wait for work rank 0 does alone (a digest of a 1 TB dataset from disk takes
 #: about half an hour). Generous on purpose: a rank 0 that dies ends the wait at once.
 RANK0_WORK_TIMEOUT = datetime.timedelta(hours=24)
@@ -313,7 +318,9 @@ def join(load: Callable[[], Config]) -> tuple[World, Config]:
     except ConfigError as exc:  # no GPU for this rank: join on the CPU to tell the others
         error = error or exc
         world = world.connect("cpu", t.dist_timeout_s)
-    same = None if config is None else flatten(config_to_dict(config))
+    same = None
+    if config is not None:
+        same = {k: v for k, v in flatten(config_to_dict(config)).items() if k not in NODE_LOCAL}
     agree(world, error, same=same)
     assert config is not None
     return world, config

@@ -13,7 +13,7 @@ from pathlib import Path
 from iqtrain.console import note
 from iqtrain.errors import ConfigError, StorageError
 from iqtrain.evidence.lock import AttemptLock
-from iqtrain.storage import fsync_dir, write_bytes_atomic, write_json_atomic
+from iqtrain.storage import fsync_dir, storage_error, write_bytes_atomic, write_json_atomic
 
 
 def utc_now() -> str:
@@ -56,10 +56,11 @@ def claim_attempt(run_dir: Path, config_text: str, info: dict) -> tuple[Path, At
                 raise StorageError(f"{path}: cannot create: {exc.strerror or exc}") from None
             fsync_dir(attempts)
             return path, lock
-    except StorageError as exc:  # the attempt was never claimed: still before it exists
+    except (StorageError, OSError) as exc:  # never claimed: still before it exists
         lock.release()
         shutil.rmtree(tmp, ignore_errors=True)
-        raise ConfigError(f"run.dir: {exc}") from None
+        reason = exc if isinstance(exc, StorageError) else storage_error(attempts, exc)
+        raise ConfigError(f"run.dir: {reason}") from None
     except BaseException:
         lock.release()
         shutil.rmtree(tmp, ignore_errors=True)

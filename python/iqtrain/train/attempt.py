@@ -63,10 +63,6 @@ __all__ = [
     "run_pretraining_attempt",
 ]
 
-#: How long a rank whose peer vanished before the claim waits for the signal that torchrun
-#: sends the workers when one of them ended (it polls them every 0.1 s by default).
-_PEER_SIGNAL_GRACE_S = 5.0
-
 
 @dataclass(frozen=True)
 class AttemptResult:
@@ -272,18 +268,14 @@ def _run(config: Config, parent: ParentRef | None, world: World) -> AttemptResul
                 config, run=dataclasses.replace(config.run, dir=os.fspath(run_dir))
             )
         config_text = dumps_toml(config_to_dict(config))
-        # From here a signal is a flag the loop acts on: every rank holds its signals, then
-        # meets the others (the hosts' gather), so no rank is still ending at once on one
-        # while rank 0 claims the attempt.
-        latch = SignalLatch.current()
-        if latch is not None:
-            latch.hold()
+        _agreed_hold(world)
         info = _attempt_info(config, run_dir, ready, world)
     except PeerError:
-        # A peer that a signal ended before the attempt existed: torchrun sends this rank the
-        # same signal a moment later. Then this is the job's stop, not a failure.
+        # A peer that a signal ended before the attempt existed: the signal reached this rank
+        # too (torchrun forwards it to every worker at once), so it is pending or taken by
+        # now. Then this is the job's stop, not a failure. A peer that crashed is a failure.
         latch = SignalLatch.current()
-        signum = None if latch is None else latch.wait(_PEER_SIGNAL_GRACE_S)
+        signum = None if latch is None else latch.pending_or_taken()
         if signum is not None:
             world.ending()
             raise StoppedBeforeStart(signum) from None
@@ -292,7 +284,6 @@ def _run(config: Config, parent: ParentRef | None, world: World) -> AttemptResul
     if claimed is None:
         return _follow(config, claimed_path(world, None), run_dir, ready, config_text, world)
     attempt, lock = claimed
-    claimed_path(world, attempt)
     return _lead(config, attempt, lock, run_dir, ready, config_text, info, world)
 
 
@@ -315,6 +306,20 @@ def _agreed_preflight(config: Config, parent: ParentRef | None, world: World) ->
     if ready.parent is not None and ready.parent.sharded is not None:
         agree(world, _load_shards(ready.parts.stepper, ready.parent.sharded))
     return ready
+
+
+def _agreed_hold(world: World) -> None:
+    """From here a signal is a flag the loop acts on (the attempt is about to exist): every
+    rank holds its signals, then the ranks agree whether one arrived before that, in which
+    case every rank stops with nothing created."""
+    latch = SignalLatch.current()
+    if latch is not None:
+        latch.hold()
+    signals = world.all_gather_object(None if latch is None else latch.signum)
+    signum = next((s for s in signals if s is not None), None)
+    if signum is not None:
+        world.ending()
+        raise StoppedBeforeStart(signum)
 
 
 def _agreed_claim(
@@ -361,6 +366,7 @@ def _lead(
     """Rank 0 (or the one process): train, publish the manifest, and record how it ended."""
     status, trainer, metrics = "failed", None, None
     try:
+        claimed_path(world, attempt)  # the other ranks learn where it is
         metrics = MetricWriter(
             attempt / "metrics.jsonl",
             inherit_from=None if ready.parent is None else ready.parent.attempt / "metrics.jsonl",
