@@ -47,6 +47,10 @@ _EXPORTS: dict[str, str] = {
     "StepResult": "iqtrain.train.step",
     "TrainStep": "iqtrain.train.step",
     "synthesize": "iqtrain.data.synth",
+    "convert_radioml2016": "iqtrain.data.convert",
+    "convert_radioml2018": "iqtrain.data.convert",
+    "classical_features": "iqtrain.eval.classical",
+    "objective_loss": "iqtrain.model.objectives",
 }
 
 __all__ = [
@@ -73,9 +77,13 @@ __all__ = [
     "TrainingError",
     "__version__",
     "build_config",
+    "classical_features",
+    "convert_radioml2016",
+    "convert_radioml2018",
     "load_config",
     "lr_at",
     "next_patch_loss",
+    "objective_loss",
     "prepare_iq_input",
     "prepare_iq_input_reference",
     "run_pretraining_attempt",
@@ -119,6 +127,7 @@ def __dir__() -> list[str]:
 if _typing.TYPE_CHECKING:
     from iqtrain.config.schema import Config, build_config, load_config
     from iqtrain.config.sections import ModelConfig, OptimizerConfig, ScheduleConfig
+    from iqtrain.data.convert import convert_radioml2016, convert_radioml2018
     from iqtrain.data.dataset import IQDataset, TrainStream
     from iqtrain.data.sigmf_meta import Recording
     from iqtrain.data.synth import synthesize
@@ -131,9 +140,11 @@ if _typing.TYPE_CHECKING:
         NonFiniteError,
         TrainingError,
     )
+    from iqtrain.eval.classical import classical_features
     from iqtrain.eval.probe import ProbeResult, run_probe
     from iqtrain.evidence.lineage import ParentRef
     from iqtrain.evidence.verify import verify_attempt
+    from iqtrain.model.objectives import objective_loss
     from iqtrain.model.prepare import prepare_iq_input, prepare_iq_input_reference
     from iqtrain.model.transformer import NextPatchModel, next_patch_loss
     from iqtrain.train.attempt import AttemptResult, run_pretraining_attempt

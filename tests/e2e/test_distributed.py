@@ -752,7 +752,7 @@ def test_a_rank_lost_in_a_sharded_validation_ends_the_job_in_one_line(tmp_path):
         """
 import os
 import iqtrain.train.step as s
-s.TrainStep.eval_loss_sum = lambda *a, **k: os._exit(3)
+s.TrainStep.eval_sums = lambda *a, **k: os._exit(3)
 """,
     )
     cfg = fsdp_config(tmp_path / "c.toml", tmp_path / "run", tmp_path / "cache")
@@ -796,3 +796,23 @@ def test_compiled_fsdp_matches_eager_fsdp_and_probes_the_whole_model(fsdp, tmp_p
     offline = json.loads(proc.stdout.strip().splitlines()[-1])
     assert probe["step"] == MAX_STEPS
     assert probe["accuracy"] == offline["pretrained"]["accuracy"]
+
+
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_the_categorical_objective_trains_alike_on_two_ranks_and_one(tmp_path, parallel):
+    def config(name: str) -> Path:
+        t = tables(tmp_path / name, tmp_path / "cache", max_steps=8, parallel=parallel)
+        t["model"].update(objective="categorical", bins=16)
+        path = tmp_path / f"{name}.toml"
+        path.write_text(dumps_toml(t))
+        return path
+
+    ok(torchrun(2, "run", config("two")))
+    ok(single("run", config("one")))
+    two, one = (tmp_path / n / "attempts" / "0001" for n in ("two", "one"))
+    a, b = records(two), records(one)
+    close(a, b, rel=1e-4)
+    for ra, rb in zip(a, b, strict=True):
+        if ra["kind"] == "val":  # both numbers, sharded over ranks like any validation
+            assert ra["nmse"] == pytest.approx(rb["nmse"], rel=1e-4) and ra["nmse"] != ra["loss"]
+    ok(single("verify", two))

@@ -92,7 +92,24 @@ def _finish(result) -> int:
     print(f"attempt {result.attempt}: {result.final_step} steps")
     if result.stopped_early is not None:
         print(f"  stopped early at step {result.final_step}: {result.stopped_early['reason']}")
-    print(f"  final val loss {fmt(result.final_val_loss)}, best {fmt(result.best_val_loss)}")
+    if result.objective == "mse":
+        print(f"  final val loss {fmt(result.final_val_loss)}, best {fmt(result.best_val_loss)}")
+    else:  # the loss is a cross-entropy in nats: its dB means nothing; the NMSE's does
+        loss, best = (
+            f"{x:.5f}" if x is not None else "n/a"
+            for x in (result.final_val_loss, result.best_val_loss)
+        )
+        print(
+            f"  final val loss {loss} nats per sample ({result.objective}), best {best}; "
+            f"predicted-mean NMSE {fmt(result.final_val_nmse)}"
+        )
+    if result.probe is not None:
+        p = result.probe
+        print(
+            f"  probe at step {p['step']}: accuracy {p['accuracy']:.4f}; random-init "
+            f"{p['random_init_accuracy']:.4f}, classical features {p['classical_accuracy']:.4f}, "
+            f"chance {p['chance']:.4f}"
+        )
     print(f"  verify: iqtrain verify {result.attempt}")
     return EXIT_OK
 
@@ -167,7 +184,15 @@ def cmd_probe(args: argparse.Namespace) -> int:
     # Lazily: probe imports torch, and `iqtrain --help` must not.
     from iqtrain.eval.probe import format_table, run_probe
 
-    result = run_probe(Path(args.attempt), args.data, args.from_, args.folds)
+    result = run_probe(
+        Path(args.attempt),
+        args.data,
+        args.from_,
+        args.folds,
+        by=args.by,
+        bins=args.bins,
+        layer=args.layer,
+    )
     print(format_table(result))
     if args.json:
         print(json.dumps(result.to_dict()))
@@ -248,6 +273,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sp.set_defaults(func=cmd_report)
 
+    _add_probe_parser(sub)
+    from iqtrain.cli.convert import add_convert_parser
+
+    add_convert_parser(sub, _Parser)
+    return p
+
+
+def _add_probe_parser(sub) -> None:
     sp = sub.add_parser(
         "probe", help="linear-probe accuracy of a checkpoint on labelled SigMF annotations"
     )
@@ -261,9 +294,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sp.add_argument("--from", dest="from_", default="latest", help="latest, best or step_N")
     sp.add_argument("--folds", type=int, default=5, help="cross-validation folds (default 5)")
+    sp.add_argument(
+        "--by",
+        metavar="KEY",
+        help="also accuracy per bin of a numeric annotation field, e.g. iqtrain:snr_db",
+    )
+    sp.add_argument(
+        "--bins",
+        metavar="W|E1,E2,...",
+        help="--by's bins: a width (default 5) or comma-separated edges",
+    )
+    sp.add_argument(
+        "--layer",
+        metavar="N|all",
+        help="features of block N (0 the patch embeddings; default: the final hidden states, "
+        "model.layers) or of every layer",
+    )
     sp.add_argument("--json", action="store_true", help="also print one JSON object last")
     sp.set_defaults(func=cmd_probe)
-    return p
 
 
 def _flush_stdout(code: int) -> int:

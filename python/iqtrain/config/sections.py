@@ -18,6 +18,8 @@ from iqtrain.errors import ConfigError
 __all__ = [
     "DEVICES",
     "KINDS",
+    "MAX_BINS",
+    "OBJECTIVES",
     "PARALLEL",
     "PRECISIONS",
     "SHAPES",
@@ -49,6 +51,12 @@ PARALLEL = ("ddp", "fsdp")
 #: ``schedule.kind`` and ``schedule.decay_shape`` (docs/design.md section 5).
 KINDS = ("wsd", "cosine", "constant")
 SHAPES = ("linear", "cosine", "sqrt")
+#: ``model.objective``: what the head predicts for each next-patch value (docs/design.md
+#: section 4): "mse" the value itself (squared error), "categorical" a distribution over
+#: ``model.bins`` quantised bins of it (cross-entropy).
+OBJECTIVES = ("mse", "categorical")
+#: ``model.bins``: bins per I/Q value of the categorical objective (its head is 2P x bins wide).
+MAX_BINS = 4096
 
 
 @dataclass(frozen=True)
@@ -299,6 +307,12 @@ class ModelConfig:
     init_std: float = 0.02
     patch_len: int = 16
     max_patches: int = 256
+    objective: str = "mse"
+    # The categorical objective's grid: ``bins`` equal bins over [-bin_range, bin_range] in
+    # window-normalised units (unit mean power per complex sample); read for "mse" too, so a
+    # mistyped value is an error whatever the objective.
+    bins: int = 64
+    bin_range: float = 4.0
 
     def __post_init__(self) -> None:
         require_int("model.dim", self.dim, minimum=1)
@@ -323,6 +337,14 @@ class ModelConfig:
         require_int("model.patch_len", self.patch_len, minimum=1)
         # One patch has no successor to predict, so a usable window has at least two.
         require_int("model.max_patches", self.max_patches, minimum=2)
+        require_str("model.objective", self.objective, OBJECTIVES)
+        require_int("model.bins", self.bins, minimum=2, maximum=MAX_BINS)
+        self.bin_range = require_float("model.bin_range", self.bin_range, gt=0.0)
+
+    @property
+    def outputs_per_value(self) -> int:
+        """Head outputs per predicted I/Q value: 1 (the value) or ``bins`` (its logits)."""
+        return self.bins if self.objective == "categorical" else 1
 
     @property
     def head_dim(self) -> int:
@@ -454,9 +476,23 @@ class ProbeConfig:
     every: int = 0
     data: list[str] = field(default_factory=list)
     folds: int = 5
+    # Accuracy per bin of a numeric annotation field (``iqtrain probe --by``); "" = off.
+    by: str = ""
+    # ``--bins``: a width, or the edges (at least two, increasing).
+    bins: float | list[float] = 5.0
 
     def __post_init__(self) -> None:
         require_int("probe.every", self.every, minimum=0)
+        require_str("probe.by", self.by)
+        if isinstance(self.bins, list):
+            edges = [require_float(f"probe.bins[{i}]", v) for i, v in enumerate(self.bins)]
+            if len(edges) < 2 or any(b <= a for a, b in zip(edges, edges[1:], strict=False)):
+                raise ConfigError(
+                    f"probe.bins: edges must be at least two, strictly increasing, got {self.bins}"
+                )
+            self.bins = edges
+        else:
+            self.bins = require_float("probe.bins", self.bins, gt=0.0)
         self.data = [
             require_path(f"probe.data[{i}]", p)
             for i, p in enumerate(require_str_list("probe.data", self.data))

@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 import stat
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from iqtrain.config.sections import SIGMF_DATATYPES
 from iqtrain.errors import DataError
@@ -202,6 +203,9 @@ class Annotation:
     sample_start: int
     sample_count: int
     label: str | None  # core:label; None when the annotation has none
+    # Every field of the annotation as written (``iqtrain:snr_db``, ``torchsig:snr_db``, ...):
+    # what ``iqtrain probe --by`` bins by.
+    fields: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
 def read_annotations(rec: Recording) -> list[Annotation]:
@@ -247,5 +251,5 @@ def read_annotations(rec: Recording) -> list[Annotation]:
             raise _field_error(
                 rec.meta_path, f"{where}.core:label", f"must be a string, got {label!r}"
             )
-        found.append(Annotation(start, count, label))
+        found.append(Annotation(start, count, label, dict(ann)))
     return found

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,12 +46,21 @@ __all__ = [
     "LogisticProbe",
     "ProbeResult",
     "ProbeScore",
+    "DEFAULT_BIN_WIDTH",
+    "accuracy_by",
     "assign_folds",
+    "bin_edges",
+    "bin_index",
+    "check_bins",
+    "classical_score",
     "cross_validate",
     "fit_logistic",
     "format_table",
     "labelled_windows",
+    "layer_features",
     "load_checkpoint_model",
+    "parse_bins",
+    "parse_layer",
     "probe_features",
     "probe_model",
     "random_init_model",
@@ -89,6 +98,9 @@ class LabelledSet:
     recordings: np.ndarray
     starts: np.ndarray
     classes: tuple[str, ...]
+    # The fields of each group's annotation (index: ``groups``), and where it was written.
+    group_fields: tuple[dict[str, Any], ...] = ()
+    group_where: tuple[str, ...] = ()
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -96,6 +108,25 @@ class LabelledSet:
     @property
     def num_annotations(self) -> int:
         return int(np.unique(self.groups).size)
+
+    def numeric(self, key: str, name: str = "--by") -> np.ndarray:
+        """``[len(self)]`` float64: annotation field ``key`` of each window's annotation.
+
+        A key no annotation carries, or one annotation without it or with a value that is not
+        a finite number, is a ConfigError naming ``--by``, the key and the annotation."""
+        if not any(key in f for f in self.group_fields):
+            raise ConfigError(
+                f"{name} {key}: no labelled annotation carries {key!r} (the fields they carry: "
+                f"{', '.join(sorted({k for f in self.group_fields for k in f}))})"
+            )
+        values = np.empty(len(self.group_fields), dtype=np.float64)
+        for g, fields in enumerate(self.group_fields):
+            v = fields.get(key)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+                what = "has none" if key not in fields else f"is {v!r}, not a finite number"
+                raise ConfigError(f"{name} {key}: {self.group_where[g]} {what}")
+            values[g] = float(v)
+        return values[self.groups]
 
     def batches(self, batch_size: int = FEATURE_BATCH) -> Iterator[np.ndarray]:
         """The windows in order, ``[b, window, 2]`` in the storage dtype, never all at once."""
@@ -128,6 +159,8 @@ def labelled_windows(patterns: str | Sequence[str], window: int) -> LabelledSet:
     """
     dataset = IQDataset(patterns, window=window, stride=1)
     rows: list[tuple[int, int, str, int, int]] = []  # id, group, label, recording, start
+    fields: list[dict[str, Any]] = []
+    places: list[str] = []
     base, group = 0, 0
     for r, rec in enumerate(dataset.recordings):
         # With stride 1 a segment of n samples holds n - window + 1 windows, numbered in order.
@@ -135,7 +168,7 @@ def labelled_windows(patterns: str | Sequence[str], window: int) -> LabelledSet:
         for _, n in segments:
             offsets.append(base)
             base += max(n - window + 1, 0)
-        for ann in read_annotations(rec):
+        for i, ann in enumerate(read_annotations(rec)):
             if ann.label is None:
                 continue
             found = [
@@ -143,6 +176,9 @@ def labelled_windows(patterns: str | Sequence[str], window: int) -> LabelledSet:
                 for k, s in _annotation_starts(segments, ann.sample_start, ann.sample_count, window)
             ]
             rows += found
+            if found:
+                fields.append(ann.fields)
+                places.append(f"{rec.meta_path}: annotations[{i}]")
             group += bool(found)
     assert base == dataset.num_windows, "window numbering disagrees with the native dataset"
     where = ", ".join(map(os.fspath, [patterns] if isinstance(patterns, str) else patterns))
@@ -165,6 +201,8 @@ def labelled_windows(patterns: str | Sequence[str], window: int) -> LabelledSet:
         recordings=np.array([row[3] for row in rows], dtype=np.int64),
         starts=np.array([row[4] for row in rows], dtype=np.int64),
         classes=classes,
+        group_fields=tuple(fields),
+        group_where=tuple(places),
     )
 
 
@@ -178,7 +216,33 @@ def probe_features(
     *,
     batch_size: int = FEATURE_BATCH,
 ) -> torch.Tensor:
-    """``[len(labelled), dim]`` fp32 CPU: final hidden states mean-pooled over patches.
+    """``[len(labelled), dim]`` fp32 CPU: final hidden states mean-pooled over patches (see
+    :func:`layer_features`)."""
+    return _features(model, labelled, data, batch_size, None)[-1]
+
+
+def layer_features(
+    model: NextPatchModel,
+    labelled: LabelledSet,
+    data: DataConfig,
+    layers: Sequence[int],
+    *,
+    batch_size: int = FEATURE_BATCH,
+) -> dict[int, torch.Tensor]:
+    """``{layer: [len(labelled), dim]}`` of ``layers`` (:meth:`NextPatchModel.layer_states`
+    numbering: 0 the patch embeddings, ``model.layers`` the final hidden states), mean-pooled
+    over patches, from one forward per batch."""
+    return _features(model, labelled, data, batch_size, list(layers))
+
+
+def _features(
+    model: NextPatchModel,
+    labelled: LabelledSet,
+    data: DataConfig,
+    batch_size: int,
+    wanted: list[int] | None,
+) -> dict[int, torch.Tensor]:
+    """Features of ``wanted`` layers, or (None) of the final hidden states under key -1.
 
     Each window is normalised and patched exactly as training does (``data.patch_len``,
     ``data.norm``, ``data.prefix_patches``), on the model's device, in fp32 (autocast off),
@@ -187,7 +251,7 @@ def probe_features(
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
-    out = []
+    out: dict[int, list[torch.Tensor]] = {k: [] for k in (wanted or [-1])}
     try:
         with torch.no_grad(), torch.autocast(device.type, enabled=False):
             for raw in labelled.batches(batch_size):
@@ -197,10 +261,21 @@ def probe_features(
                     norm=data.norm,
                     prefix_patches=data.prefix_patches,
                 )
-                out.append(model.hidden_states(patches).float().mean(dim=1).cpu())
+                if wanted is None:
+                    out[-1].append(model.hidden_states(patches).float().mean(dim=1).cpu())
+                    continue
+                states = model.layer_states(patches)
+                for k in wanted:
+                    out[k].append(states[k].float().mean(dim=1).cpu())
     finally:
         model.train(was_training)
-    features = torch.cat(out)
+    features = {k: torch.cat(v) for k, v in out.items()}
+    for f in features.values():
+        _check_finite(f, labelled)
+    return features
+
+
+def _check_finite(features: torch.Tensor, labelled: LabelledSet) -> None:
     bad = (~torch.isfinite(features).all(dim=1)).nonzero().flatten().tolist()
     if bad:  # one such row would turn every standardised feature into NaN
         i = bad[0]
@@ -209,7 +284,6 @@ def probe_features(
             f"{rec.data_path}: the window at sample {int(labelled.starts[i])} gives non-finite "
             f"features ({len(bad)} window(s) in all; non-finite samples in the recording?)"
         )
-    return features
 
 
 # --------------------------------------------------------------------------- classifier
@@ -308,6 +382,8 @@ class ProbeScore:
     accuracy: float
     per_class: dict[str, float]
     confusion: list[list[int]]
+    # The held-out prediction of every window (what per-bin accuracies are read from).
+    predicted: np.ndarray | None = field(default=None, compare=False, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {"accuracy": self.accuracy, "per_class": self.per_class, "confusion": self.confusion}
@@ -323,7 +399,7 @@ def score(labels: np.ndarray, predicted: np.ndarray, classes: Sequence[str]) -> 
         for i, c in enumerate(classes)
     }
     accuracy = float(np.trace(confusion) / confusion.sum())
-    return ProbeScore(accuracy, per_class, confusion.tolist())
+    return ProbeScore(accuracy, per_class, confusion.tolist(), np.asarray(predicted))
 
 
 def cross_validate(
@@ -402,6 +478,104 @@ def load_checkpoint_model(
 # --------------------------------------------------------------------------- the whole probe
 
 
+# --------------------------------------------------------------------------- accuracy by a field
+
+#: ``--bins`` default: 5 dB wide bins, the field's SNR axis.
+DEFAULT_BIN_WIDTH = 5.0
+
+
+def parse_bins(text: str | None, name: str = "--bins") -> float | list[float]:
+    """``--bins``: one number (a bin width, the edges on its multiples) or comma-separated
+    edges, strictly increasing, at least two; ConfigError naming ``name`` otherwise."""
+    if text is None:
+        return DEFAULT_BIN_WIDTH
+    try:
+        values = [float(v) for v in str(text).split(",")]
+    except ValueError:
+        raise ConfigError(
+            f"{name}: expected a width (5) or comma-separated edges (-20,-10,0,10,20), got {text!r}"
+        ) from None
+    if not all(math.isfinite(v) for v in values):
+        raise ConfigError(f"{name}: edges and widths must be finite, got {text!r}")
+    if len(values) == 1:
+        if not values[0] > 0:
+            raise ConfigError(f"{name}: a bin width must be > 0, got {text!r}")
+        return values[0]
+    if any(b <= a for a, b in zip(values, values[1:], strict=False)):
+        raise ConfigError(f"{name}: edges must be strictly increasing, got {text!r}")
+    return values
+
+
+def bin_edges(values: np.ndarray, bins: float | list[float]) -> list[float]:
+    """The edges of the bins: explicit ones as given; for a width ``w``, the multiples of
+    ``w`` from ``floor(min / w) * w`` up to the first one above the maximum."""
+    if isinstance(bins, list):
+        return bins
+    lo = math.floor(float(values.min()) / bins) * bins
+    count = math.floor((float(values.max()) - lo) / bins) + 1
+    return [lo + k * bins for k in range(count + 1)]
+
+
+def bin_index(values: np.ndarray, edges: Sequence[float]) -> np.ndarray:
+    """Bin of each value: ``[edge_k, edge_k+1)``, the last bin closed; -1 outside."""
+    idx = np.searchsorted(np.asarray(edges), values, side="right") - 1
+    idx[values == edges[-1]] = len(edges) - 2
+    idx[(values < edges[0]) | (values > edges[-1])] = -1
+    return idx
+
+
+def check_bins(values: np.ndarray, edges: Sequence[float], key: str, name: str) -> np.ndarray:
+    """:func:`bin_index` of ``values``, refusing a bin without windows (ConfigError)."""
+    idx = bin_index(values, edges)
+    counts = np.bincount(idx[idx >= 0], minlength=len(edges) - 1)
+    for k, n in enumerate(counts):
+        if n == 0:
+            raise ConfigError(
+                f"{name}: the bin [{edges[k]:g}, {edges[k + 1]:g}) of {key} holds no window "
+                f"(values span {values.min():g} to {values.max():g}); choose other bins"
+            )
+    return idx
+
+
+def accuracy_by(
+    key: str,
+    edges: Sequence[float],
+    idx: np.ndarray,
+    labels: np.ndarray,
+    scores: dict[str, ProbeScore],
+) -> dict[str, Any]:
+    """``{"key", "outside", "bins": [{"lo", "hi", "windows", <name>: accuracy, ...}]}`` from
+    the held-out predictions of each score (its pooled cross-validation)."""
+    rows = []
+    for k in range(len(edges) - 1):
+        inside = idx == k
+        row: dict[str, Any] = {
+            "lo": float(edges[k]),
+            "hi": float(edges[k + 1]),
+            "windows": int(inside.sum()),
+        }
+        for name, sc in scores.items():
+            assert sc.predicted is not None
+            row[name] = float((sc.predicted[inside] == labels[inside]).mean())
+        rows.append(row)
+    return {"key": key, "outside": int((idx < 0).sum()), "bins": rows}
+
+
+# --------------------------------------------------------------------------- the whole probe
+
+
+def classical_score(labelled: LabelledSet, folds: int, seed: int) -> ProbeScore:
+    """The classical AMC features (:mod:`iqtrain.eval.classical`) of the same windows, scored
+    by the same grouped cross-validation (same folds, same classifier)."""
+    from iqtrain.eval.classical import labelled_classical_features
+
+    features = torch.from_numpy(labelled_classical_features(labelled))
+    _check_finite(features, labelled)
+    return cross_validate(
+        features, labelled.labels, labelled.groups, folds, seed, classes=labelled.classes
+    )
+
+
 @dataclass(frozen=True)
 class ProbeResult:
     attempt: Path
@@ -414,9 +588,13 @@ class ProbeResult:
     pretrained: ProbeScore
     random_init: ProbeScore
     chance: float
+    classical: ProbeScore | None = None
+    layer: int | None = None  # the features' layer (layer_states numbering)
+    by: dict[str, Any] | None = None  # accuracy_by
+    by_layer: list[dict[str, Any]] | None = None  # --layer all: every layer's accuracies
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "pretrained": self.pretrained.to_dict(),
             "random_init": self.random_init.to_dict(),
             "chance": self.chance,
@@ -427,7 +605,54 @@ class ProbeResult:
             "checkpoint": self.checkpoint,
             "step": self.step,
             "attempt": os.fspath(self.attempt),
+            "layer": self.layer,
         }
+        if self.classical is not None:
+            out["classical"] = self.classical.to_dict()
+        if self.by is not None:
+            out["by"] = self.by
+        if self.by_layer is not None:
+            out["by_layer"] = self.by_layer
+        return out
+
+
+def parse_layer(text: str | int | None, layers: int) -> int | str:
+    """``--layer``: ``None`` (the final hidden states, ``layers``), an integer in
+    ``[0, layers]`` or ``"all"``; ConfigError naming ``--layer`` otherwise."""
+    if text is None:
+        return layers
+    if text == "all":
+        return "all"
+    try:
+        n = int(text)
+    except (TypeError, ValueError):
+        n = -1
+    if isinstance(text, bool) or not 0 <= n <= layers:
+        raise ConfigError(
+            f"--layer: expected 'all' or an integer in [0, {layers}] (0 the patch embeddings, "
+            f"{layers} the final hidden states of this {layers}-block model), got {text!r}"
+        )
+    return n
+
+
+def _layer_scores(
+    models: dict[str, NextPatchModel],
+    labelled: LabelledSet,
+    data: DataConfig,
+    layers: list[int],
+    folds: int,
+    seed: int,
+) -> dict[str, dict[int, ProbeScore]]:
+    out: dict[str, dict[int, ProbeScore]] = {}
+    for name, m in models.items():
+        feats = layer_features(m, labelled, data, layers)
+        out[name] = {
+            k: cross_validate(
+                f, labelled.labels, labelled.groups, folds, seed, classes=labelled.classes
+            )
+            for k, f in feats.items()
+        }
+    return out
 
 
 def run_probe(
@@ -435,23 +660,43 @@ def run_probe(
     patterns: str | Sequence[str] | None,
     from_: str = "latest",
     folds: int = 5,
+    *,
+    by: str | None = None,
+    bins: str | None = None,
+    layer: str | int | None = None,
 ) -> ProbeResult:
-    """Probe checkpoint ``from_`` of ``attempt`` on the labelled windows of ``patterns``.
+    """Probe checkpoint ``from_`` of ``attempt`` on the labelled windows of ``patterns``,
+    beside a random-init model, the classical features and chance.
 
-    Errors a user can cause (bad --folds, --from, attempt, checkpoint or data) raise
-    ConfigError, CheckpointError or DataError with one line naming what is wrong, before any
-    feature is computed.
+    ``by``: an annotation field (``iqtrain:snr_db``); accuracies per bin of it (``bins``:
+    :func:`parse_bins`). ``layer``: :func:`parse_layer`. Errors a user can cause (bad
+    --folds, --from, --layer, --by, --bins, attempt, checkpoint or data) raise ConfigError,
+    CheckpointError or DataError with one line naming what is wrong, before any feature is
+    computed.
     """
     if isinstance(folds, bool) or not isinstance(folds, int) or folds < 2:
         raise ConfigError(f"--folds: must be an integer >= 2, got {folds!r}")
+    spec = parse_bins(bins) if by is not None else None
+    if bins is not None and by is None:
+        raise ConfigError("--bins: needs --by KEY (the annotation field to bin)")
     model, config, ckpt, step = load_checkpoint_model(attempt, from_)
+    chosen = parse_layer(layer, config.model.layers)
     if not patterns:  # the attempt's validation recordings (synthetic: its cached set)
         patterns = validation_patterns(config.data)
     labelled = labelled_windows(patterns, config.data.window)
     seed = config.run.seed
     assign_folds(labelled.labels, labelled.groups, folds, seed, key="--folds")  # refuse early
-    baseline = random_init_model(config.model, seed)
-    scores = [probe_model(m, labelled, config.data, folds, seed) for m in (model, baseline)]
+    binned = None
+    if by is not None and spec is not None:
+        values = labelled.numeric(by)
+        edges = bin_edges(values, spec)
+        binned = (edges, check_bins(values, edges, by, "--bins"))
+    layers = list(range(config.model.layers + 1)) if chosen == "all" else [int(chosen)]
+    main_layer = config.model.layers if chosen == "all" else int(chosen)
+    models = {"pretrained": model, "random_init": random_init_model(config.model, seed)}
+    per_layer = _layer_scores(models, labelled, config.data, layers, folds, seed)
+    scores = {name: per_layer[name][main_layer] for name in models}
+    scores["classical"] = classical_score(labelled, folds, seed)
     counts = np.bincount(labelled.labels, minlength=len(labelled.classes))
     return ProbeResult(
         attempt=Path(attempt),
@@ -461,31 +706,73 @@ def run_probe(
         windows=len(labelled),
         annotations=labelled.num_annotations,
         folds=folds,
-        pretrained=scores[0],
-        random_init=scores[1],
+        pretrained=scores["pretrained"],
+        random_init=scores["random_init"],
         chance=float(counts.max() / counts.sum()),
+        classical=scores["classical"],
+        layer=main_layer,
+        by=None if binned is None else accuracy_by(by or "", *binned, labelled.labels, scores),
+        by_layer=None
+        if chosen != "all"
+        else [
+            {
+                "layer": k,
+                "pretrained": per_layer["pretrained"][k].accuracy,
+                "random_init": per_layer["random_init"][k].accuracy,
+            }
+            for k in layers
+        ],
     )
 
 
 def format_table(result: ProbeResult) -> str:
-    """The readable report: accuracies side by side, then the pretrained confusion matrix."""
+    """The readable report: accuracies side by side (pretrained, random init, classical
+    features, chance), per class, per bin of ``--by`` and per layer when asked, then the
+    pretrained confusion matrix."""
     r = result
+    cols = [("pretrained", r.pretrained), ("random-init", r.random_init)]
+    if r.classical is not None:
+        cols.append(("classical", r.classical))
+    layer = "" if r.layer is None else f", features of layer {r.layer}"
     lines = [
         f"linear probe of {r.attempt} at {r.checkpoint} (step {r.step}): {r.windows} windows "
         f"in {r.annotations} annotations, {len(r.classes)} classes, {r.folds} folds grouped "
-        "by annotation",
+        f"by annotation{layer}",
         "",
-        f"{'':<16}{'pretrained':>12}{'random-init':>13}{'chance':>9}",
-        f"{'accuracy':<16}{r.pretrained.accuracy:>12.4f}{r.random_init.accuracy:>13.4f}"
-        f"{r.chance:>9.4f}",
+        f"{'':<16}" + "".join(f"{name:>13}" for name, _ in cols) + f"{'chance':>9}",
+        f"{'accuracy':<16}"
+        + "".join(f"{sc.accuracy:>13.4f}" for _, sc in cols)
+        + f"{r.chance:>9.4f}",
     ]
     for c in r.classes:
-        lines.append(
-            f"  {c:<14}{r.pretrained.per_class[c]:>12.4f}{r.random_init.per_class[c]:>13.4f}"
-        )
+        lines.append(f"  {c:<14}" + "".join(f"{sc.per_class[c]:>13.4f}" for _, sc in cols))
+    lines += _by_lines(r) + _layer_lines(r)
     width = max(7, *(len(c) + 1 for c in r.classes))
     lines += ["", "confusion of the pretrained model (rows true, columns predicted):"]
     lines.append(" " * 16 + "".join(f"{c:>{width}}" for c in r.classes))
     for c, row in zip(r.classes, r.pretrained.confusion, strict=True):
         lines.append(f"  {c:<14}" + "".join(f"{v:>{width}}" for v in row))
     return "\n".join(lines)
+
+
+def _by_lines(r: ProbeResult) -> list[str]:
+    if r.by is None:
+        return []
+    names = [n for n in ("pretrained", "random_init", "classical") if n in r.by["bins"][0]]
+    outside = f" ({r.by['outside']} windows outside the bins)" if r.by["outside"] else ""
+    lines = ["", f"accuracy by {r.by['key']}{outside}:"]
+    lines.append(f"  {'bin':<18}{'windows':>8}" + "".join(f"{n:>13}" for n in names))
+    for b in r.by["bins"]:
+        span = f"[{b['lo']:g}, {b['hi']:g})"
+        lines.append(f"  {span:<18}{b['windows']:>8}" + "".join(f"{b[n]:>13.4f}" for n in names))
+    return lines
+
+
+def _layer_lines(r: ProbeResult) -> list[str]:
+    if r.by_layer is None:
+        return []
+    lines = ["", "accuracy by layer (0 the patch embeddings, the last the final hidden states):"]
+    lines.append(f"  {'layer':<8}{'pretrained':>13}{'random-init':>13}")
+    for row in r.by_layer:
+        lines.append(f"  {row['layer']:<8}{row['pretrained']:>13.4f}{row['random_init']:>13.4f}")
+    return lines

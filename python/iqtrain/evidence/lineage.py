@@ -49,6 +49,8 @@ RESUMABLE_KEYS = frozenset(
         "probe.every",  # the probe reads the model and nothing else
         "probe.data",
         "probe.folds",
+        "probe.by",
+        "probe.bins",
         "training.keep_last",
         "training.checkpoint_every",
         "training.eval_every",

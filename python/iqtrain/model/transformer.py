@@ -4,7 +4,9 @@ A window of complex baseband samples arrives as patches ``[B, N, 2P]`` (``prepar
 patch j holds samples ``[jP, (j+1)P)`` interleaved ``I0, Q0, I1, Q1, ...``, divided by one real
 scale per window). The model embeds each patch with ``Linear(2P, dim)``, runs pre-norm causal
 transformer blocks (RMSNorm, rotary attention through ``scaled_dot_product_attention``, SwiGLU MLP)
-and maps back with ``Linear(dim, 2P)``: the output at position t is the prediction of patch t+1.
+and maps back with ``Linear(dim, 2P x outputs_per_value)``: the output at position t is the
+prediction of patch t+1, either its values (``model.objective = "mse"``) or ``model.bins`` logits
+per value ("categorical"; :mod:`iqtrain.model.objectives`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ from torch import Tensor, nn
 
 # The [model] table lives in the torch-free config module; re-exported here, as before.
 from iqtrain.config.sections import ModelConfig
+
+# The loss lives with the objectives; re-exported here, as before.
+from iqtrain.model.objectives import next_patch_loss
 
 __all__ = [
     "NextPatchModel",
@@ -115,7 +120,8 @@ class Block(nn.Module):
 
 
 class NextPatchModel(nn.Module):
-    """``forward(patches [B, N, 2P]) -> predictions [B, N, 2P]``; output t predicts patch t+1."""
+    """``forward(patches [B, N, 2P]) -> [B, N, 2P x outputs_per_value]``; output t predicts
+    patch t+1 (its values, or per value ``model.bins`` logits)."""
 
     # Modules whose weights are embeddings: AdamW does not decay them (see step.py). The patch
     # embedding is a matrix, but decaying it shrinks the input representation, not capacity.
@@ -136,7 +142,7 @@ class NextPatchModel(nn.Module):
         self.embed_dropout = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.layers))
         self.norm = RMSNorm(config.dim)
-        self.head = nn.Linear(config.dim, width)
+        self.head = nn.Linear(config.dim, width * config.outputs_per_value)
         cos, sin = rope_tables(config.max_patches, config.head_dim, config.rope_theta)
         # Non-persistent: derived from the config, so checkpoints neither store nor need them.
         self.register_buffer("rope_cos", cos, persistent=False)
@@ -165,6 +171,18 @@ class NextPatchModel(nn.Module):
 
         What :meth:`forward` feeds its output head; the linear probe reads these features.
         """
+        return self._trunk(patches, collect=None)
+
+    def layer_states(self, patches: Tensor) -> list[Tensor]:
+        """Every layer's hidden states, ``layers + 1`` tensors ``[B, N, dim]``: index 0 the
+        patch embeddings, index i < layers the residual stream after block i, and index
+        ``layers`` the final hidden states (after the final norm: :meth:`hidden_states`).
+        What ``iqtrain probe --layer`` reads; one forward for all of them."""
+        states: list[Tensor] = []
+        states.append(self._trunk(patches, collect=states))
+        return states
+
+    def _trunk(self, patches: Tensor, collect: list[Tensor] | None) -> Tensor:
         width = 2 * self.config.patch_len
         if patches.ndim != 3 or patches.shape[-1] != width:
             raise ValueError(
@@ -180,6 +198,8 @@ class NextPatchModel(nn.Module):
         x = self.embed_dropout(self.patch_embed(patches.to(self.patch_embed.weight.dtype)))
         cos, sin = self.rope_cos[:n], self.rope_sin[:n]
         for block in self.blocks:
+            if collect is not None:
+                collect.append(x)
             x = block(x, cos, sin)
         return self.norm(x)
 
@@ -195,7 +215,8 @@ class NextPatchModel(nn.Module):
         Every matmul counts ``2 * m * k * n`` (one multiply and one add per term). Per patch,
         with d = ``dim``, h = ``mlp_hidden``, w = ``2 * patch_len``, N = ``seq_patches``:
 
-        - patch embedding ``Linear(w, d)`` and output head ``Linear(d, w)``: ``2wd`` each;
+        - patch embedding ``Linear(w, d)``: ``2wd``; output head ``Linear(d, w * o)`` with
+          o = ``outputs_per_value`` (1 for "mse", ``bins`` for "categorical"): ``2wdo``;
         - per block: QKV ``2 * d * 3d``; attention scores ``q k^T`` and the weighted sum
           ``p v``: ``2Nd`` each, over all N keys; output projection ``2d^2``; SwiGLU gate and
           up ``2 * d * 2h`` and down ``2hd``.
@@ -205,7 +226,8 @@ class NextPatchModel(nn.Module):
         MFU figures compare across code bases. A causal kernel does about half the attention
         work, so for attention-heavy shapes (N comparable to 6d) achieved figures flatter.
         Excluded: norms, RoPE, softmax, SiLU and the gating product, residual adds, biases,
-        dropout and the loss: elementwise work, O(d) per patch against O(d^2) for the matmuls.
+        dropout and the loss (the categorical's softmax and predicted mean are O(w * bins), not
+        O(d * w * bins)): elementwise work, O(d) per patch against O(d^2) for the matmuls.
         """
         if isinstance(seq_patches, bool) or not isinstance(seq_patches, int) or seq_patches < 1:
             raise ValueError(f"seq_patches: expected an integer >= 1, got {seq_patches!r}")
@@ -213,7 +235,7 @@ class NextPatchModel(nn.Module):
         d, w, n = cfg.dim, 2 * cfg.patch_len, seq_patches
         assert cfg.mlp_hidden is not None  # resolved by ModelConfig.__post_init__
         h = cfg.mlp_hidden
-        embed_and_head = 2 * (2 * w * d)
+        embed_and_head = 2 * w * d * (1 + cfg.outputs_per_value)
         attention = 2 * d * 3 * d + 2 * (2 * n * d) + 2 * d * d
         mlp = 2 * d * 2 * h + 2 * h * d
         return embed_and_head + cfg.layers * (attention + mlp)
@@ -230,31 +252,3 @@ class NextPatchModel(nn.Module):
         N - 1 have a target), so its FLOPs are ``train_flops_per_patch(N) * windows * N``.
         """
         return 3 * self.forward_flops_per_patch(seq_patches)
-
-
-def next_patch_loss(pred: Tensor, patches: Tensor) -> tuple[Tensor, Tensor, int]:
-    """Next-patch NMSE: ``(mean, sum, count)`` with ``mean = sum / count``.
-
-    Position t predicts patch t+1, so the targets are patches 1..N-1 and the last prediction is
-    unused. ``sum`` is the squared error summed over both components, ``sum (dI^2 + dQ^2)``;
-    ``count = B * (N - 1) * P`` is the number of complex target samples. On window-normalized
-    data (unit mean power per complex sample) predicting zeros scores about 1.0, so
-    ``-10 log10(mean)`` is the prediction SNR in dB. ``sum`` and ``count`` let validation form an
-    exact mean over a partial last batch. Computed in fp32 even under autocast.
-    """
-    if pred.shape != patches.shape:
-        raise ValueError(
-            f"pred and patches must have one shape, got {tuple(pred.shape)} "
-            f"and {tuple(patches.shape)}"
-        )
-    if patches.ndim != 3 or patches.shape[-1] % 2 or patches.shape[1] < 2:
-        raise ValueError(
-            f"patches must be [B, N >= 2, 2P] (a patch needs a successor to be a target), "
-            f"got {tuple(patches.shape)}"
-        )
-    b, n, width = patches.shape
-    with torch.autocast(device_type=pred.device.type, enabled=False):
-        err = pred[:, :-1].float() - patches[:, 1:].float()
-        total = err.square().sum()
-    count = b * (n - 1) * (width // 2)
-    return total / count, total, count

@@ -112,6 +112,9 @@ def _val_loss(ax: Axes, val: list[dict[str, Any]]) -> bool:
         ax.plot(
             [steps[i]], [loss[i]], label=f"best val {loss[i]:.4g} (step {steps[i]:.0f})", **best
         )
+    if _objective_loss_differs(val):  # the predicted mean's NMSE, beside the baselines
+        n_steps, nmse = _series(val, "nmse")
+        ax.plot(n_steps, nmse, color=VAL, ls="--", marker=".", lw=1.0, label="val NMSE of mean")
     base = next((r for r in val if "baseline_zero_loss" in r), {})
     for key, name, style in (
         ("baseline_zero_loss", "zero-prediction baseline", ":"),
@@ -121,6 +124,12 @@ def _val_loss(ax: Axes, val: list[dict[str, Any]]) -> bool:
         if value is not None and value > 0:
             ax.axhline(value, color="0.25", ls=style, lw=1.1, label=f"{name} {value:.4g}")
     return bool(steps)
+
+
+def _objective_loss_differs(val: list[dict[str, Any]]) -> bool:
+    """Whether the validation records' loss is another objective's than the NMSE (then the
+    right axis and the baselines belong to the ``nmse`` series)."""
+    return any(number(r, "nmse") not in (None, number(r, "loss")) for r in val)
 
 
 def _loss_panel(ax: Axes, view: AttemptView) -> None:
@@ -200,11 +209,16 @@ def _probe_panel(ax: Axes, probes: list[dict[str, Any]]) -> None:
             "random-init model",
             dict(color="0.45", marker="s", ms=3, ls="--", lw=1),
         ),
+        (
+            "classical_accuracy",
+            "classical features",
+            dict(color="C1", marker="^", ms=3, ls="-.", lw=1),
+        ),
         ("chance", "chance", dict(color="0.25", ls=":", lw=1.1)),
     )
     for key, name, style in series:
         steps, values = _series(probes, key)
-        if steps and key == "chance" and len(set(values)) == 1:
+        if steps and key in ("chance", "classical_accuracy") and len(set(values)) == 1:
             # One probe set, one majority-class rate: a line across, even for a single probe.
             ax.axhline(values[0], label=name, **style)
             shown += values
@@ -215,6 +229,29 @@ def _probe_panel(ax: Axes, probes: list[dict[str, Any]]) -> None:
         ax.set_ylim(0, 1.02)
     if shown:
         ax.legend(loc="lower right", fontsize=8, framealpha=0.85)
+
+
+def _by_panel(ax: Axes, record: dict[str, Any]) -> None:
+    """Accuracy against the ``probe.by`` field (SNR) at the last probe that has it: the
+    field's way of reporting modulation classification, one point per bin at its centre."""
+    by = record["by"]
+    bins = [b for b in by.get("bins", []) if isinstance(b, dict)]
+    centres = [(number(b, "lo") or 0.0) / 2 + (number(b, "hi") or 0.0) / 2 for b in bins]
+    series: tuple[tuple[str, str, dict[str, Any]], ...] = (
+        ("pretrained", "pretrained", dict(color="C5", marker="o", ms=4, lw=1.4)),
+        ("random_init", "random-init model", dict(color="0.45", marker="s", ms=3, ls="--")),
+        ("classical", "classical features", dict(color="C1", marker="^", ms=3, ls="-.")),
+    )
+    for key, name, style in series:
+        values = [number(b, key) for b in bins]
+        if any(v is not None for v in values):
+            ax.plot(centres, [math.nan if v is None else v for v in values], label=name, **style)
+    chance = number(record, "chance")
+    if chance is not None:
+        ax.axhline(chance, color="0.25", ls=":", lw=1.1, label="chance")
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel(f"{by.get('key', '?')} (probe at step {record.get('step', '?')})")
+    ax.legend(loc="lower right", fontsize=8, framealpha=0.85)
 
 
 def _mark_resumes(axes: list[Axes], lineage: Lineage) -> None:
@@ -265,14 +302,19 @@ def build_figure(attempt: Path) -> Figure:
     view = load_attempt(attempt)
     lineage = resume_points(view.path, view.info)
     probes = view.records("probe")
+    by = next((r for r in reversed(probes) if isinstance(r.get("by"), dict)), None)
     names = ["loss", "lr", "grad_norm"] + (["probe"] if probes else [])
-    ratios = [3.0, 1.1, 1.3] + ([1.4] if probes else [])
+    ratios = [3.0, 1.1, 1.3] + ([1.4] if probes else []) + ([1.6] if by else [])
     fig = Figure(figsize=(11, 2.0 + 1.9 * sum(ratios)), dpi=110, layout="constrained")
     FigureCanvasAgg(fig)
-    axes = fig.subplots(len(names), 1, sharex=True, gridspec_kw={"height_ratios": ratios})
-    for ax, name, ylabel in zip(
-        axes, names, ["loss (NMSE)", "learning rate", "grad norm", "probe accuracy"], strict=False
-    ):
+    every = fig.subplots(len(ratios), 1, gridspec_kw={"height_ratios": ratios})
+    axes = list(every[: len(names)])  # the panels over steps share their x axis
+    for ax in axes[1:]:
+        ax.sharex(axes[0])
+    ylabels = ["loss (NMSE)", "learning rate", "grad norm", "probe accuracy"]
+    if _objective_loss_differs(view.records("val")):
+        ylabels[0] = "loss (objective; NMSE dashed)"
+    for ax, name, ylabel in zip(axes, names, ylabels, strict=False):
         ax.set_label(name)
         ax.set_ylabel(ylabel)
         ax.grid(True, which="major", alpha=0.3)
@@ -282,8 +324,13 @@ def build_figure(attempt: Path) -> Figure:
     _grad_panel(axes[2], view)
     if probes:
         _probe_panel(axes[3], probes)
-    _mark_resumes(list(axes), lineage)
+    _mark_resumes(axes, lineage)
     axes[-1].set_xlabel("step")
+    if by is not None:
+        every[-1].set_label("probe_by")
+        every[-1].set_ylabel("probe accuracy")
+        every[-1].grid(True, which="major", alpha=0.3)
+        _by_panel(every[-1], by)
     fig.suptitle(_title(view), fontsize=12)
     notes = list(lineage.notes)
     if view.stream is not None and view.stream.torn:

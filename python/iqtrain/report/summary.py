@@ -147,15 +147,22 @@ def _val_lines(val: list[dict[str, Any]]) -> list[str]:
         )
     for r in val:
         snr = number(r, "pred_snr_db")
+        # The NMSE of the predicted mean, when the objective's loss is another number (and
+        # the dB are the NMSE's: records before objectives had only "loss").
+        nmse = number(r, "nmse")
+        extra = "" if nmse is None or nmse == number(r, "loss") else f", nmse {nmse:.5f}"
         lines.append(
             f"  val step {str(r.get('step', '?')):>7}: loss {_fmt(number(r, 'loss'), '.5f')}"
+            + extra
             + ("" if snr is None else f" ({snr:.2f} dB)")
             + ("  best" if r.get("best") is True else "")
         )
     scored = [(v, r) for r in val if (v := number(r, "loss")) is not None]
     if scored:
         loss, best = min(scored, key=lambda pair: pair[0])  # ties: the first, as before
-        lines.append(f"  best val loss {loss:.5f} at step {best.get('step', '?')} ({_db(loss)})")
+        nmse = number(best, "nmse")
+        db = _db(loss if nmse is None else nmse)
+        lines.append(f"  best val loss {loss:.5f} at step {best.get('step', '?')} ({db})")
     return lines
 
 

@@ -73,6 +73,10 @@ class AttemptResult:
     best_checkpoint: str | None
     rank: int = 0  # several ranks: every rank returns the same numbers; rank 0 reports them
     stopped_early: dict[str, Any] | None = None  # {step, best_step, reason} when it did
+    # The NMSE of the last validation's predicted mean (== final_val_loss for "mse").
+    final_val_nmse: float | None = None
+    objective: str = "mse"
+    probe: dict[str, Any] | None = None  # the last probe record (rank 0)
 
 
 def _sha256_bytes(data: bytes) -> str:
@@ -472,6 +476,9 @@ def _result(trainer: Trainer, attempt: Path, world: World) -> AttemptResult:
         best_checkpoint=trainer.loop.best_checkpoint,
         rank=world.rank,
         stopped_early=trainer.stopped_early,
+        final_val_nmse=None if trainer.last_val is None else trainer.last_val["nmse"],
+        objective=trainer.stepper.model.config.objective,
+        probe=trainer.last_probe,
     )
 
 

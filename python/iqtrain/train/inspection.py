@@ -75,12 +75,21 @@ def inspect_config(path: str | os.PathLike, overrides: list[str] | None = None) 
         f"  weight decay on {len(stepper.decay_param_names)} tensors, "
         f"none on {len(stepper.no_decay_param_names)}"
     )
-    loss_sum, count = stepper.eval_step(patches)
+    loss_t, count, squared_t = stepper.eval_sums(patches)
+    loss_sum, squared = float(loss_t), float(squared_t)
     zero = patches.float()[:, 1:].square().sum().item() / count
-    emit(
-        f"5 untrained loss {loss_sum / count:.4f} vs zero-prediction {zero:.4f} "
-        f"(targets per batch: {count:,} complex samples)"
-    )
+    objective = config.model.objective
+    if objective == "mse":
+        emit(
+            f"5 untrained loss {loss_sum / count:.4f} vs zero-prediction {zero:.4f} "
+            f"(targets per batch: {count:,} complex samples)"
+        )
+    else:  # nats per complex sample: the uniform distribution's is 2 ln(bins)
+        emit(
+            f"5 untrained loss {loss_sum / count:.4f} nats per sample ({objective}; uniform "
+            f"{2 * math.log(config.model.bins):.4f}), predicted-mean NMSE {squared / count:.4f} "
+            f"vs zero-prediction {zero:.4f} (targets per batch: {count:,} complex samples)"
+        )
     per_step = d.batch_size * t.grad_accum
     emit(
         f"per optimizer step: {per_step} windows = {per_step * d.window:,} samples, "

@@ -215,6 +215,7 @@ class Trainer:
         peak = device_peak_tflops(t.device, t.precision, t.peak_tflops or None)
         self.peak_tflops = None if peak is None else peak * self.world.world_size
         self.last_val: dict[str, Any] | None = None
+        self.last_probe: dict[str, Any] | None = None  # rank 0's last probe record
 
     def components(self) -> dict[str, Any]:
         """The JSON-state components of a checkpoint, by their state.json key."""
@@ -328,8 +329,9 @@ class Trainer:
         if self.metrics is not None:
             self.metrics.write(rec)
         self.last_val = rec
+        nmse = "" if rec["nmse"] == rec["loss"] else f", nmse {rec['nmse']:.5f}"
         progress.note(
-            f"val step {step}: loss {rec['loss']:.5f} "
+            f"val step {step}: loss {rec['loss']:.5f}{nmse} "
             f"({rec['pred_snr_db']:.2f} dB){'  best' if improved else ''}"
         )
         return improved
@@ -352,9 +354,11 @@ class Trainer:
             else:
                 rec["time_s"] = time.perf_counter() - p0
                 self.metrics.write(rec)
+                self.last_probe = rec
                 progress.note(
                     f"probe step {rec['step']}: accuracy {rec['accuracy']:.4f} (random-init "
-                    f"{rec['random_init_accuracy']:.4f}, chance {rec['chance']:.4f})"
+                    f"{rec['random_init_accuracy']:.4f}, classical features "
+                    f"{rec['classical_accuracy']:.4f}, chance {rec['chance']:.4f})"
                 )
         self.world.wait_for_main()
 

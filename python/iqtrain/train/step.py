@@ -70,8 +70,9 @@ from iqtrain.distributed.parallel import (
 )
 from iqtrain.distributed.world import World
 from iqtrain.errors import ConfigError, NonFiniteError
+from iqtrain.model.objectives import objective_loss
 from iqtrain.model.prepare import compiled_reference, prepare_iq_input, prepare_iq_input_reference
-from iqtrain.model.transformer import NextPatchModel, next_patch_loss
+from iqtrain.model.transformer import NextPatchModel
 from iqtrain.train.optim import build_adamw, split_parameters
 
 if TYPE_CHECKING:
@@ -132,20 +133,22 @@ def _check_step_inputs(microbatches: Sequence[Tensor], lr: float) -> list[Tensor
 
 
 class _ForwardLoss(nn.Module):
-    """``patches -> (mean loss, summed loss, target count)``: the model and its loss as one
-    module, so DDP can wrap them together (its forward must produce the loss)."""
+    """``patches -> (mean loss, summed loss, target count, summed squared error of the
+    predicted mean)``: the model and its objective's loss as one module, so DDP can wrap them
+    together (its forward must produce the loss)."""
 
-    def __init__(self, model: nn.Module, device_type: str, precision: str) -> None:
+    def __init__(self, model: NextPatchModel, device_type: str, precision: str) -> None:
         super().__init__()
         self.model = model
+        self.model_config = model.config  # what the objective reads: its name and its bins
         self.device_type = device_type
         self.bf16 = precision == "bf16"
 
-    def forward(self, patches: Tensor) -> tuple[Tensor, Tensor, int]:
+    def forward(self, patches: Tensor) -> tuple[Tensor, Tensor, int, Tensor]:
         # Autocast is entered inside the compiled function so dynamo traces it into the graph.
         with torch.autocast(device_type=self.device_type, dtype=torch.bfloat16, enabled=self.bf16):
-            pred = self.model(patches)
-        return next_patch_loss(pred, patches)
+            out = self.model(patches)
+        return objective_loss(out, patches, self.model_config)
 
 
 class TrainStep:
@@ -228,7 +231,7 @@ class TrainStep:
 
     # ------------------------------------------------------------------ the compiled region
 
-    def _forward_loss(self, patches: Tensor) -> tuple[Tensor, Tensor, int]:
+    def _forward_loss(self, patches: Tensor) -> tuple[Tensor, Tensor, int, Tensor]:
         return self._loss_module.forward(patches)
 
     def data_parallel(self) -> None:
@@ -347,7 +350,7 @@ class TrainStep:
                 self.world.collective("the step's gradient all-reduce"),
                 self._ddp.no_sync() if self._ddp is not None and not last else nullcontext(),
             ):
-                mean, _, _ = self._train_fn(mb.to(self.device, non_blocking=True))
+                mean, *_ = self._train_fn(mb.to(self.device, non_blocking=True))
                 (mean / accum).backward()
             loss_sum = mean.detach() if loss_sum is None else loss_sum + mean.detach()
         assert loss_sum is not None
@@ -399,10 +402,17 @@ class TrainStep:
         total, count = self.eval_loss_sum(patches)
         return float(total), count
 
-    @torch.no_grad()
     def eval_loss_sum(self, patches: Tensor) -> tuple[Tensor, int]:
         """:meth:`eval_step` without the synchronisation: ``(0-dim fp32 tensor on the device,
-        target count)``. ``float(tensor)`` is exactly what ``eval_step`` returns.
+        target count)``. ``float(tensor)`` is exactly what ``eval_step`` returns."""
+        total, count, _ = self.eval_sums(patches)
+        return total, count
+
+    @torch.no_grad()
+    def eval_sums(self, patches: Tensor) -> tuple[Tensor, int, Tensor]:
+        """``(summed loss, target count, summed squared error of the predicted mean)`` of
+        ``patches`` in eval mode without gradients and without a host synchronisation (0-dim
+        fp32 tensors on the device). For ``model.objective = "mse"`` both sums are one tensor.
 
         Compiled, the batch dimension is marked dynamic, so the training batch size, the
         validation batch size and a partial last batch share one evaluation graph.
@@ -417,8 +427,8 @@ class TrainStep:
             sharded = self.forward_is_collective
             what = "a forward of the sharded model"
             with self.world.collective(what) if sharded else nullcontext():
-                _, total, count = self._forward_loss_fn(x)
-            return total, int(count)
+                _, total, count, squared_error = self._forward_loss_fn(x)
+            return total, int(count), squared_error
         finally:
             self.model.train(was_training)
 

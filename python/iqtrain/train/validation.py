@@ -1,5 +1,10 @@
 """Validation: the mean next-patch loss over every validation window, sharded over ranks.
 
+Each record holds the objective's own loss (``loss``: what training minimises, what the best
+checkpoint and early stopping follow) and the NMSE of the predicted mean (``nmse``, with
+``pred_snr_db = -10 log10 nmse``), which the zero and copy baselines are comparable with
+whatever the objective; for ``model.objective = "mse"`` the two are one number.
+
 The validation set is cut into batches of ``data.val_batch_size`` in window-id order, exactly as
 one process reads it. Rank ``r`` of ``W`` evaluates batches ``r, r + W, r + 2W, ...``: whole
 batches, so each batch's summed loss is computed by the same graph on the same rows as in one
@@ -34,12 +39,13 @@ def prepare_batch(
 
 
 def _batch_sums(stepper: TrainStep, val: IQDataset, d: DataConfig, baselines: bool) -> torch.Tensor:
-    """``[batches, 4]`` float64 on the step's device: summed loss, target count and the two
-    baseline sums of every batch this rank evaluates; zeros in the other ranks' rows."""
+    """``[batches, 5]`` float64 on the step's device: summed loss, target count, summed squared
+    error of the predicted mean and the two baseline sums of every batch this rank evaluates;
+    zeros in the other ranks' rows."""
     world = stepper.world
     n, bs = val.num_windows, d.val_batch_size
     batches = (n + bs - 1) // bs
-    table = torch.zeros((batches, 4), dtype=torch.float64, device=stepper.device)
+    table = torch.zeros((batches, 5), dtype=torch.float64, device=stepper.device)
     rounds = (batches + world.world_size - 1) // world.world_size
     for b in range(world.rank, rounds * world.world_size, world.world_size):
         if b >= batches and not stepper.forward_is_collective:
@@ -49,15 +55,16 @@ def _batch_sums(stepper: TrainStep, val: IQDataset, d: DataConfig, baselines: bo
         src = b if b < batches else 0
         raw = val.windows(np.arange(src * bs, min((src + 1) * bs, n), dtype=np.uint64))
         patches, _ = prepare_batch(raw, stepper, d)
-        total, count = stepper.eval_loss_sum(patches)  # no host sync per batch
+        total, count, squared_error = stepper.eval_sums(patches)  # no host sync per batch
         if b >= batches:
             continue
         table[b, 0] = total
         table[b, 1] = count
+        table[b, 2] = squared_error
         if baselines:
             x = patches.float()
-            table[b, 2] = x[:, 1:].square().sum(dtype=torch.float64)
-            table[b, 3] = (x[:, 1:] - x[:, :-1]).square().sum(dtype=torch.float64)
+            table[b, 3] = x[:, 1:].square().sum(dtype=torch.float64)
+            table[b, 4] = (x[:, 1:] - x[:, :-1]).square().sum(dtype=torch.float64)
     return world.all_reduce_sum(table)
 
 
@@ -74,24 +81,26 @@ def validate(
     rows = _batch_sums(stepper, val, d, baselines).tolist()  # the one sync of a pass
     bs = d.val_batch_size
     for b, row in enumerate(rows):
-        if not math.isfinite(row[0]):
+        if not (math.isfinite(row[0]) and math.isfinite(row[2])):
             hi = min((b + 1) * bs, val.num_windows)
             raise NonFiniteError(
-                f"step {step}: validation loss is {row[0]} in data.val windows "
-                f"{format_ids(np.arange(b * bs, hi))}"
+                f"step {step}: validation loss is {row[0]} (squared error {row[2]}) in "
+                f"data.val windows {format_ids(np.arange(b * bs, hi))}"
             )
     count = int(sum(row[1] for row in rows))
     loss = sum(row[0] for row in rows) / count  # in batch order, in Python floats
+    nmse = sum(row[2] for row in rows) / count
     samples = val.num_windows
     rec = {
         "loss": loss,
-        "pred_snr_db": -10.0 * math.log10(loss) if loss > 0 else float("inf"),
+        "nmse": nmse,
+        "pred_snr_db": -10.0 * math.log10(nmse) if nmse > 0 else float("inf"),
         "samples": samples,
         "patches": samples * (d.seq_patches - 1),
     }
     if baselines:
-        rec["baseline_zero_loss"] = sum(row[2] for row in rows) / count
-        rec["baseline_copy_last_loss"] = sum(row[3] for row in rows) / count
+        rec["baseline_zero_loss"] = sum(row[3] for row in rows) / count
+        rec["baseline_copy_last_loss"] = sum(row[4] for row in rows) / count
     if not all(math.isfinite(v) for v in rec.values() if isinstance(v, float)):
         raise NonFiniteError(f"step {step}: validation produced a non-finite value: {rec}")
     return rec

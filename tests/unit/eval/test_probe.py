@@ -276,3 +276,94 @@ def test_probe_command_refusals_are_one_line_exit_2(attempt, tmp_path, capsys):
     )
     _refused(capsys, ["probe", a, "--data", os.fspath(one)], "one.sigmf-meta", "2 classes")
     _refused(capsys, ["probe", os.fspath(tmp_path), "--data", data], os.fspath(tmp_path))
+
+
+def test_probe_by_snr_per_layer_and_classical_in_table_and_json(attempt, capsys):
+    path, data = attempt
+    argv = ["probe", os.fspath(path), "--data", data, "--folds", "3", "--json"]
+    assert main([*argv, "--by", "iqtrain:snr_db", "--bins", "10", "--layer", "all"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert "classical" in out[2] and "pretrained" in out[2]
+    assert any(line.startswith("accuracy by iqtrain:snr_db") for line in out)
+    doc = json.loads(out[-1])
+    assert set(doc["classical"]) >= {"accuracy", "per_class"}
+    assert 0.0 <= doc["classical"]["accuracy"] <= 1.0
+    assert set(doc["classical"]["per_class"]) == set(doc["classes"])
+    by = doc["by"]
+    assert by["key"] == "iqtrain:snr_db" and by["outside"] == 0
+    assert sum(b["windows"] for b in by["bins"]) == doc["windows"]
+    for lo_bin, hi_bin in zip(by["bins"], by["bins"][1:], strict=False):
+        assert lo_bin["hi"] == hi_bin["lo"] and hi_bin["hi"] - hi_bin["lo"] == 10
+    assert all(b["lo"] % 10 == 0 for b in by["bins"])
+    # per-bin accuracies pool back to the overall accuracy, for every model
+    for key in ("pretrained", "random_init", "classical"):
+        pooled = sum(b[key] * b["windows"] for b in by["bins"]) / doc["windows"]
+        assert pooled == pytest.approx(doc[key]["accuracy"], abs=1e-9)
+    # every layer of the 1-block model: 0 (embeddings) and 1 (final, the default)
+    assert [r["layer"] for r in doc["by_layer"]] == [0, 1] and doc["layer"] == 1
+    assert doc["by_layer"][1]["pretrained"] == doc["pretrained"]["accuracy"]
+    assert main([*argv, "--layer", "0"]) == 0
+    doc0 = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert doc0["layer"] == 0 and doc0["pretrained"]["accuracy"] == doc["by_layer"][0]["pretrained"]
+    assert "by" not in doc0 and "by_layer" not in doc0
+
+
+def test_layer_states_number_embeddings_blocks_and_the_final_norm():
+    torch.manual_seed(0)
+    model = NextPatchModel(ModelConfig(dim=16, layers=3, heads=2, patch_len=4, max_patches=8))
+    x = torch.randn(2, 5, 8)
+    states = model.layer_states(x)
+    assert len(states) == 4
+    torch.testing.assert_close(states[0], model.patch_embed(x), rtol=0, atol=0)
+    torch.testing.assert_close(states[-1], model.hidden_states(x), rtol=0, atol=0)
+    cos, sin = model.rope_cos[:5], model.rope_sin[:5]
+    torch.testing.assert_close(states[1], model.blocks[0](states[0], cos, sin), rtol=0, atol=0)
+
+
+def test_bins_cover_the_values_and_refuse_empty_bins():
+    from iqtrain.eval.probe import bin_edges, bin_index, check_bins, parse_bins
+
+    values = np.array([-3.0, 0.0, 4.99, 5.0, 12.5])
+    edges = bin_edges(values, 5.0)
+    assert edges == [-5.0, 0.0, 5.0, 10.0, 15.0]
+    assert bin_index(values, edges).tolist() == [0, 1, 1, 2, 3]
+    assert bin_index(np.array([15.0, 15.1, -5.1]), edges).tolist() == [3, -1, -1]  # last closed
+    assert parse_bins("-10, 0,10") == [-10.0, 0.0, 10.0] and parse_bins(None) == 5.0
+    with pytest.raises(ConfigError, match=r"--bins: the bin \[5, 10\) of snr holds no window"):
+        check_bins(np.array([0.0, 12.0]), [0.0, 5.0, 10.0, 15.0], "snr", "--bins")
+    for bad, match in (("x", "width"), ("0", "> 0"), ("3,1", "increasing"), ("nan", "finite")):
+        with pytest.raises(ConfigError, match=match):
+            parse_bins(bad)
+
+
+def test_by_key_refusals_are_one_line_exit_2(attempt, tmp_path, capsys):
+    path, data = attempt
+    a = [["probe", os.fspath(path), "--data", data, "--folds", "3"]][0]
+    _refused(capsys, [*a, "--by", "torchsig:snr_db"], "--by torchsig:snr_db", "no labelled")
+    _refused(capsys, [*a, "--by", "core:label"], "--by core:label", "not a finite number")
+    _refused(capsys, [*a, "--by", "iqtrain:snr_db", "--bins", "100,200"], "--bins", "no window")
+    _refused(capsys, [*a, "--bins", "5"], "--bins", "--by")
+    _refused(capsys, [*a, "--layer", "2"], "--layer", "[0, 1]")
+    _refused(capsys, [*a, "--layer", "last"], "--layer")
+    # an annotation without the key, beside others with it: named
+    rng = np.random.default_rng(0)
+    rec = write_annotated(
+        tmp_path, "mixed", random_iq(rng, 1024, "ci8"), "ci8", [(0, 256, "a"), (256, 256, "b")]
+    )
+    meta = json.loads(rec.read_text())
+    meta["annotations"][0]["iqtrain:snr_db"] = 3.0
+    rec.write_text(json.dumps(meta))
+    _refused(
+        capsys,
+        [
+            "probe",
+            os.fspath(path),
+            "--data",
+            os.fspath(rec),
+            "--folds",
+            "2",
+            "--by",
+            "iqtrain:snr_db",
+        ],
+        "mixed.sigmf-meta: annotations[1] has none",
+    )

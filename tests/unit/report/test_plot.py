@@ -247,3 +247,66 @@ def test_a_real_resumed_attempt(tmp_path):
     assert _find(_lines(loss), "zero-prediction baseline")
     assert _find(_lines(_panels(fig)["grad_norm"]), "clip threshold 1")
     assert write_plot(child, tmp_path / "real.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_probe_records_by_snr_draw_accuracy_against_snr_with_the_classical_baseline(tmp_path):
+    bins = [
+        {
+            "lo": -10.0,
+            "hi": 0.0,
+            "windows": 5,
+            "pretrained": 0.3,
+            "random_init": 0.2,
+            "classical": 0.25,
+        },
+        {
+            "lo": 0.0,
+            "hi": 10.0,
+            "windows": 5,
+            "pretrained": 0.6,
+            "random_init": 0.3,
+            "classical": 0.5,
+        },
+        {
+            "lo": 10.0,
+            "hi": 20.0,
+            "windows": 5,
+            "pretrained": 0.9,
+            "random_init": 0.4,
+            "classical": 0.7,
+        },
+    ]
+    probes = [
+        {**PROBES[0], "classical_accuracy": 0.45},
+        {
+            **PROBES[1],
+            "classical_accuracy": 0.45,
+            "by": {"key": "iqtrain:snr_db", "outside": 0, "bins": bins},
+        },
+    ]
+    fig = build_figure(write_attempt(tmp_path / "a", records=[*LONG, *probes]))
+    panels = _panels(fig)
+    assert list(_lines(panels["probe"])["classical features"].get_ydata()) == [0.45, 0.45]
+    by = panels["probe_by"]
+    assert by.get_xlabel() == "iqtrain:snr_db (probe at step 100)"
+    lines = _lines(by)
+    assert list(lines["pretrained"].get_xdata()) == [-5.0, 5.0, 15.0]
+    assert list(lines["pretrained"].get_ydata()) == [0.3, 0.6, 0.9]
+    assert list(lines["classical features"].get_ydata()) == [0.25, 0.5, 0.7]
+    assert list(lines["chance"].get_ydata()) == [0.25, 0.25]
+    # the step panels share x; the SNR panel has its own
+    assert panels["lr"].get_shared_x_axes().joined(panels["loss"], panels["probe"])
+    assert not panels["loss"].get_shared_x_axes().joined(panels["loss"], by)
+    # without "by" in any probe record: no SNR panel
+    fig = build_figure(write_attempt(tmp_path / "b", records=[*LONG, *PROBES]))
+    assert "probe_by" not in _panels(fig)
+
+
+def test_a_categorical_attempt_draws_its_nmse_beside_the_baselines(tmp_path):
+    val = [val_record(s, 5.0 / s, True, nmse=0.9 - s / 1000) for s in range(20, 101, 20)]
+    records = sorted([*LONG[:100], *val], key=lambda r: (r["step"], r["kind"] == "val"))
+    fig = build_figure(write_attempt(tmp_path / "a", records=records))
+    loss = _panels(fig)["loss"]
+    assert loss.get_ylabel() == "loss (objective; NMSE dashed)"
+    nmse = _find(_lines(loss), "val NMSE of mean")
+    assert list(nmse.get_ydata()) == pytest.approx([0.88, 0.86, 0.84, 0.82, 0.8])

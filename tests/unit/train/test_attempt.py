@@ -346,3 +346,32 @@ def test_data_changed_anywhere_refuses_resume_naming_the_recording(tmp_path):
     with pytest.raises(CursorMismatchError, match=victim.name):
         run_pretraining_attempt(build_config(tables), ParentRef(parent))
     assert sorted(p.name for p in (tmp_path / "run" / "attempts").iterdir()) == ["0001"]
+
+
+def test_a_categorical_attempt_records_both_losses_and_resumes_exactly(tmp_path, cache):
+    def cfg(name):
+        tables = tiny_tables(tmp_path / name, cache, checkpoint_every=1, keep_last=0)
+        tables["model"].update(objective="categorical", bins=16, bin_range=3.0)
+        return build_config(tables)
+
+    straight = run_pretraining_attempt(cfg("run"))
+    val = [r for r in read_metrics(straight.attempt / "metrics.jsonl") if r["kind"] == "val"]
+    for r in val:
+        # the objective's loss (nats per complex sample) and the NMSE of the predicted mean
+        assert 0 < r["loss"] < 2 * __import__("math").log(16) + 0.5
+        assert r["nmse"] != r["loss"] and 0 < r["nmse"] < 2.0
+        assert r["pred_snr_db"] == pytest.approx(-10 * __import__("math").log10(r["nmse"]))
+    assert straight.final_val_nmse == val[-1]["nmse"] and straight.objective == "categorical"
+    # best and early stopping follow the objective's own loss
+    manifest = json.loads((straight.attempt / "manifest.json").read_text())
+    assert manifest["best"]["val_loss"] == min(r["loss"] for r in val)
+    child = run_pretraining_attempt(cfg("run"), ParentRef(straight.attempt, "step_5")).attempt
+    a = strip_timing(read_metrics(straight.attempt / "metrics.jsonl"))
+    assert a == strip_timing(read_metrics(child / "metrics.jsonl"))
+    assert_same_tensors(manifest_weights(straight.attempt)[0], manifest_weights(child)[0])
+    assert verify_attempt(child) == []
+    # the objective is part of the model: changing it on resume is refused
+    tables = tiny_tables(tmp_path / "run", cache, checkpoint_every=1, keep_last=0)
+    tables["model"].update(bins=16, bin_range=3.0)  # "mse" now, the grid as before
+    with pytest.raises(ConfigError, match=r"model\.objective: cannot change on resume"):
+        run_pretraining_attempt(build_config(tables), ParentRef(straight.attempt, "step_5"))

@@ -40,7 +40,7 @@ def _weights(attempt: Path, step: int) -> dict[str, torch.Tensor]:
 
 
 def test_probe_records_leave_training_and_its_resume_exact(tmp_path, labelled):
-    probe = {"every": 2, "data": [labelled], "folds": 2}
+    probe = {"every": 2, "data": [labelled], "folds": 2, "by": "iqtrain:snr_db", "bins": 10}
     with_probe = run_pretraining_attempt(build_config(_tables(tmp_path, "a", probe))).attempt
     without = run_pretraining_attempt(build_config(_tables(tmp_path, "b", None))).attempt
     records = read_metrics(with_probe / "metrics.jsonl")
@@ -51,6 +51,13 @@ def test_probe_records_leave_training_and_its_resume_exact(tmp_path, labelled):
         assert 0.0 <= r["accuracy"] <= 1.0 and 0.0 < r["chance"] <= 1.0
         assert r["random_init_accuracy"] == probes[0]["random_init_accuracy"]
         assert r["folds"] == 2 and r["windows"] > 0 and set(r["per_class"])
+        # the classical features: computed once, the same per-class keys
+        assert r["classical_accuracy"] == probes[0]["classical_accuracy"]
+        assert set(r["classical_per_class"]) == set(r["per_class"])
+        assert r["by"]["key"] == "iqtrain:snr_db"
+        assert sum(b["windows"] for b in r["by"]["bins"]) == r["windows"]
+        pooled = sum(b["pretrained"] * b["windows"] for b in r["by"]["bins"]) / r["windows"]
+        assert pooled == pytest.approx(r["accuracy"], abs=1e-9)
     # The probe reads the model and nothing else: the same training, number for number.
     others = [r for r in records if r["kind"] != "probe"]
     assert strip_timing(others) == strip_timing(read_metrics(without / "metrics.jsonl"))
@@ -74,6 +81,16 @@ def test_probe_settings_are_checked_before_the_attempt_exists(tmp_path, labelled
     assert not (tmp_path / "c" / "attempts").exists()
     with pytest.raises(ConfigError, match="probe.every"):
         build_config(_tables(tmp_path, "c", {"every": -1}))
+    with pytest.raises(ConfigError, match="probe.by torchsig:snr_db: no labelled annotation"):
+        tables = _tables(tmp_path, "c", {"every": 1, "data": [labelled], "by": "torchsig:snr_db"})
+        run_pretraining_attempt(build_config(tables))
+    with pytest.raises(ConfigError, match=r"probe.bins: the bin \[100, 200\)"):
+        probe = {"every": 1, "data": [labelled], "by": "iqtrain:snr_db", "bins": [100, 200]}
+        run_pretraining_attempt(build_config(_tables(tmp_path, "c", probe)))
+    for bins, match in ((0, "probe.bins"), ([3, 1], "probe.bins"), (["a", 2], r"probe.bins\[0\]")):
+        with pytest.raises(ConfigError, match=match):
+            build_config(_tables(tmp_path, "c", {"every": 1, "bins": bins}))
+    assert not (tmp_path / "c" / "attempts").exists()
 
 
 def test_the_probe_defaults_to_the_validation_recordings(tmp_path):

@@ -1,0 +1,697 @@
+"""The field's modulation datasets as labelled SigMF (``iqtrain convert radioml2016|radioml2018``).
+
+Sources, read exactly as distributed:
+
+- RadioML 2016.10A (``RML2016.10a_dict.pkl``): a Python 2 pickle of ``{(modulation, snr):
+  float32 ndarray [N, 2, 128]}``, row 0 = I, row 1 = Q; modulation names are Python 2 str
+  (read with ``encoding="latin1"``; bytes names are decoded the same way), SNR an int in dB.
+  A pickle is code: it is loaded by :class:`_RestrictedUnpickler`, whose ``find_class`` hands
+  out only numpy's array reconstruction (``_reconstruct``, ``ndarray``, ``dtype``, ``scalar``
+  under ``numpy.core.multiarray`` and ``numpy._core.multiarray``) and ``_codecs.encode`` limited
+  to latin1 on a str (how a Python 3 protocol-2 pickle spells bytes); any other global is a
+  DataError naming the file and the global, and nothing of it runs.
+- RadioML 2018.01A (``GOLD_XYZ_OSC.0001_1024.hdf5``): HDF5 with ``X`` float32 [N, 1024, 2]
+  (I, Q), ``Y`` int one-hot [N, 24], ``Z`` int [N, 1] (SNR dB), read :data:`RML2018_CHUNK`
+  examples at a time (the file is 20 GB). The class names are not in the file, and the
+  ``classes.txt`` distributed with it does not match ``Y``: :data:`RML2018_CLASSES` is the
+  paper's order, or ``--classes FILE`` gives one name per line (as many as ``Y`` has columns).
+
+Output: ``OUT_DIR/<dataset>_<NNNNN>.sigmf-meta/-data`` (dataset ``radioml2016`` or
+``radioml2018``), ``cf32_le`` (the float32 samples bit for bit), examples back to back, at most
+:data:`MAX_RECORDING_SAMPLES` samples per recording; every example is one capture (so no
+training window runs across two unrelated examples) and one annotation with ``core:label`` (the
+dataset's own name), ``iqtrain:snr_db`` (int) and ``iqtrain:source_row`` (its row in the
+source: in the (modulation, snr) array for 2016, in ``X`` for 2018). Order: radioml2016 by
+(modulation, snr) key sorted, rows in array order; radioml2018 in the file's own row order.
+``core:sample_rate`` is 1.0, i.e. normalised frequency: neither dataset states a sample rate per
+example. ``OUT_DIR/convert.json`` records the source (name, path, bytes; sha256 for the pickle,
+hashed while it is read), the dataset, classes, counts and the tool version.
+
+Everything is checked before anything is written where it can be (arguments, the whole pickle,
+the HDF5 layout), and written under ``OUT_DIR.tmp-<pid>`` (a sibling) that is renamed to
+``OUT_DIR`` at the end: a failure (a bad ``Y`` row found in the middle, a full disk, a signal)
+removes it, and leaves no ``OUT_DIR``. An ``OUT_DIR`` that exists and is not empty is refused.
+Imports no torch; h5py only inside :func:`convert_radioml2018`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import pickle
+import shutil
+import stat
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+from sigmf import SigMFFile
+
+from iqtrain.errors import ConfigError, DataError
+from iqtrain.storage import (
+    creatable_dir,
+    fsync_dir,
+    fsync_file,
+    storage_error,
+    write_json_atomic,
+)
+
+__all__ = [
+    "MAX_RECORDING_SAMPLES",
+    "RML2018_CLASSES",
+    "ConvertResult",
+    "convert_radioml2016",
+    "convert_radioml2018",
+]
+
+#: Samples per written recording at most (8 MiB of cf32_le): 8192 RadioML 2016 examples, 1024
+#: RadioML 2018 examples. A recording holds whole examples only.
+MAX_RECORDING_SAMPLES = 1 << 20
+
+#: RadioML 2018.01A examples read from the HDF5 file at a time (32 MiB of X).
+RML2018_CHUNK = 4096
+
+#: The column order of RadioML 2018.01A's one-hot ``Y``: the class list of the dataset's paper,
+#: T. O'Shea, T. Roy, T. C. Clancy, "Over-the-Air Deep Learning Based Radio Signal
+#: Classification", IEEE JSTSP 12(1), 2018. The classes.txt shipped with the dataset lists
+#: another order that does not match Y (github.com/radioML/dataset, issue 25).
+RML2018_CLASSES = (
+    "OOK",
+    "4ASK",
+    "8ASK",
+    "BPSK",
+    "QPSK",
+    "8PSK",
+    "16PSK",
+    "32PSK",
+    "16APSK",
+    "32APSK",
+    "64APSK",
+    "128APSK",
+    "16QAM",
+    "32QAM",
+    "64QAM",
+    "128QAM",
+    "256QAM",
+    "AM-SSB-WC",
+    "AM-SSB-SC",
+    "AM-DSB-WC",
+    "AM-DSB-SC",
+    "FM",
+    "GMSK",
+    "OQPSK",
+)
+
+#: Written as core:sample_rate: normalised frequency (the datasets state no rate per example).
+SAMPLE_RATE = 1.0
+
+_EXT_NAME = "iqtrain"
+_EXT_VERSION = "1.0.0"
+_DATATYPE = "cf32_le"
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class ConvertResult:
+    """What a conversion wrote: ``recordings`` SigMF recordings of ``examples`` examples in
+    ``out_dir``; ``classes`` the dataset's class names (2016: sorted; 2018: Y's column order)."""
+
+    out_dir: Path
+    recordings: int
+    examples: int
+    classes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class _Kind:
+    name: str  # file prefix and sidecar "dataset"
+    title: str
+    example_len: int  # samples per example
+
+
+_RML2016 = _Kind("radioml2016", "RadioML 2016.10A", 128)
+_RML2018 = _Kind("radioml2018", "RadioML 2018.01A", 1024)
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """Consecutive examples: ``iq`` [k, L, 2] float32 (I, Q), and per example its label (object
+    array of str), SNR in dB and row in the source."""
+
+    iq: np.ndarray
+    labels: np.ndarray
+    snrs: np.ndarray
+    rows: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.iq)
+
+    def part(self, a: int, b: int) -> _Batch:
+        return _Batch(self.iq[a:b], self.labels[a:b], self.snrs[a:b], self.rows[a:b])
+
+
+@dataclass
+class _Tally:
+    recordings: int = 0
+    examples: int = 0
+    per_class: Counter[str] = field(default_factory=Counter)
+    snrs: set[int] = field(default_factory=set)
+
+
+def _one_line(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return " ".join(str(exc).split())[:300] or type(exc).__name__
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+# --------------------------------------------------------------------------------------------
+# Arguments
+
+
+def _source_file(source: object) -> Path:
+    if not isinstance(source, str | os.PathLike):
+        raise ConfigError(f"source: must be a path, got {source!r}")
+    path = Path(source)
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read: {_one_line(exc)}") from None
+    if not stat.S_ISREG(st.st_mode):  # a FIFO would block, a directory is a mistake
+        raise DataError(f"{path}: not a regular file")
+    return path
+
+
+def _check_out_dir(out_dir: object) -> Path:
+    """``out_dir`` made absolute: absent or an empty directory, in a place that can be written."""
+    if not isinstance(out_dir, str | os.PathLike):
+        raise ConfigError(f"out_dir: must be a path, got {out_dir!r}")
+    out = Path(os.path.abspath(out_dir))
+    if out.is_symlink() or out.exists():
+        if not out.is_dir():
+            raise ConfigError(f"{out}: exists and is not a directory")
+        if any(out.iterdir()):
+            raise ConfigError(f"{out}: exists and is not empty (convert writes a new directory)")
+    why = creatable_dir(out.parent)
+    if why is not None:
+        raise ConfigError(f"{out}: cannot be created: {why}")
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Writing: recordings under OUT_DIR.tmp-<pid>, renamed to OUT_DIR at the end
+
+
+def _recording_meta(kind: _Kind, first: int, batch: _Batch, data: bytes) -> SigMFFile:
+    n, length = len(batch), kind.example_len
+    starts = range(0, n * length, length)
+    annotations = [
+        {
+            "core:sample_start": start,
+            "core:sample_count": length,
+            "core:label": str(label),
+            "iqtrain:snr_db": snr,
+            "iqtrain:source_row": row,
+        }
+        for start, label, snr, row in zip(
+            starts, batch.labels.tolist(), batch.snrs.tolist(), batch.rows.tolist(), strict=True
+        )
+    ]
+    description = (
+        f"{kind.title} examples {first}..{first + n - 1} (in conversion order), converted by "
+        f"iqtrain convert {kind.name}: one capture and one annotation per {length}-sample "
+        "example (core:label: the dataset's modulation name; iqtrain:snr_db: its SNR in dB); "
+        "core:sample_rate 1.0 is normalised frequency (the dataset states no sample rate)"
+    )
+    meta = SigMFFile(
+        metadata={
+            "global": {
+                "core:datatype": _DATATYPE,
+                "core:sample_rate": SAMPLE_RATE,
+                "core:author": "iqtrain convert",
+                "core:recorder": f"iqtrain convert {kind.name}",
+                "core:description": description,
+                # iqtrain:snr_db and iqtrain:source_row: sigmf wants the namespace declared.
+                "core:extensions": [{"name": _EXT_NAME, "version": _EXT_VERSION, "optional": True}],
+            },
+            "captures": [{"core:sample_start": start} for start in starts],
+            "annotations": annotations,
+        }
+    )
+    # sigmf computes core:sha512 over the buffer here and writes the buffer in tofile().
+    meta.set_data_file(data_buffer=io.BytesIO(data))
+    return meta
+
+
+def _write_recording(tmp: Path, kind: _Kind, tally: _Tally, batch: _Batch) -> None:
+    base = tmp / f"{kind.name}_{tally.recordings:05d}"
+    data = np.ascontiguousarray(batch.iq, dtype="<f4").tobytes()  # interleaved I, Q
+    meta = _recording_meta(kind, tally.examples, batch, data)
+    files = [base.with_name(base.name + suffix) for suffix in (".sigmf-meta", ".sigmf-data")]
+    try:
+        meta.tofile(base)  # validates against the SigMF schema first
+        for path in files:
+            fsync_file(path)
+    except OSError as exc:  # a full disk: the whole temporary directory goes
+        raise storage_error(files[1], exc) from None
+    tally.recordings += 1
+    tally.examples += len(batch)
+    tally.per_class.update(batch.labels.tolist())
+    tally.snrs.update(batch.snrs.tolist())
+
+
+def _write_batches(tmp: Path, kind: _Kind, batches: Iterable[_Batch]) -> _Tally:
+    """Write the examples in order, whole ones, at most MAX_RECORDING_SAMPLES per recording."""
+    per = max(1, MAX_RECORDING_SAMPLES // kind.example_len)
+    tally = _Tally()
+    pending: list[_Batch] = []
+    filled = 0
+    for batch in batches:
+        pos = 0
+        while pos < len(batch):
+            take = min(per - filled, len(batch) - pos)
+            pending.append(batch.part(pos, pos + take))
+            filled, pos = filled + take, pos + take
+            if filled == per:
+                _write_recording(tmp, kind, tally, _concat(pending))
+                pending, filled = [], 0
+    if pending:
+        _write_recording(tmp, kind, tally, _concat(pending))
+    return tally
+
+
+def _concat(parts: list[_Batch]) -> _Batch:
+    if len(parts) == 1:
+        return parts[0]
+    return _Batch(
+        np.concatenate([p.iq for p in parts]),
+        np.concatenate([p.labels for p in parts]),
+        np.concatenate([p.snrs for p in parts]),
+        np.concatenate([p.rows for p in parts]),
+    )
+
+
+def _missing_dirs(path: Path) -> list[Path]:
+    """The ancestors of ``path`` that do not exist yet, deepest first."""
+    missing = []
+    for parent in path.parents:
+        if parent.exists():
+            break
+        missing.append(parent)
+    return missing
+
+
+def _discard(tmp: Path, created: list[Path]) -> None:
+    shutil.rmtree(tmp, ignore_errors=True)
+    for d in created:  # deepest first; only the empty ones this conversion made
+        try:
+            d.rmdir()
+        except OSError:
+            break
+
+
+def _publish(out: Path, write: Callable[[Path], _T]) -> _T:
+    """``write(tmp)`` into a fresh ``OUT_DIR.tmp-<pid>``, then renamed to ``out``; on any failure
+    the temporary directory (and the parents made for it) are removed and ``out`` stays absent."""
+    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
+    created = _missing_dirs(tmp)
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)  # our own name: a leftover of an earlier pid
+        tmp.mkdir(parents=True)
+        result = write(tmp)
+        fsync_dir(tmp)
+        os.rename(tmp, out)  # onto an empty OUT_DIR too
+    except OSError as exc:
+        _discard(tmp, created)
+        raise storage_error(out, exc) from None
+    except BaseException:
+        _discard(tmp, created)
+        raise
+    try:
+        fsync_dir(out.parent)  # OUT_DIR is complete now: a failure here does not remove it
+    except OSError as exc:
+        raise storage_error(out, exc) from None
+    return result
+
+
+def _sidecar(
+    kind: _Kind, source: dict[str, Any], classes: tuple[str, ...], tally: _Tally
+) -> dict[str, Any]:
+    import iqtrain
+
+    return {
+        "tool": "iqtrain convert",
+        "version": str(iqtrain.__version__),
+        "dataset": kind.name,
+        "dataset_title": kind.title,
+        "source": source,
+        "classes": list(classes),
+        "examples": tally.examples,
+        "examples_per_class": {c: tally.per_class.get(c, 0) for c in classes},
+        "snr_db": sorted(tally.snrs),
+        "recordings": tally.recordings,
+        "samples_per_example": kind.example_len,
+        "max_recording_samples": MAX_RECORDING_SAMPLES,
+        "datatype": _DATATYPE,
+        "sample_rate": SAMPLE_RATE,
+    }
+
+
+def _convert(
+    kind: _Kind,
+    out: Path,
+    batches: Iterable[_Batch],
+    classes: tuple[str, ...],
+    source: dict[str, Any],
+    class_order: str,
+) -> ConvertResult:
+    def write(tmp: Path) -> _Tally:
+        tally = _write_batches(tmp, kind, batches)
+        sidecar = _sidecar(kind, source, classes, tally) | {"class_order": class_order}
+        write_json_atomic(tmp / "convert.json", sidecar)
+        return tally
+
+    tally = _publish(out, write)
+    return ConvertResult(out, tally.recordings, tally.examples, classes)
+
+
+def _source_info(path: Path, size: int, sha256: str | None) -> dict[str, Any]:
+    return {"name": path.name, "path": os.path.abspath(path), "bytes": size, "sha256": sha256}
+
+
+# --------------------------------------------------------------------------------------------
+# RadioML 2016.10A: a restricted unpickler, then the structure
+
+
+def _latin1_encode(text: object, encoding: object = "utf-8", errors: object = "strict") -> bytes:
+    """``_codecs.encode`` as a Python 3 protocol-2 pickle uses it for bytes, and nothing else."""
+    if isinstance(text, str) and encoding in ("latin1", "latin-1") and errors == "strict":
+        return text.encode("latin1")
+    raise pickle.UnpicklingError(f"_codecs.encode({encoding!r}): only latin1 of a str is allowed")
+
+
+def _allowed_globals() -> dict[tuple[str, str], Any]:
+    # Taken from what numpy's own pickling uses, so the same objects serve numpy 1 (numpy.core)
+    # and 2 (numpy._core) without importing numpy.core (deprecated in numpy 2).
+    reconstruct: Any = np.zeros(1, np.float32).__reduce__()[0]
+    scalar: Any = np.float32(0).__reduce__()[0]
+    found: dict[tuple[str, str], Any] = {
+        ("numpy", "ndarray"): np.ndarray,
+        ("numpy", "dtype"): np.dtype,
+        ("_codecs", "encode"): _latin1_encode,
+    }
+    for module in ("numpy.core.multiarray", "numpy._core.multiarray"):
+        found[(module, "_reconstruct")] = reconstruct
+        found[(module, "scalar")] = scalar
+    return found
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    """Unpickles numpy arrays in dicts, tuples, str and int; any other global is refused."""
+
+    def __init__(self, file: Any, source: Path) -> None:
+        super().__init__(file, encoding="latin1")  # Python 2 str: bytes -> str, 1:1
+        self._source = source
+        self._allowed = _allowed_globals()
+
+    def find_class(self, module: str, name: str, /) -> Any:
+        found = self._allowed.get((module, name))
+        if found is None:
+            raise DataError(
+                f"{self._source}: refused pickle global {module}.{name} (a RadioML 2016 pickle "
+                "needs only numpy's array reconstruction; the global was not called)"
+            )
+        return found
+
+
+class _HashingReader:
+    """A binary file as the unpickler reads it (read, readinto, readline), hashed on the way."""
+
+    def __init__(self, f: io.BufferedReader) -> None:
+        self._f = f
+        self.sha256 = hashlib.sha256()
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._f.read(n)
+        self.sha256.update(data)
+        return data
+
+    def readinto(self, buf: Any) -> int:
+        n = self._f.readinto(buf)
+        self.sha256.update(memoryview(buf)[:n])
+        return n
+
+    def readline(self) -> bytes:
+        data = self._f.readline()
+        self.sha256.update(data)
+        return data
+
+    def drain(self) -> None:
+        while self.read(1 << 22):
+            pass
+
+
+def _unpickle(path: Path) -> tuple[object, dict[str, Any]]:
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            reader = _HashingReader(f)
+            obj = _RestrictedUnpickler(reader, path).load()
+            reader.drain()  # whatever follows STOP, so the digest is the file's
+    except DataError:
+        raise
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read: {_one_line(exc)}") from None
+    except Exception as exc:  # anything a damaged pickle makes the unpickler raise
+        raise DataError(f"{path}: not a RadioML 2016 pickle: {_one_line(exc)}") from None
+    return obj, _source_info(path, size, reader.sha256.hexdigest())
+
+
+def _rml2016_key(path: Path, key: object) -> tuple[str, int]:
+    if isinstance(key, tuple) and len(key) == 2:
+        mod, snr = key
+        if isinstance(mod, bytes):
+            mod = mod.decode("latin1")
+        if isinstance(snr, np.integer):
+            snr = int(snr)
+        if isinstance(mod, str) and mod and isinstance(snr, int) and not isinstance(snr, bool):
+            return mod, snr
+    raise DataError(
+        f"{path}: key {_short(key)}: expected a (modulation name, SNR int) tuple "
+        "(RadioML 2016 layout: {(modulation, snr): float32 [N, 2, 128]})"
+    )
+
+
+def _is_float32(dtype: np.dtype) -> bool:
+    return dtype.kind == "f" and dtype.itemsize == 4  # either byte order: written as <f4
+
+
+def _check_iq(path: Path, where: str, iq: np.ndarray, first_row: int = 0) -> None:
+    finite = np.isfinite(iq).reshape(len(iq), -1).all(axis=1)
+    if not finite.all():
+        row = first_row + int(np.flatnonzero(~finite)[0])
+        raise DataError(f"{path}: {where} row {row}: non-finite sample (NaN or infinity)")
+
+
+def _rml2016_array(path: Path, key: tuple[str, int], value: object) -> np.ndarray:
+    if not isinstance(value, np.ndarray):
+        got = type(value).__name__
+    elif not (_is_float32(value.dtype) and value.ndim == 3 and value.shape[0] >= 1) or (
+        value.shape[1:] != (2, _RML2016.example_len)
+    ):
+        got = f"{value.dtype} {list(value.shape)}"
+    else:
+        _check_iq(path, f"key {key!r}", value)
+        return value
+    raise DataError(f"{path}: key {key!r}: expected a float32 array [N, 2, 128], got {got}")
+
+
+def _check_rml2016(path: Path, obj: object) -> dict[tuple[str, int], np.ndarray]:
+    if not isinstance(obj, dict) or not obj:
+        got = "an empty dict" if isinstance(obj, dict) else f"a {type(obj).__name__}"
+        raise DataError(
+            f"{path}: not a RadioML 2016 dataset: expected a dict "
+            f"{{(modulation, snr): float32 [N, 2, 128]}}, got {got}"
+        )
+    arrays: dict[tuple[str, int], np.ndarray] = {}
+    for raw_key, value in obj.items():
+        key = _rml2016_key(path, raw_key)
+        if key in arrays:
+            raise DataError(f"{path}: key {key!r} appears twice (as str and as bytes)")
+        arrays[key] = _rml2016_array(path, key, value)
+    return arrays
+
+
+def _rml2016_batches(arrays: dict[tuple[str, int], np.ndarray]) -> Iterator[_Batch]:
+    for (mod, snr), arr in sorted(arrays.items()):
+        n = len(arr)
+        yield _Batch(
+            iq=arr.transpose(0, 2, 1),  # [N, 2, 128] rows I, Q -> [N, 128, 2] interleaved
+            labels=np.full(n, mod, dtype=object),
+            snrs=np.full(n, snr, dtype=np.int64),
+            rows=np.arange(n, dtype=np.int64),
+        )
+
+
+def convert_radioml2016(source: str | os.PathLike, out_dir: str | os.PathLike) -> ConvertResult:
+    """Convert RadioML 2016.10A (``RML2016.10a_dict.pkl``) into labelled SigMF in ``out_dir``.
+
+    The whole pickle is loaded (restricted: only numpy arrays) and checked before anything is
+    written. Raises :class:`DataError` naming the file for a missing, unreadable, forged or
+    mis-shaped source, :class:`ConfigError` for an ``out_dir`` that exists and is not empty,
+    :class:`~iqtrain.errors.StorageError` when writing fails; each leaves no ``out_dir``.
+    """
+    path = _source_file(source)
+    out = _check_out_dir(out_dir)
+    obj, info = _unpickle(path)
+    arrays = _check_rml2016(path, obj)
+    classes = tuple(sorted({mod for mod, _ in arrays}))
+    order = "sorted modulation names of the pickle's keys"
+    return _convert(_RML2016, out, _rml2016_batches(arrays), classes, info, order)
+
+
+# --------------------------------------------------------------------------------------------
+# RadioML 2018.01A: HDF5, in chunks
+
+
+def _import_h5py() -> Any:
+    try:
+        import h5py
+    except ImportError:
+        raise ConfigError("radioml2018 needs h5py: pip install 'iqtrain[radioml]'") from None
+    return h5py
+
+
+def _read_classes(classes_file: str | os.PathLike) -> tuple[str, ...]:
+    path = Path(classes_file)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read: {_one_line(exc)}") from None
+    except UnicodeDecodeError:
+        raise DataError(f"{path}: not UTF-8 text (one class name per line)") from None
+    names = tuple(line.strip() for line in text.splitlines() if line.strip())
+    if not names:
+        raise DataError(f"{path}: no class names (one per line)")
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise DataError(f"{path}: class {name!r} is listed twice")
+        seen.add(name)
+    return names
+
+
+_RML2018_LAYOUT = "RadioML 2018.01A: X float32 [N, 1024, 2], Y int one-hot [N, 24], Z int [N, 1]"
+
+
+def _dataset(h5py: Any, path: Path, f: Any, name: str) -> Any:
+    ds = f.get(name)
+    if not isinstance(ds, h5py.Dataset):
+        raise DataError(f"{path}: no dataset {name!r} ({_RML2018_LAYOUT})")
+    return ds
+
+
+def _rml2018_layout(h5py: Any, path: Path, f: Any) -> tuple[Any, Any, Any]:
+    x, y, z = (_dataset(h5py, path, f, name) for name in ("X", "Y", "Z"))
+    n = x.shape[0] if len(x.shape) == 3 else 0
+    checks = (
+        ("X", x, (n, _RML2018.example_len, 2), _is_float32(x.dtype)),
+        ("Y", y, (n, y.shape[-1] if y.shape else 0), np.issubdtype(y.dtype, np.integer)),
+        ("Z", z, (n, 1), np.issubdtype(z.dtype, np.integer)),
+    )
+    for name, ds, shape, dtype_ok in checks:
+        if n < 1 or ds.shape != shape or not dtype_ok:
+            raise DataError(
+                f"{path}: {name} is {ds.dtype} {list(ds.shape)}, not the layout of "
+                f"{_RML2018_LAYOUT} (N >= 1 and equal)"
+            )
+    return x, y, z
+
+
+def _check_width(path: Path, y: Any, classes: tuple[str, ...], classes_file: object) -> None:
+    width = y.shape[1]
+    if width == len(classes):
+        return
+    if classes_file is None:
+        raise DataError(
+            f"{path}: Y has {width} columns, the RadioML 2018.01A class list {len(classes)}; "
+            f"pass --classes FILE with {width} names, one per line"
+        )
+    raise DataError(
+        f"{classes_file}: {len(classes)} class names, but Y in {path} has {width} columns"
+    )
+
+
+def _one_hot_index(path: Path, onehot: np.ndarray, first_row: int) -> np.ndarray:
+    ones = onehot == 1
+    good = (ones.sum(axis=1) == 1) & (ones | (onehot == 0)).all(axis=1)
+    if not good.all():
+        bad = int(np.flatnonzero(~good)[0])
+        raise DataError(
+            f"{path}: Y row {first_row + bad} is not one-hot (exactly one 1, the rest 0): "
+            f"{onehot[bad].tolist()}"
+        )
+    return ones.argmax(axis=1)
+
+
+def _read_rows(path: Path, ds: tuple[Any, Any, Any], a: int, b: int) -> list[np.ndarray]:
+    try:
+        return [np.asarray(d[a:b]) for d in ds]
+    except (OSError, RuntimeError, ValueError) as exc:  # a damaged or truncated file
+        raise DataError(f"{path}: cannot read rows {a}..{b - 1}: {_one_line(exc)}") from None
+
+
+def _rml2018_batches(
+    path: Path, ds: tuple[Any, Any, Any], classes: tuple[str, ...]
+) -> Iterator[_Batch]:
+    names = np.array(classes, dtype=object)
+    n = ds[0].shape[0]
+    for a in range(0, n, RML2018_CHUNK):
+        b = min(n, a + RML2018_CHUNK)
+        iq, onehot, snr = _read_rows(path, ds, a, b)
+        index = _one_hot_index(path, onehot, a)
+        _check_iq(path, "X", iq, a)
+        yield _Batch(iq, names[index], snr[:, 0].astype(np.int64), np.arange(a, b, dtype=np.int64))
+
+
+def convert_radioml2018(
+    source: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    classes_file: str | os.PathLike | None = None,
+) -> ConvertResult:
+    """Convert RadioML 2018.01A (``GOLD_XYZ_OSC.0001_1024.hdf5``) into labelled SigMF.
+
+    Labels are :data:`RML2018_CLASSES` by Y's column, or the names of ``classes_file`` (one a
+    line, as many as Y has columns). The layout is checked before anything is written; the
+    examples are read and written :data:`RML2018_CHUNK` at a time, so a bad Y row (not exactly
+    one 1) or a non-finite sample found on the way is a DataError naming the file and row, and
+    leaves no ``out_dir``. Needs h5py (``pip install 'iqtrain[radioml]'``; a ConfigError
+    without it). Errors as :func:`convert_radioml2016`.
+    """
+    path = _source_file(source)
+    classes = RML2018_CLASSES if classes_file is None else _read_classes(classes_file)
+    out = _check_out_dir(out_dir)
+    h5py = _import_h5py()
+    try:
+        f = h5py.File(path, "r")
+    except OSError as exc:
+        raise DataError(f"{path}: not a readable HDF5 file: {_one_line(exc)}") from None
+    with f:
+        ds = _rml2018_layout(h5py, path, f)
+        _check_width(path, ds[1], classes, classes_file)
+        order = (
+            f"--classes {os.path.abspath(classes_file)}"
+            if classes_file is not None
+            else "O'Shea, Roy, Clancy, IEEE JSTSP 2018 (radioML/dataset issue 25)"
+        )
+        info = _source_info(path, path.stat().st_size, None)
+        batches = _rml2018_batches(path, ds, classes)
+        return _convert(_RML2018, out, batches, classes, info, order)

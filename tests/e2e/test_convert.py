@@ -1,0 +1,126 @@
+"""``iqtrain convert radioml2016|radioml2018``: the command in a fresh process.
+
+One summary line and exit 0; bad input is one ``iqtrain: error:`` line, exit 2, and no OUT_DIR
+(nor its temporary sibling); a forged pickle runs nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import iqtrain
+
+#: The child runs the iqtrain these tests import (the source tree, or the installed wheel).
+PYTHONPATH = os.pathsep.join(
+    p for p in (os.fspath(Path(iqtrain.__file__).parents[1]), os.environ.get("PYTHONPATH")) if p
+)
+
+
+def iqtrain_cmd(*args, cwd=None):
+    return subprocess.run(
+        [sys.executable, "-m", "iqtrain", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": PYTHONPATH},
+        timeout=120,
+    )
+
+
+def one_error_line(proc, *fragments):
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert lines[0].startswith("iqtrain: error: "), lines[0]
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    assert proc.stdout == ""
+
+
+def nothing_left(out: Path) -> bool:
+    return not out.exists() and not list(out.parent.glob(f"{out.name}.tmp-*"))
+
+
+def test_radioml2016(tmp_path):
+    rng = np.random.default_rng(1)
+    d = {
+        (mod, snr): rng.standard_normal((2, 2, 128)).astype(np.float32)
+        for mod in ("BPSK", "QPSK", "WBFM")
+        for snr in (-20, 0, 18)
+    }
+    src = tmp_path / "RML2016.10a_dict.pkl"
+    src.write_bytes(pickle.dumps(d, protocol=2))
+    out = tmp_path / "rml16"
+    proc = iqtrain_cmd("convert", "radioml2016", src, out)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == f"wrote 18 examples of 3 classes in 1 recordings to {out}\n"
+    meta = json.loads((out / "radioml2016_00000.sigmf-meta").read_text())
+    assert [(a["core:label"], a["iqtrain:snr_db"]) for a in meta["annotations"]] == [
+        key for key in sorted(d) for _ in range(2)
+    ]
+    data = np.fromfile(out / "radioml2016_00000.sigmf-data", "<f4").reshape(-1, 128, 2)
+    assert np.array_equal(data, np.concatenate([d[k] for k in sorted(d)]).transpose(0, 2, 1))
+    assert json.loads((out / "convert.json").read_text())["source"]["name"] == src.name
+
+    again = iqtrain_cmd("convert", "radioml2016", src, out)  # OUT_DIR now exists, not empty
+    one_error_line(again, f"{out}: exists and is not empty")
+
+
+def test_radioml2018_with_a_classes_file(tmp_path):
+    h5py = pytest.importorskip("h5py")
+    rng = np.random.default_rng(2)
+    n, width = 12, 3
+    x = rng.standard_normal((n, 1024, 2)).astype(np.float32)
+    y = np.eye(width, dtype=np.int64)[np.arange(n) % width]
+    src = tmp_path / "GOLD_XYZ_OSC.0001_1024.hdf5"
+    with h5py.File(src, "w") as f:
+        f["X"], f["Y"], f["Z"] = x, y, np.full((n, 1), 6, np.int64)
+    names = tmp_path / "classes.txt"
+    names.write_text("OOK\nBPSK\nFM\n")
+    out = tmp_path / "rml18"
+    proc = iqtrain_cmd("convert", "radioml2018", src, out, "--classes", names)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == f"wrote 12 examples of 3 classes in 1 recordings to {out}\n"
+    meta = json.loads((out / "radioml2018_00000.sigmf-meta").read_text())
+    assert [a["core:label"] for a in meta["annotations"]] == ["OOK", "BPSK", "FM"] * 4
+    data = np.fromfile(out / "radioml2018_00000.sigmf-data", "<f4")
+    assert data.tobytes() == x.tobytes()
+
+
+def test_a_forged_pickle_runs_nothing(tmp_path):
+    marker = tmp_path / "pwned"
+
+    class Forged:
+        def __reduce__(self):
+            return os.system, (f"touch '{marker}'",)
+
+    src = tmp_path / "RML2016.10a_dict.pkl"
+    src.write_bytes(pickle.dumps({("BPSK", 0): Forged()}, protocol=2))
+    out = tmp_path / "out"
+    proc = iqtrain_cmd("convert", "radioml2016", src, out, cwd=tmp_path)
+    one_error_line(proc, f"{src}: refused pickle global posix.system")
+    assert not marker.exists()
+    assert nothing_left(out)
+
+
+@pytest.mark.parametrize(
+    "args, fragments",
+    [
+        (["radioml2016", "{tmp}/missing.pkl", "{tmp}/out"], ["missing.pkl: cannot read"]),
+        (["radioml2018", "{tmp}/notes.txt", "{tmp}/out"], ["notes.txt: not a readable HDF5"]),
+        (["radioml2017", "{tmp}/notes.txt", "{tmp}/out"], ["invalid choice: 'radioml2017'"]),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, args, fragments):
+    (tmp_path / "notes.txt").write_text("not a dataset\n")
+    proc = iqtrain_cmd("convert", *(a.format(tmp=tmp_path) for a in args))
+    one_error_line(proc, *fragments)
+    assert nothing_left(tmp_path / "out")
