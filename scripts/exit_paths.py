@@ -35,7 +35,8 @@ def _collect(expr: str | None, n: int) -> dict[str, list[str]]:
     for line in out.splitlines():
         if "::" not in line or not line.endswith("]"):
             continue
-        head, _, params = line[:-1].rpartition("[")
+        # The parameters start at the first "[" (a parameter may hold brackets of its own).
+        head, _, params = line[:-1].partition("[")
         parts = params.split("-")
         runs = [p for p in parts if re.fullmatch(r"run\d+", p)]
         if len(runs) != 1:

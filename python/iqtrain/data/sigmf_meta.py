@@ -7,9 +7,9 @@ length that is not whole samples) is rejected as a DataError naming the file and
 
 from __future__ import annotations
 
+import functools
 import json
 import stat
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -100,14 +100,43 @@ def _load_metadata(meta_path: Path) -> tuple[dict, bytes]:
     return metadata, meta_bytes
 
 
-def _check_schema(meta_path: Path, metadata: dict) -> None:
-    from sigmf import validate as sigmf_validate
-    from sigmf.sigmffile import SigMFFile
+@functools.cache
+def _schema_validator() -> Any:
+    """The SigMF metadata schema's validator, built (and the schema itself checked) once per
+    process. ``sigmf.validate.validate`` builds both again for every file, through
+    ``jsonschema.validate``: that was 95% of opening a small recording (docs/design.md 1.2)."""
+    import jsonschema
+    from sigmf import schema
 
+    ref = schema.get_schema()  # sigmf has one schema file, whatever core:version says
+    cls = jsonschema.validators.validator_for(ref)
+    cls.check_schema(ref)
+    return cls(ref)
+
+
+def _validate(metadata: dict) -> None:
+    """Exactly ``sigmf.validate.validate(metadata, schema)``, with the validator built once:
+    ``jsonschema.validate``'s best-match error, then sigmf's sample-start ordering rule (its
+    warning about undeclared extensions is not an error, and was silenced before too)."""
+    import jsonschema
+
+    error = jsonschema.exceptions.best_match(_schema_validator().iter_errors(metadata))
+    if error is not None:
+        raise error
+    for key in ("captures", "annotations"):
+        count = -1
+        for item in metadata[key]:
+            new_count = item["core:sample_start"]
+            if new_count < count:
+                raise jsonschema.exceptions.ValidationError(
+                    f"{key} has incorrect sample start ordering."
+                )
+            count = new_count
+
+
+def _check_schema(meta_path: Path, metadata: dict) -> None:
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            sigmf_validate.validate(metadata, SigMFFile(metadata=metadata).get_schema())
+        _validate(metadata)
     except Exception as exc:  # jsonschema.ValidationError and sigmf's own errors
         where = "/".join(str(p) for p in getattr(exc, "absolute_path", [])) or "metadata"
         msg = getattr(exc, "message", None) or str(exc)
