@@ -339,7 +339,14 @@ class ModelConfig:
         require_int("model.max_patches", self.max_patches, minimum=2)
         require_str("model.objective", self.objective, OBJECTIVES)
         require_int("model.bins", self.bins, minimum=2, maximum=MAX_BINS)
-        self.bin_range = require_float("model.bin_range", self.bin_range, gt=0.0)
+        # fp32 grid: beyond 1e4 window-normalised units (80 dB above the window's power) or
+        # below bins 1e-6 wide, the centres stop being distinct finite numbers.
+        self.bin_range = require_float("model.bin_range", self.bin_range, gt=0.0, le=1e4)
+        if 2.0 * self.bin_range / self.bins < 1e-6:
+            raise ConfigError(
+                f"model.bin_range: {self.bin_range} over {self.bins} bins makes bins narrower "
+                "than 1e-6 (fp32 cannot tell their centres apart)"
+            )
 
     @property
     def outputs_per_value(self) -> int:

@@ -6,10 +6,14 @@ Sources, read exactly as distributed:
   float32 ndarray [N, 2, 128]}``, row 0 = I, row 1 = Q; modulation names are Python 2 str
   (read with ``encoding="latin1"``; bytes names are decoded the same way), SNR an int in dB.
   A pickle is code: it is loaded by :class:`_RestrictedUnpickler`, whose ``find_class`` hands
-  out only numpy's array reconstruction (``_reconstruct``, ``ndarray``, ``dtype``, ``scalar``
-  under ``numpy.core.multiarray`` and ``numpy._core.multiarray``) and ``_codecs.encode`` limited
-  to latin1 on a str (how a Python 3 protocol-2 pickle spells bytes); any other global is a
-  DataError naming the file and the global, and nothing of it runs.
+  out only inert stand-ins for numpy's array reconstruction (``numpy.ndarray``,
+  ``numpy.dtype``, ``_reconstruct`` under ``numpy.core.multiarray`` and
+  ``numpy._core.multiarray``) and for ``_codecs.encode`` limited to latin1 on a str (how a
+  Python 3 protocol-2 pickle spells bytes), never numpy's own callables: they take exactly the
+  state numpy pickles for a plain number dtype and array, and the arrays are built here (np.dtype,
+  np.frombuffer). Any other global is a DataError naming the file and the global, and nothing of
+  it runs; any other state (fields, objects, a subarray, sizes that do not match the data) is a
+  DataError too.
 - RadioML 2018.01A (``GOLD_XYZ_OSC.0001_1024.hdf5``): HDF5 with ``X`` float32 [N, 1024, 2]
   (I, Q), ``Y`` int one-hot [N, 24], ``Z`` int [N, 1] (SNR dB), read :data:`RML2018_CHUNK`
   examples at a time (the file is 20 GB). The class names are not in the file, and the
@@ -38,10 +42,12 @@ from __future__ import annotations
 
 import hashlib
 import io
+import math
 import os
 import pickle
 import shutil
 import stat
+import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -61,6 +67,7 @@ from iqtrain.storage import (
 )
 
 __all__ = [
+    "MAX_ABS_SNR_DB",
     "MAX_RECORDING_SAMPLES",
     "RML2018_CLASSES",
     "ConvertResult",
@@ -74,6 +81,11 @@ MAX_RECORDING_SAMPLES = 1 << 20
 
 #: RadioML 2018.01A examples read from the HDF5 file at a time (32 MiB of X).
 RML2018_CHUNK = 4096
+
+#: The largest |SNR| in dB a RadioML 2016 key or a RadioML 2018 ``Z`` may hold (the datasets
+#: span -20..30 dB): a larger one is a damaged source, refused before it can wrap or overflow
+#: the int64 it is written as.
+MAX_ABS_SNR_DB = 1000
 
 #: The column order of RadioML 2018.01A's one-hot ``Y``: the class list of the dataset's paper,
 #: T. O'Shea, T. Roy, T. C. Clancy, "Over-the-Air Deep Learning Based Radio Signal
@@ -389,29 +401,233 @@ def _source_info(path: Path, size: int, sha256: str | None) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------------------------
 # RadioML 2016.10A: a restricted unpickler, then the structure
+#
+# A pickle never gets numpy itself: BUILD would hand attacker-chosen state to the real
+# dtype.__setstate__ / ndarray.__setstate__ (a dtype whose fields are objects makes numpy read
+# file bytes as object pointers). find_class hands out inert stand-ins instead, instances of
+# __slots__ classes whose classes no opcode can reach (so NEWOBJ has no type to instantiate),
+# and BUILD reaches only their __setstate__, which takes numpy's exact pickled state of a plain
+# number dtype or array (or refuses). The arrays themselves are built by this code, with
+# np.frombuffer from a dtype made by np.dtype("<f4") and the like.
+
+#: Type codes a pickled ``numpy.dtype(code, False, True)`` may have: plain numbers, no fields,
+#: subarray, objects or metadata. float32 is the dataset's; the others are taken only so that
+#: the structure check can name them ("got float64 [...]").
+_PLAIN_CODES = frozenset(
+    ("f2", "f4", "f8", "c8", "c16", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8")
+)
+#: A plain number dtype's pickled state after (3, order): subarray, names, fields, elsize,
+#: alignment, flags (numpy 1 and 2 alike).
+_PLAIN_TAIL = (None, None, None, -1, -1, 0)
+_NDIM_MAX = 32  # numpy 1's limit (numpy 2: 64)
 
 
-def _latin1_encode(text: object, encoding: object = "utf-8", errors: object = "strict") -> bytes:
+def _exactly(value: object, want: object) -> bool:
+    """``value == want`` and of the same type (1.0 is not 1, True is not 1, None only None)."""
+    return type(value) is type(want) and value == want
+
+
+def _is_flag(value: object, want: int) -> bool:
+    """A flag as numpy 1 (Python 2: an int) or numpy 2 (a bool) pickles it."""
+    return type(value) in (bool, int) and value == want
+
+
+class _StandIn:
+    """What ``find_class`` returns: no ``__dict__``, no slots, and BUILD on it is refused."""
+
+    __slots__ = ()
+    _spelling = "?"
+
+    def __repr__(self) -> str:
+        return self._spelling
+
+    def __setstate__(self, state: object) -> None:
+        raise pickle.UnpicklingError(f"refused BUILD on {self._spelling} (it takes no state)")
+
+
+class _NdarrayStandIn(_StandIn):
+    """``numpy.ndarray``: only a token for ``_reconstruct``'s first argument (not callable)."""
+
+    __slots__ = ()
+    _spelling = "numpy.ndarray"
+
+
+class _DtypeStub:
+    """A ``numpy.dtype(code, False, True)`` of the pickle, until BUILD gives it numpy's state."""
+
+    __slots__ = ("_code", "dtype")
+
+    def __init__(self, code: str) -> None:
+        self._code = code
+        self.dtype: np.dtype | None = None
+
+    def __repr__(self) -> str:
+        return f"numpy.dtype({self._code!r})"
+
+    def __setstate__(self, state: object) -> None:
+        if self.dtype is not None:
+            raise pickle.UnpicklingError("refused a second state for one numpy.dtype")
+        self.dtype = _plain_dtype(self._code, state)
+
+
+def _plain_dtype(code: str, state: object) -> np.dtype:
+    """The dtype of a plain number's state ``(3, order, None, None, None, -1, -1, 0)``: what
+    numpy 1 and 2 pickle for one (order ``<`` or ``>``, ``|`` for a 1-byte type; ``=`` taken
+    too); fields, subarray, object flags, sizes or metadata are refused."""
+    size = np.dtype(code).itemsize
+    orders = ("|",) if size == 1 else ("<", ">", "=")
+    if (
+        isinstance(state, tuple)
+        and len(state) == 8
+        and _exactly(state[0], 3)
+        and type(state[1]) is str
+        and state[1] in orders
+        and all(_exactly(a, b) for a, b in zip(state[2:], _PLAIN_TAIL, strict=True))
+    ):
+        return np.dtype(code if size == 1 else state[1] + code)
+    raise pickle.UnpicklingError(
+        f"refused numpy.dtype({code!r}) state {_short(state)} (only a plain number's "
+        "(3, '<' or '>', None, None, None, -1, -1, 0))"
+    )
+
+
+class _DtypeStandIn(_StandIn):
+    """``numpy.dtype``: called as numpy pickles a plain number's dtype, ``(code, False, True)``."""
+
+    __slots__ = ()
+    _spelling = "numpy.dtype"
+
+    def __call__(self, *args: object) -> _DtypeStub:
+        if (
+            len(args) == 3
+            and type(args[0]) is str
+            and args[0] in _PLAIN_CODES
+            and _is_flag(args[1], 0)
+            and _is_flag(args[2], 1)
+        ):
+            return _DtypeStub(args[0])
+        raise pickle.UnpicklingError(
+            f"refused numpy.dtype{_short(args)} (only a plain number's (code, False, True))"
+        )
+
+
+class _ArrayStub:
+    """An array of ``_reconstruct``, until BUILD gives it numpy's state (then built here)."""
+
+    __slots__ = ("array",)
+
+    def __init__(self) -> None:
+        self.array: np.ndarray | None = None
+
+    def __repr__(self) -> str:
+        return "numpy array"
+
+    def __setstate__(self, state: object) -> None:
+        if self.array is not None:
+            raise pickle.UnpicklingError("refused a second state for one numpy array")
+        self.array = _array_from_state(state)
+
+
+def _shape(shape: object, itemsize: int) -> tuple[int, ...]:
+    if (
+        type(shape) is tuple
+        and len(shape) <= _NDIM_MAX
+        and all(type(d) is int and d >= 0 for d in shape)
+        and math.prod(max(d, 1) for d in shape) * itemsize <= sys.maxsize
+    ):
+        return shape
+    raise pickle.UnpicklingError(
+        f"refused numpy array shape {_short(shape)} (a tuple of at most {_NDIM_MAX} ints >= 0, "
+        "fewer than 2**63 bytes)"
+    )
+
+
+def _array_from_state(state: object) -> np.ndarray:
+    """The array of numpy's state ``(1, shape, dtype, is_fortran, data)``: the dtype one of the
+    pickle's plain dtypes, ``data`` exactly the array's bytes (bytes; a Python 2 str, read as
+    latin1, is those bytes), in Fortran order when ``is_fortran``. A copy: it owns its memory."""
+    if not (isinstance(state, tuple) and len(state) == 5 and _exactly(state[0], 1)):
+        raise pickle.UnpicklingError(
+            f"refused numpy array state {_short(state)} (only (1, shape, dtype, fortran, data))"
+        )
+    _, shape, stub, fortran, data = state
+    dtype = stub.dtype if isinstance(stub, _DtypeStub) else None
+    if dtype is None:
+        raise pickle.UnpicklingError(
+            f"refused numpy array dtype {_short(stub)} (only a numpy.dtype after its state)"
+        )
+    shape = _shape(shape, dtype.itemsize)
+    if type(data) is str:
+        try:
+            data = data.encode("latin1")
+        except UnicodeEncodeError:
+            raise pickle.UnpicklingError("refused numpy array data: not latin1") from None
+    if not (_is_flag(fortran, 0) or _is_flag(fortran, 1)) or type(data) is not bytes:
+        raise pickle.UnpicklingError(
+            f"refused numpy array state: fortran {_short(fortran)}, data {type(data).__name__}"
+        )
+    if len(data) != math.prod(shape) * dtype.itemsize:
+        raise pickle.UnpicklingError(
+            f"refused numpy array: {len(data)} bytes of data for {dtype} {list(shape)}"
+        )
+    flat = np.frombuffer(data, dtype=dtype)
+    return flat.reshape(shape, order="F" if fortran else "C").copy()
+
+
+class _ReconstructStandIn(_StandIn):
+    """``numpy.core.multiarray._reconstruct`` (numpy 2: ``numpy._core``): called as numpy
+    pickles an array, ``(numpy.ndarray, (0,), b"b")``; returns an :class:`_ArrayStub`."""
+
+    __slots__ = ()
+    _spelling = "_reconstruct"
+
+    def __call__(self, *args: object) -> _ArrayStub:
+        if (
+            len(args) == 3
+            and args[0] is _NDARRAY
+            and type(args[1]) is tuple
+            and len(args[1]) == 1
+            and _exactly(args[1][0], 0)
+            and (_exactly(args[2], b"b") or _exactly(args[2], "b"))
+        ):
+            return _ArrayStub()
+        raise pickle.UnpicklingError(
+            f"refused _reconstruct{_short(args)} (only (numpy.ndarray, (0,), b'b'))"
+        )
+
+
+class _Latin1Encode(_StandIn):
     """``_codecs.encode`` as a Python 3 protocol-2 pickle uses it for bytes, and nothing else."""
-    if isinstance(text, str) and encoding in ("latin1", "latin-1") and errors == "strict":
-        return text.encode("latin1")
-    raise pickle.UnpicklingError(f"_codecs.encode({encoding!r}): only latin1 of a str is allowed")
+
+    __slots__ = ()
+    _spelling = "_codecs.encode"
+
+    def __call__(
+        self, text: object, encoding: object = "utf-8", errors: object = "strict"
+    ) -> bytes:
+        if type(text) is str and encoding in ("latin1", "latin-1") and errors == "strict":
+            return text.encode("latin1")
+        raise pickle.UnpicklingError(
+            f"_codecs.encode({encoding!r}): only latin1 of a str is allowed"
+        )
 
 
-def _allowed_globals() -> dict[tuple[str, str], Any]:
-    # Taken from what numpy's own pickling uses, so the same objects serve numpy 1 (numpy.core)
-    # and 2 (numpy._core) without importing numpy.core (deprecated in numpy 2).
-    reconstruct: Any = np.zeros(1, np.float32).__reduce__()[0]
-    scalar: Any = np.float32(0).__reduce__()[0]
-    found: dict[tuple[str, str], Any] = {
-        ("numpy", "ndarray"): np.ndarray,
-        ("numpy", "dtype"): np.dtype,
-        ("_codecs", "encode"): _latin1_encode,
-    }
-    for module in ("numpy.core.multiarray", "numpy._core.multiarray"):
-        found[(module, "_reconstruct")] = reconstruct
-        found[(module, "scalar")] = scalar
-    return found
+_NDARRAY = _NdarrayStandIn()
+_DTYPE = _DtypeStandIn()
+_RECONSTRUCT = _ReconstructStandIn()
+_ENCODE = _Latin1Encode()
+
+#: All that ``find_class`` gives a pickle (numpy 1 writes ``numpy.core.multiarray``, numpy 2
+#: ``numpy._core.multiarray``). numpy's scalar (``...multiarray.scalar``) is not here: the
+#: RadioML 2016 keys hold Python ints (its generator's ``range(-20, 20, 2)``), so a key with a
+#: numpy integer is refused as that global.
+_ALLOWED: dict[tuple[str, str], _StandIn] = {
+    ("numpy", "ndarray"): _NDARRAY,
+    ("numpy", "dtype"): _DTYPE,
+    ("numpy.core.multiarray", "_reconstruct"): _RECONSTRUCT,
+    ("numpy._core.multiarray", "_reconstruct"): _RECONSTRUCT,
+    ("_codecs", "encode"): _ENCODE,
+}
 
 
 class _RestrictedUnpickler(pickle.Unpickler):
@@ -420,16 +636,30 @@ class _RestrictedUnpickler(pickle.Unpickler):
     def __init__(self, file: Any, source: Path) -> None:
         super().__init__(file, encoding="latin1")  # Python 2 str: bytes -> str, 1:1
         self._source = source
-        self._allowed = _allowed_globals()
 
     def find_class(self, module: str, name: str, /) -> Any:
-        found = self._allowed.get((module, name))
+        found = _ALLOWED.get((module, name))
         if found is None:
             raise DataError(
                 f"{self._source}: refused pickle global {module}.{name} (a RadioML 2016 pickle "
                 "needs only numpy's array reconstruction; the global was not called)"
             )
         return found
+
+
+def _materialise(obj: object) -> object:
+    """The loaded dict with each array stub (a value) replaced by its array; anything else is
+    left to the structure check (a stub elsewhere is not a str, int or array there)."""
+    if not isinstance(obj, dict):
+        return obj
+    found = {}
+    for key, value in obj.items():
+        if isinstance(value, _ArrayStub):
+            if value.array is None:
+                raise pickle.UnpicklingError(f"key {_short(key)}: a numpy array without state")
+            value = value.array
+        found[key] = value
+    return found
 
 
 class _HashingReader:
@@ -464,7 +694,7 @@ def _unpickle(path: Path) -> tuple[object, dict[str, Any]]:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             reader = _HashingReader(f)
-            obj = _RestrictedUnpickler(reader, path).load()
+            obj = _materialise(_RestrictedUnpickler(reader, path).load())
             reader.drain()  # whatever follows STOP, so the digest is the file's
     except DataError:
         raise
@@ -480,9 +710,12 @@ def _rml2016_key(path: Path, key: object) -> tuple[str, int]:
         mod, snr = key
         if isinstance(mod, bytes):
             mod = mod.decode("latin1")
-        if isinstance(snr, np.integer):
-            snr = int(snr)
         if isinstance(mod, str) and mod and isinstance(snr, int) and not isinstance(snr, bool):
+            if abs(snr) > MAX_ABS_SNR_DB:
+                raise DataError(
+                    f"{path}: key {_short(key)}: SNR {snr} dB is out of range "
+                    f"(|SNR| <= {MAX_ABS_SNR_DB} dB)"
+                )
             return mod, snr
     raise DataError(
         f"{path}: key {_short(key)}: expected a (modulation name, SNR int) tuple "
@@ -491,7 +724,8 @@ def _rml2016_key(path: Path, key: object) -> tuple[str, int]:
 
 
 def _is_float32(dtype: np.dtype) -> bool:
-    return dtype.kind == "f" and dtype.itemsize == 4  # either byte order: written as <f4
+    # Either byte order (written as <f4); a float32 with fields or a subarray is not one.
+    return dtype.kind == "f" and dtype.itemsize == 4 and dtype.fields is None and not dtype.shape
 
 
 def _check_iq(path: Path, where: str, iq: np.ndarray, first_row: int = 0) -> None:
@@ -596,6 +830,8 @@ def _dataset(h5py: Any, path: Path, f: Any, name: str) -> Any:
     ds = f.get(name)
     if not isinstance(ds, h5py.Dataset):
         raise DataError(f"{path}: no dataset {name!r} ({_RML2018_LAYOUT})")
+    if ds.shape is None:  # an empty dataspace (h5py.Empty): no shape, no data
+        raise DataError(f"{path}: {name} has an empty dataspace (no shape; {_RML2018_LAYOUT})")
     return ds
 
 
@@ -649,6 +885,19 @@ def _read_rows(path: Path, ds: tuple[Any, Any, Any], a: int, b: int) -> list[np.
         raise DataError(f"{path}: cannot read rows {a}..{b - 1}: {_one_line(exc)}") from None
 
 
+def _snr_column(path: Path, z: np.ndarray, first_row: int) -> np.ndarray:
+    """``Z`` (any integer dtype) as int64, every value within :data:`MAX_ABS_SNR_DB` (a uint64
+    of 2**63 would wrap to a negative int64)."""
+    bad = (z < -MAX_ABS_SNR_DB) | (z > MAX_ABS_SNR_DB)
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        raise DataError(
+            f"{path}: Z row {first_row + row}: SNR {int(z[row])} dB is out of range "
+            f"(|SNR| <= {MAX_ABS_SNR_DB} dB)"
+        )
+    return z.astype(np.int64)
+
+
 def _rml2018_batches(
     path: Path, ds: tuple[Any, Any, Any], classes: tuple[str, ...]
 ) -> Iterator[_Batch]:
@@ -659,7 +908,8 @@ def _rml2018_batches(
         iq, onehot, snr = _read_rows(path, ds, a, b)
         index = _one_hot_index(path, onehot, a)
         _check_iq(path, "X", iq, a)
-        yield _Batch(iq, names[index], snr[:, 0].astype(np.int64), np.arange(a, b, dtype=np.int64))
+        snrs = _snr_column(path, snr[:, 0], a)
+        yield _Batch(iq, names[index], snrs, np.arange(a, b, dtype=np.int64))
 
 
 def convert_radioml2018(

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -122,10 +123,16 @@ class LabelledSet:
         values = np.empty(len(self.group_fields), dtype=np.float64)
         for g, fields in enumerate(self.group_fields):
             v = fields.get(key)
-            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-                what = "has none" if key not in fields else f"is {v!r}, not a finite number"
+            try:  # a 400-digit JSON integer is a number too large for a float
+                number = (
+                    float(v) if not isinstance(v, bool) and isinstance(v, int | float) else None
+                )
+            except OverflowError:
+                number = None
+            if number is None or not math.isfinite(number):
+                what = "has none" if key not in fields else f"is {v!r:.40}, not a finite number"
                 raise ConfigError(f"{name} {key}: {self.group_where[g]} {what}")
-            values[g] = float(v)
+            values[g] = number
         return values[self.groups]
 
     def batches(self, batch_size: int = FEATURE_BATCH) -> Iterator[np.ndarray]:
@@ -506,33 +513,63 @@ def parse_bins(text: str | None, name: str = "--bins") -> float | list[float]:
     return values
 
 
-def bin_edges(values: np.ndarray, bins: float | list[float]) -> list[float]:
-    """The edges of the bins: explicit ones as given; for a width ``w``, the multiples of
-    ``w`` from ``floor(min / w) * w`` up to the first one above the maximum."""
+#: The most bins a ``--bins`` width may make: more is a mistake (and 1e-300 would never end).
+MAX_BY_BINS = 1000
+#: A value this many widths below a multiple of the width counts as on it: decimal widths are
+#: not exact in binary (0.3 / 0.1 = 2.9999999999999996), and SNRs are written in decimal.
+BIN_SNAP = 1e-9
+
+
+def bin_edges(values: np.ndarray, bins: float | list[float], name: str = "--bins") -> list[float]:
+    """The edges of the bins: explicit ones as given; for a width ``w``, ``k·w`` for every
+    integer k from ``floor(min / w + BIN_SNAP)`` to ``floor(max / w + BIN_SNAP) + 1`` (each
+    value v then lies in bin ``floor(v / w + BIN_SNAP)``). More than :data:`MAX_BY_BINS` bins
+    is a ConfigError naming ``name``."""
     if isinstance(bins, list):
         return bins
-    lo = math.floor(float(values.min()) / bins) * bins
-    count = math.floor((float(values.max()) - lo) / bins) + 1
-    return [lo + k * bins for k in range(count + 1)]
+    lo_v, hi_v = float(values.min()), float(values.max())
+    try:
+        lo, hi = math.floor(lo_v / bins + BIN_SNAP), math.floor(hi_v / bins + BIN_SNAP)
+    except (OverflowError, ValueError):
+        lo, hi = 0, MAX_BY_BINS + 1  # an infinite quotient: far too many bins
+    if hi - lo + 1 > MAX_BY_BINS:
+        raise ConfigError(
+            f"{name}: a width of {bins:g} cuts the values {lo_v:g} to {hi_v:g} into more than "
+            f"{MAX_BY_BINS} bins; choose a wider one"
+        )
+    return [k * bins for k in range(lo, hi + 2)]
 
 
-def bin_index(values: np.ndarray, edges: Sequence[float]) -> np.ndarray:
-    """Bin of each value: ``[edge_k, edge_k+1)``, the last bin closed; -1 outside."""
+def bin_index(values: np.ndarray, edges: Sequence[float], width: float | None = None) -> np.ndarray:
+    """Bin of each value, -1 outside. Explicit edges: ``[edge_k, edge_k+1)``, the last bin
+    closed. A ``width`` (``edges`` from :func:`bin_edges`): ``floor(v / width + BIN_SNAP)``
+    counted from the first edge's multiple, so a value on a multiple of the width opens its bin
+    whatever the rounding of ``v / width``."""
+    if width is not None:
+        first = round(edges[0] / width)
+        return np.floor(values / width + BIN_SNAP).astype(np.int64) - first
     idx = np.searchsorted(np.asarray(edges), values, side="right") - 1
     idx[values == edges[-1]] = len(edges) - 2
     idx[(values < edges[0]) | (values > edges[-1])] = -1
     return idx
 
 
-def check_bins(values: np.ndarray, edges: Sequence[float], key: str, name: str) -> np.ndarray:
+def check_bins(
+    values: np.ndarray,
+    edges: Sequence[float],
+    key: str,
+    name: str,
+    width: float | None = None,
+) -> np.ndarray:
     """:func:`bin_index` of ``values``, refusing a bin without windows (ConfigError)."""
-    idx = bin_index(values, edges)
+    idx = bin_index(values, edges, width)
     counts = np.bincount(idx[idx >= 0], minlength=len(edges) - 1)
     for k, n in enumerate(counts):
         if n == 0:
+            close = "]" if k == len(edges) - 2 and width is None else ")"
             raise ConfigError(
-                f"{name}: the bin [{edges[k]:g}, {edges[k + 1]:g}) of {key} holds no window "
-                f"(values span {values.min():g} to {values.max():g}); choose other bins"
+                f"{name}: the bin [{edges[k]:g}, {edges[k + 1]:g}{close} of {key} holds no "
+                f"window (values span {values.min():g} to {values.max():g}); choose other bins"
             )
     return idx
 
@@ -623,11 +660,14 @@ def parse_layer(text: str | int | None, layers: int) -> int | str:
         return layers
     if text == "all":
         return "all"
-    try:
-        n = int(text)
-    except (TypeError, ValueError):
-        n = -1
-    if isinstance(text, bool) or not 0 <= n <= layers:
+    # Plain ASCII digits only: int() would also take " 1", "01", "+1", "-0" and "١".
+    plain = (
+        isinstance(text, int)
+        and not isinstance(text, bool)
+        or (isinstance(text, str) and re.fullmatch(r"0|[1-9][0-9]*", text) is not None)
+    )
+    n = int(text) if plain else -1
+    if not 0 <= n <= layers:
         raise ConfigError(
             f"--layer: expected 'all' or an integer in [0, {layers}] (0 the patch embeddings, "
             f"{layers} the final hidden states of this {layers}-block model), got {text!r}"
@@ -690,7 +730,8 @@ def run_probe(
     if by is not None and spec is not None:
         values = labelled.numeric(by)
         edges = bin_edges(values, spec)
-        binned = (edges, check_bins(values, edges, by, "--bins"))
+        width = None if isinstance(spec, list) else spec
+        binned = (edges, check_bins(values, edges, by, "--bins", width))
     layers = list(range(config.model.layers + 1)) if chosen == "all" else [int(chosen)]
     main_layer = config.model.layers if chosen == "all" else int(chosen)
     models = {"pretrained": model, "random_init": random_init_model(config.model, seed)}

@@ -1,4 +1,4 @@
-"""What the head predicts for the next patch and how it is scored (docs/design.md section 4.3).
+"""What the head predicts for the next patch and how it is scored (docs/design.md section 4.2).
 
 The task is always next-patch prediction: the output at position t is about patch t+1, whose
 ``2P`` real values are the window-normalised ``I0, Q0, I1, Q1, ...`` of P complex samples.
@@ -102,10 +102,12 @@ def predicted_mean(out: Tensor, config: ModelConfig) -> Tensor:
 
 
 def objective_loss(
-    out: Tensor, patches: Tensor, config: ModelConfig
+    out: Tensor, patches: Tensor, config: ModelConfig, squared_error: bool = True
 ) -> tuple[Tensor, Tensor, int, Tensor]:
     """``(mean, sum, count, squared_error_sum)`` of the model output ``out`` against the next
-    patches (see the module docstring); fp32 even under autocast."""
+    patches (see the module docstring); fp32 even under autocast. ``squared_error=False``
+    (a training step: only ``mean`` is used) skips the categorical's predicted mean and returns
+    a zero in its place; for "mse" it is the loss's own sum either way."""
     with torch.autocast(device_type=out.device.type, enabled=False):
         if config.objective == "mse":
             mean, total, count = next_patch_loss(out, patches)
@@ -119,6 +121,8 @@ def objective_loss(
         # the last patch reaches no logit: it is only a target).
         nll = nll + 0.0 * target.sum()
         count = b * (n - 1) * (width // 2)
+        if not squared_error:
+            return nll / count, nll, count, torch.zeros_like(nll)
         mean_pred = predicted_mean(out[:, :-1], config)
         se = (mean_pred - target).square().sum()
         return nll / count, nll, count, se

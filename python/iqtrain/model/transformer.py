@@ -175,8 +175,9 @@ class NextPatchModel(nn.Module):
 
     def layer_states(self, patches: Tensor) -> list[Tensor]:
         """Every layer's hidden states, ``layers + 1`` tensors ``[B, N, dim]``: index 0 the
-        patch embeddings, index i < layers the residual stream after block i, and index
-        ``layers`` the final hidden states (after the final norm: :meth:`hidden_states`).
+        patch embeddings, index i < layers the residual stream after the first i blocks
+        (before any norm), and index ``layers`` the final hidden states (after all blocks and
+        the final norm: :meth:`hidden_states`).
         What ``iqtrain probe --layer`` reads; one forward for all of them."""
         states: list[Tensor] = []
         states.append(self._trunk(patches, collect=states))

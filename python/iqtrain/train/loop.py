@@ -12,6 +12,7 @@ its own config sections (``[training]``, ``[data]``) and nothing else of the con
 
 from __future__ import annotations
 
+import math
 import signal
 import time
 from collections.abc import Callable
@@ -65,9 +66,10 @@ class LoopState:
     early_stop_ref: float | None = None
     stale_validations: int = 0
 
-    def record_loss(self, loss: float) -> bool:
-        """Fold a train loss into the running average; True if it is a spike."""
-        spike, self.loss_ema = spike_update(self.loss_ema, loss)
+    def record_loss(self, loss: float, nats: bool = False) -> bool:
+        """Fold a train loss into the running average; True if it is a spike (``nats``: the
+        loss is a negative log-likelihood, see :func:`spike_update`)."""
+        spike, self.loss_ema = spike_update(self.loss_ema, loss, nats)
         return spike
 
     def record_validation(self, loss: float, attempt: Path, min_delta: float = 0.0) -> bool:
@@ -110,9 +112,18 @@ class LoopState:
             setattr(self, key, state[key])
 
 
-def spike_update(ema: float | None, loss: float) -> tuple[bool, float]:
-    """``(spike, new_ema)``: a loss above SPIKE_FACTOR x its running average is a spike."""
-    spike = ema is not None and loss > SPIKE_FACTOR * ema
+def spike_update(ema: float | None, loss: float, nats: bool = False) -> tuple[bool, float]:
+    """``(spike, new_ema)``: a loss above SPIKE_FACTOR x its running average is a spike.
+
+    ``nats`` (a negative log-likelihood per complex sample: the "categorical" objective): a
+    loss more than ``ln SPIKE_FACTOR`` above its running average is a spike. That is the same
+    rule in the log domain: for a Gaussian of two real values per sample, an error variance
+    SPIKE_FACTOR times larger costs ``2 * ln(SPIKE_FACTOR) / 2`` more nats per sample; a ratio
+    of cross-entropies (8.3 nats untrained, 3-5 trained) would never flag a divergence."""
+    if nats:
+        spike = ema is not None and loss > ema + math.log(SPIKE_FACTOR)
+    else:
+        spike = ema is not None and loss > SPIKE_FACTOR * ema
     new = loss if ema is None else SPIKE_EMA * ema + (1 - SPIKE_EMA) * loss
     return spike, new
 
@@ -210,6 +221,8 @@ class Trainer:
         t = training
         self.ring = _ring(self.stream, self.stepper.device, t.grad_accum)
         self.flops_per_patch = self.stepper.model.train_flops_per_patch(data.seq_patches)
+        # The categorical loss is a negative log-likelihood: spikes are judged in nats (4.6).
+        self.nll_loss = self.stepper.model.config.objective != "mse"
         # The records' TFLOP/s are the whole job's (the global batch), so MFU divides by the
         # peak of every rank's device together.
         peak = device_peak_tflops(t.device, t.precision, t.peak_tflops or None)
@@ -293,7 +306,7 @@ class Trainer:
     def _record(self, result: StepResult, dt: float, progress: Progress) -> None:
         d = self.data
         samples = d.batch_size * self.training.grad_accum
-        spike = self.loop.record_loss(result.loss)
+        spike = self.loop.record_loss(result.loss, nats=self.nll_loss)
         # Every position is computed (the last one predicts nothing, but costs the same).
         tflops = achieved_tflops(self.flops_per_patch, samples * d.seq_patches, dt)
         record = {

@@ -63,8 +63,9 @@ class TrainingProbe:
         self._bins: tuple[list[float], np.ndarray] | None = None
         if probe.by:  # refused now (exit 2 naming probe.by or probe.bins), not mid-run
             values = self.labelled.numeric(probe.by, name="probe.by")
-            edges = bin_edges(values, probe.bins)
-            self._bins = (edges, check_bins(values, edges, probe.by, "probe.bins"))
+            edges = bin_edges(values, probe.bins, "probe.bins")
+            width = None if isinstance(probe.bins, list) else probe.bins
+            self._bins = (edges, check_bins(values, edges, probe.by, "probe.bins", width))
         self._random_init: ProbeScore | None = None
         self._classical: ProbeScore | None = None
 

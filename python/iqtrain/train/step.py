@@ -144,11 +144,14 @@ class _ForwardLoss(nn.Module):
         self.device_type = device_type
         self.bf16 = precision == "bf16"
 
-    def forward(self, patches: Tensor) -> tuple[Tensor, Tensor, int, Tensor]:
+    def forward(
+        self, patches: Tensor, squared_error: bool = False
+    ) -> tuple[Tensor, Tensor, int, Tensor]:
         # Autocast is entered inside the compiled function so dynamo traces it into the graph.
         with torch.autocast(device_type=self.device_type, dtype=torch.bfloat16, enabled=self.bf16):
             out = self.model(patches)
-        return objective_loss(out, patches, self.model_config)
+        # Training uses the mean loss only: the predicted mean's error is evaluation's.
+        return objective_loss(out, patches, self.model_config, squared_error)
 
 
 class TrainStep:
@@ -231,8 +234,10 @@ class TrainStep:
 
     # ------------------------------------------------------------------ the compiled region
 
-    def _forward_loss(self, patches: Tensor) -> tuple[Tensor, Tensor, int, Tensor]:
-        return self._loss_module.forward(patches)
+    def _forward_loss(
+        self, patches: Tensor, squared_error: bool = False
+    ) -> tuple[Tensor, Tensor, int, Tensor]:
+        return self._loss_module.forward(patches, squared_error)
 
     def data_parallel(self) -> None:
         """Several ranks only: replicate the forward and loss in DistributedDataParallel, or
@@ -427,7 +432,7 @@ class TrainStep:
             sharded = self.forward_is_collective
             what = "a forward of the sharded model"
             with self.world.collective(what) if sharded else nullcontext():
-                _, total, count, squared_error = self._forward_loss_fn(x)
+                _, total, count, squared_error = self._forward_loss_fn(x, True)
             return total, int(count), squared_error
         finally:
             self.model.train(was_training)

@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import pickle
+import pickletools
 import struct
 import subprocess
 import sys
@@ -214,7 +215,7 @@ def test_rml2016_python3_protocol2_pickle_with_bytes_and_str_names(tmp_path, rng
     # numpy._core names under numpy 2; a name may be bytes or str.
     d = {
         (b"BPSK", 0): rng.standard_normal((2, 2, 128)).astype(np.float32),
-        ("QPSK", np.int64(-4)): rng.standard_normal((3, 2, 128)).astype(">f4"),
+        ("QPSK", -4): rng.standard_normal((3, 2, 128)).astype(">f4"),
     }
     path = tmp_path / "py3.pkl"
     path.write_bytes(pickle.dumps(d, protocol=2))
@@ -222,7 +223,7 @@ def test_rml2016_python3_protocol2_pickle_with_bytes_and_str_names(tmp_path, rng
     assert result.classes == ("BPSK", "QPSK") and result.examples == 5
     got = examples(tmp_path / "out")
     assert [(label, snr) for label, snr, _, _ in got] == [("BPSK", 0)] * 2 + [("QPSK", -4)] * 3
-    want = np.concatenate([d[(b"BPSK", 0)], d[("QPSK", np.int64(-4))].astype("<f4")])
+    want = np.concatenate([d[(b"BPSK", 0)], d[("QPSK", -4)].astype("<f4")])
     assert np.array_equal(np.stack([iq for *_, iq in got]), want.transpose(0, 2, 1))
 
 
@@ -331,6 +332,12 @@ NAN_ROW_1 = np.where(np.arange(2)[:, None, None] == 1, np.nan, F32).astype(np.fl
         ({"BPSK": F32}, "key 'BPSK': expected a (modulation name, SNR int) tuple"),
         ({("BPSK", 0.0): F32}, "key ('BPSK', 0.0): expected a (modulation name, SNR int)"),
         ({("BPSK", True): F32}, "key ('BPSK', True): expected"),
+        (
+            {("BPSK", 2**63): F32},
+            "key ('BPSK', 9223372036854775808): SNR 9223372036854775808 dB is out of range "
+            "(|SNR| <= 1000 dB)",
+        ),
+        ({("BPSK", -1001): F32}, "key ('BPSK', -1001): SNR -1001 dB is out of range"),
         ({("BPSK", 0, 1): F32}, "key ('BPSK', 0, 1): expected"),
         ({("", 0): F32}, "key ('', 0): expected"),
         (
@@ -377,6 +384,354 @@ def test_rml2016_unreadable_sources(rml2016, tmp_path, damage):
     expected = {"missing": "cannot read", "directory": "not a regular file"}
     assert expected.get(damage, "not a RadioML 2016 pickle") in text
     assert_nothing_written(tmp_path / "out")
+
+
+# ----------------------------------------------------------------- RadioML 2016: numpy's state
+#
+# find_class never hands out numpy: a forged dtype or array state (BUILD) reaches only the
+# stand-ins, which take exactly what numpy pickles for a plain number dtype and array.
+
+RECONSTRUCT = np.zeros(1).__reduce__()[0]  # numpy's own, pickled by name (numpy._core...)
+F4_STATE = (3, "<", None, None, None, -1, -1, 0)
+
+
+class _Reduced:
+    """Pickles as ``fn(*args)``, then BUILD with ``state`` (none when None): how a forged
+    dtype or array spells itself with numpy's own globals."""
+
+    def __init__(self, fn, args, state=None):
+        self.fn, self.args, self.state = fn, args, state
+
+    def __reduce__(self):
+        return (self.fn, self.args) if self.state is None else (self.fn, self.args, self.state)
+
+
+def _dtype(state=F4_STATE, args=("f4", False, True)):
+    return _Reduced(np.dtype, args, state)
+
+
+def _array(state, args=(np.ndarray, (0,), b"b")):
+    return _Reduced(RECONSTRUCT, args, state)
+
+
+def _array_state(shape=(1, 2, 128), dtype=None, fortran=False, data=None, version=1):
+    n = int(np.prod(shape)) * 4
+    data = bytes(range(256)) * (n // 256) + bytes(n % 256) if data is None else data
+    return (version, shape, _dtype() if dtype is None else dtype, fortran, data)
+
+
+def _ops(obj) -> bytes:
+    """``obj``'s protocol-2 opcodes without PROTO and STOP, to splice into a pickle."""
+    data = pickle.dumps(obj, 2)
+    assert data[:2] == b"\x80\x02" and data[-1:] == b"."
+    return data[2:-1]
+
+
+def _dict_pickle(*value_ops: bytes) -> bytes:
+    """``{("BPSK", 0): value}`` where ``value_ops`` are the opcodes that leave the value."""
+    return b"\x80\x02}" + _ops(("BPSK", 0)) + b"".join(value_ops) + b"s."
+
+
+#: The reviewer's pickle: a V8 dtype whose field "a" is an object at offset 0, BUILD onto an
+#: array of b"A" * 8: numpy's own unpickler reads those bytes as a PyObject pointer.
+V8_OBJECT_FIELD = _dtype(
+    (3, "|", None, ("a",), {"a": (np.dtype("O"), 0)}, 8, 1, 0x01), ("V8", False, True)
+)
+REVIEWERS = _array((1, (1,), V8_OBJECT_FIELD, False, b"A" * 8))
+OBJECT_FIELD_F4 = _dtype((3, "<", None, ("a",), {"a": (np.dtype("O"), 0)}, 8, 1, 0x3F))
+
+FORGED_STATES = {
+    "reviewer's V8 with an object field": (REVIEWERS, "refused numpy.dtype('V8', False, True)"),
+    "float32 with an object field": (  # the field's dtype('O') is refused first
+        _array(_array_state((1,), OBJECT_FIELD_F4, data=b"A" * 8)),
+        "refused numpy.dtype('O8', False, True) (only a plain number's (code, False, True))",
+    ),
+    "float32 with a field named by code": (
+        _dtype((3, "<", None, ("a",), {"a": ("O", 0)}, 8, 1, 0x3F)),
+        "refused numpy.dtype('f4') state (3, '<', None, ('a',), {'a': ('O', 0)}, 8, 1, 63)",
+    ),
+    "float32 with a float32 field": (
+        _array(_array_state(dtype=_dtype((3, "<", None, ("a",), {"a": (F32.dtype, 0)}, 4, 1, 0)))),
+        "refused numpy.dtype('f4') state",
+    ),
+    "object dtype": (
+        _array(_array_state((1,), _dtype((3, "|", None, None, None, -1, -1, 63), ("O8", 0, 1)))),
+        "refused numpy.dtype('O8', 0, 1) (only a plain number's (code, False, True))",
+    ),
+    "subarray dtype": (
+        _array(_array_state(dtype=_dtype((3, "<", (np.dtype("<f4"), (2,)), None, None, 8, 4, 0)))),
+        "refused numpy.dtype('f4') state",
+    ),
+    "object flags": (
+        _array(_array_state(dtype=_dtype((3, "<", None, None, None, -1, -1, 63)))),
+        "refused numpy.dtype('f4') state (3, '<', None, None, None, -1, -1, 63)",
+    ),
+    "elsize": (_dtype((3, "<", None, None, None, 8, 4, 0)), "refused numpy.dtype('f4') state"),
+    "version 4 (metadata)": (
+        _dtype((4, "<", None, None, None, -1, -1, 0, {"a": 1})),
+        "refused numpy.dtype('f4') state",
+    ),
+    "order | for float32": (_dtype((3, "|", *F4_STATE[2:])), "refused numpy.dtype('f4') state"),
+    "order < for int8": (
+        _dtype((3, "<", *F4_STATE[2:]), ("i1", False, True)),
+        "refused numpy.dtype('i1') state",
+    ),
+    "elsize -1.0": (_dtype((*F4_STATE[:5], -1.0, -1, 0)), "refused numpy.dtype('f4') state"),
+    "aligned": (_dtype(args=("f4", True, True)), "refused numpy.dtype('f4', True, True)"),
+    "dtype args as floats": (_dtype(args=("f4", 0.0, 1.0)), "refused numpy.dtype('f4', 0.0"),
+    "dtype code <f4": (_dtype(args=("<f4", False, True)), "refused numpy.dtype('<f4'"),
+    "dtype without its state": (
+        _array(_array_state(dtype=_dtype(None))),
+        "refused numpy array dtype numpy.dtype('f4') (only a numpy.dtype after its state)",
+    ),
+    "dtype a str": (_array(_array_state(dtype="f4")), "refused numpy array dtype 'f4'"),
+    "short data": (
+        _array(_array_state(data=bytes(1020))),
+        "refused numpy array: 1020 bytes of data for float32 [1, 2, 128]",
+    ),
+    "long data": (
+        _array(_array_state(data=bytes(1028))),
+        "refused numpy array: 1028 bytes of data for float32 [1, 2, 128]",
+    ),
+    "negative shape": (
+        _array(_array_state((-1, 2, 128), data=bytes(4))),
+        "refused numpy array shape (-1, 2, 128) (a tuple of at most 32 ints >= 0, fewer than",
+    ),
+    "huge shape": (
+        _array(_array_state((0, 2**62, 2**62), data=b"x")),
+        "refused numpy array shape (0, 4611686018427387904, 4611686018427387904)",
+    ),
+    "shape over int64": (_array(_array_state((2**64,), data=b"x")), "refused numpy array shape"),
+    "float shape": (_array(_array_state((1.0, 2, 128))), "refused numpy array shape (1.0, 2, 128)"),
+    "bool shape": (_array(_array_state((True, 2, 128))), "refused numpy array shape (True, 2"),
+    "33 dimensions": (_array(_array_state((1,) * 33)), "refused numpy array shape"),
+    "shape a list": (_array(_array_state([1, 2, 128])), "refused numpy array shape [1, 2, 128]"),
+    "4-tuple state": (_array(_array_state()[1:]), "refused numpy array state ((1, 2, 128), "),
+    "version 2": (_array(_array_state(version=2)), "refused numpy array state (2, "),
+    "data a list": (
+        _array(_array_state(data=[0.0] * 256)),
+        "refused numpy array state: fortran False, data list",
+    ),
+    "data not latin1": (
+        _array(_array_state(data="\u0100" * 1024)),
+        "refused numpy array data: not latin1",
+    ),
+    "fortran 2": (_array(_array_state(fortran=2)), "refused numpy array state: fortran 2"),
+    "reconstruct of numpy.dtype": (
+        _array(_array_state(), (np.dtype, (0,), b"b")),
+        "refused _reconstruct(numpy.dtype, (0,), b'b') (only (numpy.ndarray, (0,), b'b'))",
+    ),
+    "reconstruct of (1,)": (
+        _array(_array_state(), (np.ndarray, (1,), b"b")),
+        "refused _reconstruct(numpy.ndarray, (1,), b'b')",
+    ),
+    "reconstruct of (False,)": (
+        _array(_array_state(), (np.ndarray, (False,), b"b")),
+        "refused _reconstruct(numpy.ndarray, (False,), b'b')",
+    ),
+    "reconstruct typecode O": (
+        _array(_array_state(), (np.ndarray, (0,), b"O")),
+        "refused _reconstruct(numpy.ndarray, (0,), b'O')",
+    ),
+    "an array without its state": (_array(None), "key ('BPSK', 0): a numpy array without state"),
+}
+
+
+def test_the_reviewers_pickle_is_live_for_numpy(tmp_path):
+    # numpy's own unpickler makes an array of objects out of b"A" * 8 (reading it would crash;
+    # the child leaves with os._exit before the array is freed).
+    path = tmp_path / "reviewer.pkl"
+    path.write_bytes(pickle.dumps({("BPSK", 0): REVIEWERS}, 2))
+    code = (
+        "import os, pickle, sys; "
+        "a = pickle.loads(open(sys.argv[1], 'rb').read(), encoding='latin1')[('BPSK', 0)]; "
+        "print(a.dtype.hasobject, a.dtype.fields['a'][0], flush=True); os._exit(0)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout == "True object\n", proc.stderr
+
+
+@pytest.mark.parametrize(
+    "value, refused",
+    [
+        (REVIEWERS, "numpy.dtype('V8', False, True)"),
+        (_array(_array_state((1,), OBJECT_FIELD_F4, data=b"A" * 8)), "numpy.dtype('O8'"),
+    ],
+    ids=["reviewer's V8", "float32 with an object field"],
+)
+def test_a_forged_numpy_state_cannot_crash_the_command(tmp_path, value, refused):
+    # In a child process, so that a crash fails the test instead of the test run: before the
+    # fix `iqtrain convert radioml2016` died of SIGSEGV here (returncode -11, a shell's 139).
+    src = tmp_path / "RML2016.10a_dict.pkl"
+    src.write_bytes(pickle.dumps({("BPSK", 0): value}, 2))
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": os.fspath(Path(iqtrain.__file__).parents[1])}
+    cmd = [sys.executable, "-m", "iqtrain", "convert", "radioml2016", src, out]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)  # -11: the segfault
+    assert proc.stderr.startswith(
+        f"iqtrain: error: {src}: not a RadioML 2016 pickle: refused {refused}"
+    )
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert proc.stdout == ""
+    assert_nothing_written(out)
+
+
+@pytest.mark.parametrize("forged", list(FORGED_STATES))
+def test_a_forged_numpy_state_is_refused(tmp_path, forged):
+    value, message = FORGED_STATES[forged]
+    path = tmp_path / "forged.pkl"
+    path.write_bytes(pickle.dumps({("BPSK", 0): value}, 2))
+    with pytest.raises(DataError) as info:
+        convert_radioml2016(path, tmp_path / "out")
+    text = str(info.value)
+    assert text.startswith(f"{path}: not a RadioML 2016 pickle: "), text
+    assert message in text and "\n" not in text, text
+    assert_nothing_written(tmp_path / "out")
+
+
+GOOD_STATE = _array_state()
+
+SPLICED = {
+    "array state twice": (
+        _dict_pickle(_ops(_array(GOOD_STATE)), _ops(GOOD_STATE) + b"b"),
+        "refused a second state for one numpy array",
+    ),
+    "dtype state twice": (
+        _dict_pickle(_ops(_dtype()), _ops(F4_STATE) + b"b"),
+        "refused a second state for one numpy.dtype",
+    ),
+    "NEWOBJ of numpy.dtype": (
+        _dict_pickle(b"cnumpy\ndtype\n" + _ops(()) + b"\x81"),
+        "not a RadioML 2016 pickle: ",
+    ),
+    "NEWOBJ of numpy.ndarray": (
+        _dict_pickle(b"cnumpy\nndarray\n" + _ops(()) + b"\x81"),
+        "not a RadioML 2016 pickle: ",
+    ),
+    "SETITEM on an array": (
+        _dict_pickle(_ops(_array(GOOD_STATE)) + _ops("shape") + _ops(1) + b"s"),
+        "not a RadioML 2016 pickle: ",
+    ),
+}
+
+
+@pytest.mark.parametrize("spliced", list(SPLICED))
+def test_a_spliced_pickle_is_refused(tmp_path, spliced):
+    data, message = SPLICED[spliced]
+    path = tmp_path / "spliced.pkl"
+    path.write_bytes(data)
+    with pytest.raises(DataError) as info:
+        convert_radioml2016(path, tmp_path / "out")
+    text = str(info.value)
+    assert text.startswith(f"{path}: not a RadioML 2016 pickle: ") and message in text, text
+    assert "\n" not in text
+
+
+@pytest.mark.parametrize(
+    "global_",
+    ["_codecs encode", "numpy dtype", "numpy ndarray", "numpy.core.multiarray _reconstruct"],
+)
+@pytest.mark.parametrize(
+    "state",
+    [
+        {"__defaults__": ("latin1", "strict")},  # BUILD: __dict__.update
+        (None, {"__defaults__": ("latin1", "strict"), "__call__": None}),  # BUILD: setattr
+        (None, {"_spelling": "x"}),
+    ],
+)
+def test_build_cannot_change_the_stand_ins(tmp_path, global_, state):
+    module, name = global_.split()
+    path = tmp_path / "build.pkl"
+    path.write_bytes(_dict_pickle(f"c{module}\n{name}\n".encode() + _ops(state) + b"b"))
+    with pytest.raises(DataError) as info:
+        convert_radioml2016(path, tmp_path / "out")
+    spelling = {"encode": "_codecs.encode", "dtype": "numpy.dtype", "ndarray": "numpy.ndarray"}
+    assert str(info.value) == (
+        f"{path}: not a RadioML 2016 pickle: refused BUILD on "
+        f"{spelling.get(name, name)} (it takes no state)"
+    )
+    # The stand-ins are as they were: no __dict__, nothing numpy's, the same restrictions.
+    for stand_in in convert._ALLOWED.values():
+        assert not isinstance(stand_in, type) and not hasattr(stand_in, "__dict__")
+        assert type(stand_in).__module__ == "iqtrain.data.convert"
+    assert convert._ENCODE("x", "latin1") == b"x"
+    with pytest.raises(pickle.UnpicklingError):
+        convert._ENCODE("x")
+
+
+def test_the_allowed_globals_are_exactly_numpys_array_reconstruction():
+    assert set(convert._ALLOWED) == {
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("_codecs", "encode"),
+    }
+
+
+def test_a_numpy_integer_key_is_refused(tmp_path):
+    # RML2016.10a's keys hold Python ints: numpy's scalar is not among the globals.
+    path = tmp_path / "np_int.pkl"
+    path.write_bytes(pickle.dumps({("BPSK", np.int64(0)): F32}, 2))
+    with pytest.raises(
+        DataError, match=r"refused pickle global numpy\._?core\.multiarray\.scalar "
+    ):
+        convert_radioml2016(path, tmp_path / "out")
+
+
+def _converted(tmp_path, data: bytes) -> np.ndarray:
+    """The [N, 2, 128] samples ``convert_radioml2016`` writes for a one-key pickle."""
+    path = tmp_path / "one.pkl"
+    path.write_bytes(data)
+    convert_radioml2016(path, tmp_path / "out")
+    return np.stack([iq for *_, iq in examples(tmp_path / "out")]).transpose(0, 2, 1)
+
+
+def test_a_fortran_array_is_converted_in_its_own_order(tmp_path, rng):
+    arr = np.asfortranarray(rng.standard_normal((3, 2, 128)).astype(np.float32))
+    assert arr.__reduce__()[2][3] is True  # pickled as Fortran-ordered bytes
+    got = _converted(tmp_path, pickle.dumps({("BPSK", 0): arr}, 2))
+    assert got.tobytes() == np.ascontiguousarray(arr).tobytes()
+
+
+@pytest.mark.parametrize("order", ["<", ">", "="])
+def test_either_byte_order_is_converted(tmp_path, rng, order):
+    arr = rng.standard_normal((2, 2, 128)).astype(np.float32)
+    data = arr.astype(order + "f4").tobytes()
+    state = (1, arr.shape, _dtype((3, order, *F4_STATE[2:])), False, data)
+    got = _converted(tmp_path, pickle.dumps({("BPSK", 0): _array(state)}, 2))
+    assert got.tobytes() == arr.tobytes()
+
+
+@pytest.mark.parametrize("module", [b"numpy.core.multiarray", b"numpy._core.multiarray"])
+@pytest.mark.parametrize("protocol", [2, 3, 4])
+def test_numpy_1_and_2_module_names_and_protocols(tmp_path, rng, module, protocol):
+    # numpy 1 writes numpy.core.multiarray._reconstruct, numpy 2 numpy._core; SNR +-1000 is in.
+    d = {
+        ("A", -1000): rng.standard_normal((2, 2, 128)).astype(np.float32),
+        ("B", 1000): np.asfortranarray(rng.standard_normal((1, 2, 128)).astype(">f4")),
+    }
+    data = pickle.dumps(d, protocol)
+    ours = (
+        b"numpy._core.multiarray" if b"numpy._core.multiarray" in data else b"numpy.core.multiarray"
+    )
+    data = data.replace(ours + b"\n", module + b"\n")  # GLOBAL (protocols 2, 3)
+    short_unicode = b"\x8c%c%s"  # STACK_GLOBAL's module (4): FRAME lengths redone
+    data = data.replace(short_unicode % (len(ours), ours), short_unicode % (len(module), module))
+    data = pickletools.optimize(data)
+    assert module in data and (module == ours or ours not in data)
+    got = _converted(tmp_path, data)
+    assert got.tobytes() == np.concatenate([d[k] for k in sorted(d)]).astype("<f4").tobytes()
+
+
+def test_a_protocol_5_out_of_band_pickle_is_refused(tmp_path):
+    path = tmp_path / "p5.pkl"
+    path.write_bytes(pickle.dumps({("BPSK", 0): F32}, 5))
+    with pytest.raises(
+        DataError, match=r"refused pickle global numpy\._?core\.numeric\._frombuffer "
+    ):
+        convert_radioml2016(path, tmp_path / "out")
 
 
 # ------------------------------------------------------------------------------------ OUT_DIR
@@ -558,6 +913,60 @@ def test_rml2018_layout_is_checked(tmp_path, variant):
     text = str(info.value)
     assert text.startswith(f"{src}: ") and message in text and "\n" not in text, text
     assert_nothing_written(tmp_path / "out")
+
+
+@pytest.mark.parametrize("name", ["X", "Y", "Z"])
+def test_rml2018_an_empty_dataspace_is_refused(tmp_path, rng, name):
+    h5py = pytest.importorskip("h5py")
+    src = tmp_path / "s.hdf5"
+    write_rml2018(src, rng, n=4)
+    with h5py.File(src, "r+") as f:
+        dtype = f[name].dtype
+        del f[name]
+        f[name] = h5py.Empty(dtype)  # a dataset with no shape: ds.shape is None
+        assert f[name].shape is None
+    with pytest.raises(DataError) as info:
+        convert_radioml2018(src, tmp_path / "out")
+    assert str(info.value) == (
+        f"{src}: {name} has an empty dataspace (no shape; RadioML 2018.01A: X float32 "
+        "[N, 1024, 2], Y int one-hot [N, 24], Z int [N, 1])"
+    )
+    assert_nothing_written(tmp_path / "out")
+
+
+@pytest.mark.parametrize(
+    "dtype, row, value",
+    [(np.uint64, 130, 2**63), (np.uint64, 0, 1001), (np.int64, 149, -1001), (np.int8, 3, -128)],
+)
+def test_rml2018_an_snr_out_of_range_is_named(tmp_path, rng, monkeypatch, dtype, row, value):
+    h5py = pytest.importorskip("h5py")
+    src = tmp_path / "s.hdf5"
+    write_rml2018(src, rng, n=150)
+    z = np.zeros((150, 1), dtype)
+    z[row] = value
+    with h5py.File(src, "r+") as f:
+        del f["Z"]
+        f["Z"] = z
+    monkeypatch.setattr(convert, "RML2018_CHUNK", 64)  # found after recordings were written
+    monkeypatch.setattr(convert, "MAX_RECORDING_SAMPLES", 1024 * 30)
+    monkeypatch.setattr(convert, "MAX_ABS_SNR_DB", 100)  # the bound is read when checking
+    with pytest.raises(DataError) as info:
+        convert_radioml2018(src, tmp_path / "out")
+    assert str(info.value) == (
+        f"{src}: Z row {row}: SNR {value} dB is out of range (|SNR| <= 100 dB)"
+    )
+    assert_nothing_written(tmp_path / "out")
+
+
+def test_rml2018_snrs_at_the_bound_and_of_any_integer_type(tmp_path, rng):
+    h5py = pytest.importorskip("h5py")
+    src = tmp_path / "s.hdf5"
+    write_rml2018(src, rng, n=4)
+    with h5py.File(src, "r+") as f:
+        del f["Z"]
+        f["Z"] = np.array([[1000], [0], [7], [1000]], np.uint16)
+    convert_radioml2018(src, tmp_path / "out")
+    assert [snr for _, snr, _, _ in examples(tmp_path / "out")] == [1000, 0, 7, 1000]
 
 
 @pytest.mark.parametrize("damage", ["truncated", "text", "missing"])

@@ -334,6 +334,17 @@ def test_bins_cover_the_values_and_refuse_empty_bins():
     for bad, match in (("x", "width"), ("0", "> 0"), ("3,1", "increasing"), ("nan", "finite")):
         with pytest.raises(ConfigError, match=match):
             parse_bins(bad)
+    # a width far too small is refused at once (it would never end), as is an overflowing one
+    for width in (1e-300, 1e-7):
+        with pytest.raises(ConfigError, match=r"--bins: a width of .* more than 1000 bins"):
+            bin_edges(np.array([-20.0, 18.0]), width)
+    with pytest.raises(ConfigError, match="more than 1000 bins"):
+        bin_edges(np.array([-1e308, 1e308]), 1e-308)
+    # a value on a multiple of a width that is not exact in binary opens its bin
+    tenths = np.array([0.0, 0.3, 0.7])
+    edges = bin_edges(tenths, 0.1)
+    assert len(edges) == 9  # bins [0, 0.1) ... [0.7, 0.8)
+    assert bin_index(tenths, edges, 0.1).tolist() == [0, 3, 7]
 
 
 def test_by_key_refusals_are_one_line_exit_2(attempt, tmp_path, capsys):
@@ -345,6 +356,8 @@ def test_by_key_refusals_are_one_line_exit_2(attempt, tmp_path, capsys):
     _refused(capsys, [*a, "--bins", "5"], "--bins", "--by")
     _refused(capsys, [*a, "--layer", "2"], "--layer", "[0, 1]")
     _refused(capsys, [*a, "--layer", "last"], "--layer")
+    for lenient in (" 1", "01", "+1", "-0", "1.0", "\u0661"):  # int() would take most of these
+        _refused(capsys, [*a, "--layer", lenient], "--layer")
     # an annotation without the key, beside others with it: named
     rng = np.random.default_rng(0)
     rec = write_annotated(
@@ -352,7 +365,14 @@ def test_by_key_refusals_are_one_line_exit_2(attempt, tmp_path, capsys):
     )
     meta = json.loads(rec.read_text())
     meta["annotations"][0]["iqtrain:snr_db"] = 3.0
+    meta["annotations"][1]["huge"] = 10**400  # a JSON integer no float holds
+    meta["annotations"][0]["huge"] = 1.0
     rec.write_text(json.dumps(meta))
+    _refused(
+        capsys,
+        ["probe", os.fspath(path), "--data", os.fspath(rec), "--folds", "2", "--by", "huge"],
+        "mixed.sigmf-meta: annotations[1] is 1000",
+    )
     _refused(
         capsys,
         [

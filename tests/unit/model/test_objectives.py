@@ -115,6 +115,8 @@ def test_model_head_and_flops_follow_the_objective():
         ("bins", True, "model.bins"),
         ("bin_range", 0.0, "model.bin_range"),
         ("bin_range", float("inf"), "model.bin_range"),
+        ("bin_range", 1e39, "model.bin_range"),  # centres would be inf / nan in fp32
+        ("bin_range", 1e-9, "model.bin_range: .* narrower than 1e-6"),
     ],
 )
 def test_bad_objective_keys_are_named(key, value, match):

@@ -375,3 +375,16 @@ def test_a_categorical_attempt_records_both_losses_and_resumes_exactly(tmp_path,
     tables["model"].update(bins=16, bin_range=3.0)  # "mse" now, the grid as before
     with pytest.raises(ConfigError, match=r"model\.objective: cannot change on resume"):
         run_pretraining_attempt(build_config(tables), ParentRef(straight.attempt, "step_5"))
+
+
+def test_spikes_of_a_negative_log_likelihood_are_judged_in_nats():
+    # An NLL near 4 nats rising to 5.2 is a divergence (ln 3 = 1.0986 above the average)
+    # that a 3x ratio would never flag; 4.9 is not one.
+    ema = None
+    for loss in (4.0, 4.0):
+        spike, ema = spike_update(ema, loss, nats=True)
+        assert not spike
+    assert spike_update(ema, 4.0 + 1.0986, nats=True)[0] is False
+    assert spike_update(ema, 5.2, nats=True)[0] is True
+    assert spike_update(ema, 5.2, nats=False)[0] is False  # what the ratio rule would say
+    assert spike_update(ema, 12.1)[0] is True

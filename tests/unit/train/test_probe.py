@@ -84,7 +84,7 @@ def test_probe_settings_are_checked_before_the_attempt_exists(tmp_path, labelled
     with pytest.raises(ConfigError, match="probe.by torchsig:snr_db: no labelled annotation"):
         tables = _tables(tmp_path, "c", {"every": 1, "data": [labelled], "by": "torchsig:snr_db"})
         run_pretraining_attempt(build_config(tables))
-    with pytest.raises(ConfigError, match=r"probe.bins: the bin \[100, 200\)"):
+    with pytest.raises(ConfigError, match=r"probe.bins: the bin \[100, 200\]"):
         probe = {"every": 1, "data": [labelled], "by": "iqtrain:snr_db", "bins": [100, 200]}
         run_pretraining_attempt(build_config(_tables(tmp_path, "c", probe)))
     for bins, match in ((0, "probe.bins"), ([3, 1], "probe.bins"), (["a", 2], r"probe.bins\[0\]")):
