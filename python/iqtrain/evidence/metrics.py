@@ -38,7 +38,10 @@ __all__ = [
 ]
 
 # Fields that measure wall-clock time: excluded when streams are compared across runs.
-TIMING_FIELDS = frozenset({"step_time_s", "samples_per_s", "time_s", "tflops", "mfu"})
+# Measurements of the machine, not of the training: they differ between equivalent runs.
+TIMING_FIELDS = frozenset(
+    {"step_time_s", "samples_per_s", "time_s", "tflops", "mfu", "peak_rss_bytes", "cuda_peak_bytes"}
+)
 
 _COPY_CHUNK = 1 << 20
 

@@ -13,7 +13,9 @@ its own config sections (``[training]``, ``[data]``) and nothing else of the con
 from __future__ import annotations
 
 import math
+import resource
 import signal
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -44,6 +46,7 @@ __all__ = [
     "LoopParts",
     "LoopState",
     "Trainer",
+    "peak_memory",
     "spike_update",
 ]
 
@@ -126,6 +129,17 @@ def spike_update(ema: float | None, loss: float, nats: bool = False) -> tuple[bo
         spike = ema is not None and loss > SPIKE_FACTOR * ema
     new = loss if ema is None else SPIKE_EMA * ema + (1 - SPIKE_EMA) * loss
     return spike, new
+
+
+def peak_memory(device_type: str) -> dict[str, int]:
+    """The process's peak resident memory so far (``getrusage``: kB on Linux, bytes on macOS)
+    and, on CUDA, the most bytes torch's allocator has held on this device. Cheap: one
+    syscall, and a counter torch keeps (no device synchronisation)."""
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    out = {"peak_rss_bytes": int(rss if sys.platform == "darwin" else rss * 1024)}
+    if device_type == "cuda":
+        out["cuda_peak_bytes"] = int(torch.cuda.max_memory_allocated())
+    return out
 
 
 def state_components(stream: TrainStream, loop: LoopState, rng: RNGState) -> dict[str, Any]:
@@ -326,6 +340,7 @@ class Trainer:
         utilisation = mfu(tflops, self.peak_tflops)
         if utilisation is not None:
             record["mfu"] = utilisation
+        record.update(peak_memory(self.stepper.device.type))
         if self.metrics is not None:
             self.metrics.write(record)
         progress.update(self.loop.step, result.loss, result.lr, samples / dt if dt > 0 else 0.0)

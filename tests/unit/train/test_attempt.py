@@ -64,6 +64,9 @@ def test_end_to_end_evidence(tmp_path, cache):
         "spike",
     }
     assert train[0]["samples"] == 8 and train[0]["patches"] == 8 * 15
+    # peak memory so far: never less than a torch process holds, never falling
+    rss = [r["peak_rss_bytes"] for r in train]
+    assert rss[0] > 50 * 2**20 and rss == sorted(rss) and "cuda_peak_bytes" not in train[0]
     plan = Plan(
         kind="wsd",
         max_steps=12,
