@@ -11,12 +11,18 @@ from iqtrain.console import SignalGuard
 
 
 def test_sigint_sigterm_and_sighup_become_a_flag():
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        before = signal.getsignal(sig)
-        with SignalGuard(announce=False) as guard:
-            os.kill(os.getpid(), sig)
-            assert guard.signum == sig
-        assert signal.getsignal(sig) == before  # restored on exit
+    # The suite may itself run under nohup (SIGHUP ignored, which the guard keeps ignored:
+    # the next test): start from the default disposition, as a terminal session has it.
+    hup = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    try:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            before = signal.getsignal(sig)
+            with SignalGuard(announce=False) as guard:
+                os.kill(os.getpid(), sig)
+                assert guard.signum == sig
+            assert signal.getsignal(sig) == before  # restored on exit
+    finally:
+        signal.signal(signal.SIGHUP, hup)
 
 
 def test_a_hangup_ignored_at_start_stays_ignored():
@@ -34,6 +40,8 @@ def _latch_child(body: str) -> subprocess.CompletedProcess:
     """A fresh interpreter that installs the process's SignalLatch, then runs ``body``."""
     prelude = (
         "import os, signal, sys, time\n"
+        # A terminal session's SIGHUP, even when the suite itself runs under nohup.
+        "signal.signal(signal.SIGHUP, signal.SIG_DFL)\n"
         "from iqtrain.console import SignalLatch\n"
         "latch = SignalLatch.install(distributed=True)\n"
     )
