@@ -23,7 +23,8 @@ QUICKSTART = Path(__file__).resolve().parents[3] / "examples" / "quickstart.toml
 def test_quickstart_loads_and_resolves_every_default():
     cfg = load_config(QUICKSTART)
     assert cfg.data.window == 512 and cfg.data.stride == 512
-    assert cfg.model.patch_len == 8 and cfg.model.max_patches == 64
+    assert cfg.model.patch_len == 16 and cfg.model.max_patches == 32
+    assert cfg.model.objective == "categorical" and cfg.model.bins == 64
     assert cfg.model.mlp_hidden == 512  # 8/3 * 192 = 512
     tables = config_to_dict(cfg)
     assert tables["training"]["device"] == "cpu"
