@@ -222,3 +222,13 @@ def skip_gpu_tests_without_cuda(items: list) -> None:
     for item in items:
         if item.get_closest_marker("gpu") is not None:
             item.add_marker(skip)
+
+
+def h5py_or_skip():
+    """h5py, the optional ``iqtrain[radioml]`` extra (``.ci/dev setup`` installs it), or a skip
+    saying so: without it only the radioml2018 converter's tests cannot run."""
+    import pytest
+
+    return pytest.importorskip(
+        "h5py", reason="needs h5py, the optional iqtrain[radioml] extra (.ci/dev setup installs it)"
+    )

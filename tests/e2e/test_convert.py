@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import h5py_or_skip
 
 import iqtrain
 
@@ -75,7 +76,7 @@ def test_radioml2016(tmp_path):
 
 
 def test_radioml2018_with_a_classes_file(tmp_path):
-    h5py = pytest.importorskip("h5py")
+    h5py = h5py_or_skip()
     rng = np.random.default_rng(2)
     n, width = 12, 3
     x = rng.standard_normal((n, 1024, 2)).astype(np.float32)

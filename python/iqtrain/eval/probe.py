@@ -52,6 +52,7 @@ __all__ = [
     "assign_folds",
     "bin_edges",
     "bin_index",
+    "bin_windows",
     "check_bins",
     "classical_score",
     "cross_validate",
@@ -225,7 +226,8 @@ def probe_features(
 ) -> torch.Tensor:
     """``[len(labelled), dim]`` fp32 CPU: final hidden states mean-pooled over patches (see
     :func:`layer_features`)."""
-    return _features(model, labelled, data, batch_size, None)[-1]
+    final = model.config.layers
+    return layer_features(model, labelled, data, [final], batch_size=batch_size)[final]
 
 
 def layer_features(
@@ -238,18 +240,7 @@ def layer_features(
 ) -> dict[int, torch.Tensor]:
     """``{layer: [len(labelled), dim]}`` of ``layers`` (:meth:`NextPatchModel.layer_states`
     numbering: 0 the patch embeddings, ``model.layers`` the final hidden states), mean-pooled
-    over patches, from one forward per batch."""
-    return _features(model, labelled, data, batch_size, list(layers))
-
-
-def _features(
-    model: NextPatchModel,
-    labelled: LabelledSet,
-    data: DataConfig,
-    batch_size: int,
-    wanted: list[int] | None,
-) -> dict[int, torch.Tensor]:
-    """Features of ``wanted`` layers, or (None) of the final hidden states under key -1.
+    over patches, from one forward per batch.
 
     Each window is normalised and patched exactly as training does (``data.patch_len``,
     ``data.norm``, ``data.prefix_patches``), on the model's device, in fp32 (autocast off),
@@ -258,7 +249,7 @@ def _features(
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
-    out: dict[int, list[torch.Tensor]] = {k: [] for k in (wanted or [-1])}
+    out: dict[int, list[torch.Tensor]] = {k: [] for k in layers}
     try:
         with torch.no_grad(), torch.autocast(device.type, enabled=False):
             for raw in labelled.batches(batch_size):
@@ -268,11 +259,8 @@ def _features(
                     norm=data.norm,
                     prefix_patches=data.prefix_patches,
                 )
-                if wanted is None:
-                    out[-1].append(model.hidden_states(patches).float().mean(dim=1).cpu())
-                    continue
                 states = model.layer_states(patches)
-                for k in wanted:
+                for k in out:
                     out[k].append(states[k].float().mean(dim=1).cpu())
     finally:
         model.train(was_training)
@@ -574,6 +562,21 @@ def check_bins(
     return idx
 
 
+def bin_windows(
+    labelled: LabelledSet,
+    key: str,
+    bins: float | list[float],
+    names: tuple[str, str] = ("--by", "--bins"),
+) -> tuple[list[float], np.ndarray]:
+    """``(edges, bin of each window)`` of annotation field ``key`` cut by ``bins`` (a width or
+    edges), every refusal a ConfigError naming ``names`` (the option or config key of the
+    field, and of the bins): what ``iqtrain probe --by`` and ``[probe] by`` share."""
+    values = labelled.numeric(key, name=names[0])
+    edges = bin_edges(values, bins, names[1])
+    width = None if isinstance(bins, list) else bins
+    return edges, check_bins(values, edges, key, names[1], width)
+
+
 def accuracy_by(
     key: str,
     edges: Sequence[float],
@@ -728,10 +731,7 @@ def run_probe(
     assign_folds(labelled.labels, labelled.groups, folds, seed, key="--folds")  # refuse early
     binned = None
     if by is not None and spec is not None:
-        values = labelled.numeric(by)
-        edges = bin_edges(values, spec)
-        width = None if isinstance(spec, list) else spec
-        binned = (edges, check_bins(values, edges, by, "--bins", width))
+        binned = bin_windows(labelled, by, spec)
     layers = list(range(config.model.layers + 1)) if chosen == "all" else [int(chosen)]
     main_layer = config.model.layers if chosen == "all" else int(chosen)
     models = {"pretrained": model, "random_init": random_init_model(config.model, seed)}

@@ -24,8 +24,7 @@ from iqtrain.eval.probe import (
     ProbeScore,
     accuracy_by,
     assign_folds,
-    bin_edges,
-    check_bins,
+    bin_windows,
     classical_score,
     labelled_windows,
     probe_model,
@@ -62,10 +61,8 @@ class TrainingProbe:
         self.by = probe.by
         self._bins: tuple[list[float], np.ndarray] | None = None
         if probe.by:  # refused now (exit 2 naming probe.by or probe.bins), not mid-run
-            values = self.labelled.numeric(probe.by, name="probe.by")
-            edges = bin_edges(values, probe.bins, "probe.bins")
-            width = None if isinstance(probe.bins, list) else probe.bins
-            self._bins = (edges, check_bins(values, edges, probe.by, "probe.bins", width))
+            names = ("probe.by", "probe.bins")
+            self._bins = bin_windows(self.labelled, probe.by, probe.bins, names)
         self._random_init: ProbeScore | None = None
         self._classical: ProbeScore | None = None
 

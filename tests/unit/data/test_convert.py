@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import sigmf
+from helpers import h5py_or_skip
 
 import iqtrain
 from iqtrain.data import convert
@@ -85,7 +86,7 @@ def py2_pickle(d: dict) -> bytes:
 
 
 def write_rml2018(path: Path, rng: np.random.Generator, n: int = 150, width: int = 24):
-    h5py = pytest.importorskip("h5py")
+    h5py = h5py_or_skip()
     x = rng.standard_normal((n, 1024, 2)).astype(np.float32)
     cls = rng.integers(0, width, n)
     y = np.zeros((n, width), dtype=np.int64)
@@ -853,7 +854,7 @@ def test_rml2018_class_count_must_match_y(tmp_path, rng):
     "row, value", [(0, [0] * 24), (130, [1] * 2 + [0] * 22), (149, [2] + [0] * 23)]
 )
 def test_rml2018_a_row_that_is_not_one_hot_is_named(tmp_path, rng, monkeypatch, row, value):
-    h5py = pytest.importorskip("h5py")
+    h5py = h5py_or_skip()
     src = tmp_path / "s.hdf5"
     write_rml2018(src, rng, n=150)
     with h5py.File(src, "r+") as f:
@@ -902,7 +903,7 @@ def _layout_variants(rng):
 
 @pytest.mark.parametrize("variant", list(_layout_variants(np.random.default_rng(0))))
 def test_rml2018_layout_is_checked(tmp_path, variant):
-    h5py = pytest.importorskip("h5py")
+    h5py = h5py_or_skip()
     datasets, message = _layout_variants(np.random.default_rng(0))[variant]
     src = tmp_path / "s.hdf5"
     with h5py.File(src, "w") as f:
@@ -917,7 +918,7 @@ def test_rml2018_layout_is_checked(tmp_path, variant):
 
 @pytest.mark.parametrize("name", ["X", "Y", "Z"])
 def test_rml2018_an_empty_dataspace_is_refused(tmp_path, rng, name):
-    h5py = pytest.importorskip("h5py")
+    h5py = h5py_or_skip()
     src = tmp_path / "s.hdf5"
     write_rml2018(src, rng, n=4)
     with h5py.File(src, "r+") as f:
@@ -939,7 +940,7 @@ def test_rml2018_an_empty_dataspace_is_refused(tmp_path, rng, name):
     [(np.uint64, 130, 2**63), (np.uint64, 0, 1001), (np.int64, 149, -1001), (np.int8, 3, -128)],
 )
 def test_rml2018_an_snr_out_of_range_is_named(tmp_path, rng, monkeypatch, dtype, row, value):
-    h5py = pytest.importorskip("h5py")
+    h5py = h5py_or_skip()
     src = tmp_path / "s.hdf5"
     write_rml2018(src, rng, n=150)
     z = np.zeros((150, 1), dtype)
@@ -959,7 +960,7 @@ def test_rml2018_an_snr_out_of_range_is_named(tmp_path, rng, monkeypatch, dtype,
 
 
 def test_rml2018_snrs_at_the_bound_and_of_any_integer_type(tmp_path, rng):
-    h5py = pytest.importorskip("h5py")
+    h5py = h5py_or_skip()
     src = tmp_path / "s.hdf5"
     write_rml2018(src, rng, n=4)
     with h5py.File(src, "r+") as f:
@@ -971,7 +972,7 @@ def test_rml2018_snrs_at_the_bound_and_of_any_integer_type(tmp_path, rng):
 
 @pytest.mark.parametrize("damage", ["truncated", "text", "missing"])
 def test_rml2018_unreadable_sources(tmp_path, rng, damage):
-    pytest.importorskip("h5py")
+    h5py_or_skip()
     src = tmp_path / "s.hdf5"
     write_rml2018(src, rng, n=20)
     if damage == "truncated":

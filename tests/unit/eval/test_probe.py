@@ -209,14 +209,15 @@ def test_a_window_with_non_finite_features_is_a_data_error_naming_the_recording(
     data = DataConfig(patch_len=8, seq_patches=8)
     ls = labelled_windows(os.fspath(tmp_path / "*.sigmf-meta"), data.window)
     model = random_init_model(ModelConfig(patch_len=8, max_patches=8, dim=16, layers=1), 0)
-    real = model.hidden_states
+    real = model.layer_states
 
     def one_nan_row(patches):  # as a NaN sample in the recording would make it
-        out = real(patches).clone()
-        out[0, 0, 0] = float("nan")
-        return out
+        states = real(patches)
+        states[-1] = states[-1].clone()
+        states[-1][0, 0, 0] = float("nan")
+        return states
 
-    model.hidden_states = one_nan_row
+    model.layer_states = one_nan_row
     with pytest.raises(DataError, match=r"synth_0000.sigmf-data: the window at sample \d+"):
         probe_features(model, ls, data, batch_size=len(ls))
 
