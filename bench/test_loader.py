@@ -1,16 +1,14 @@
 """Loader throughput: TrainStream.next() (and next_slot() into a caller-owned ring) against its
 peers, in one run.
 
-ci16 windows of 2048 samples, batch 256 (2 MiB per batch), shuffled ids over a 128 MiB
-recording held in the page cache. Peers: (a) a memcpy of the same bytes (the ceiling), (b) numpy
-fancy-index gather from a memmap, (c) a torch DataLoader with 2 workers over the same memmap.
-Targets: >= 2x numpy gather and >= 0.5x memcpy. Ratios are printed in the run's summary.
-
-Rows are read with pread (truncation-safe) into 64-byte aligned batch buffers. Measured on the
-shared 2-core AMD EPYC VM, 3 alternating runs each: 0.29-0.31 ms/batch (0.93-1.05x numpy, 0.20-
-0.23x memcpy); the earlier mmap reader into malloc'd buffers (16 bytes past a page, where
-`rep movsb` runs 3-5x slower) took 0.58-0.69 ms here (0.42-0.51x numpy) and up to 1.4 ms under
-load; an mmap reader into the aligned buffers took 0.15-0.22 ms: pread costs ~0.6 us per row.
+Windows of 2048 samples, batch 256, shuffled ids over a 16384-window recording held in the page
+cache (128 MiB of ci16; 64 MiB of ci8, 256 MiB of cf32), for each of ci16_le, ci8 and cf32_le.
+Peers of each kind: (a) a memcpy of the same batch bytes (a cache-hot ceiling: 2 MiB source),
+(b) numpy fancy-index gather from a memmap, (c) the same TrainStream reading with pread only
+(``map_min_bytes=2**64-1``, the reader before the guarded map). For ci16 also (d) a torch
+DataLoader with 2 workers over the same memmap. Targets (ci16): >= 1.5x numpy gather and >= 0.4x
+memcpy; for ci8 and cf32 no loss (>= 1x the pread reader). Ratios are printed in the run's
+summary; the measured figures (three idle runs) are in docs/design.md section 2.3.1.
 
     pytest bench/test_loader.py --benchmark-only
 """
@@ -29,25 +27,35 @@ from iqtrain.data.dataset import IQDataset, TrainStream
 
 WINDOW = 2048
 BATCH = 256
-NUM_WINDOWS = 16384  # 128 MiB of ci16: larger than any CPU cache
-BATCH_BYTES = BATCH * WINDOW * 2 * 2
+NUM_WINDOWS = 16384  # 64-256 MiB: larger than any CPU cache
+KINDS = {"ci16_le": np.int16, "ci8": np.int8, "cf32_le": np.float32}
+PREAD_ONLY = 2**64 - 1  # map_min_bytes that maps nothing
 
 _medians: dict[str, float] = {}
 
 
+def _batch_bytes(kind: str) -> int:
+    return BATCH * WINDOW * 2 * np.dtype(KINDS[kind]).itemsize
+
+
 @pytest.fixture(scope="module")
-def recording(tmp_path_factory):
+def recordings(tmp_path_factory):
     d = tmp_path_factory.mktemp("loader")
     rng = np.random.default_rng(0)
-    data = rng.integers(-2000, 2000, size=(NUM_WINDOWS, WINDOW, 2), dtype=np.int16)
-    data.tofile(d / "r.sigmf-data")
-    meta = {
-        "global": {"core:datatype": "ci16_le", "core:version": "1.2.0", "core:sample_rate": 1e6},
-        "captures": [{"core:sample_start": 0}],
-        "annotations": [],
-    }
-    (d / "r.sigmf-meta").write_text(json.dumps(meta))
-    return d / "r.sigmf-meta", d / "r.sigmf-data"
+    out = {}
+    for kind, dtype in KINDS.items():
+        lim = 100 if dtype == np.int8 else 2000
+        data = rng.integers(-lim, lim, size=(NUM_WINDOWS, WINDOW, 2)).astype(dtype)
+        stem = d / kind
+        data.tofile(stem.with_suffix(".sigmf-data"))
+        meta = {
+            "global": {"core:datatype": kind, "core:version": "1.2.0", "core:sample_rate": 1e6},
+            "captures": [{"core:sample_start": 0}],
+            "annotations": [],
+        }
+        stem.with_suffix(".sigmf-meta").write_text(json.dumps(meta))
+        out[kind] = (stem.with_suffix(".sigmf-meta"), stem.with_suffix(".sigmf-data"))
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -57,14 +65,20 @@ def batches_of_ids():
     return perm.reshape(-1, BATCH)
 
 
-def test_trainstream_next(benchmark, bench_summary, recording):
-    ds = IQDataset([recording[0]], window=WINDOW)
+@pytest.mark.parametrize("read", ["mmap", "pread"])
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_trainstream_next(benchmark, bench_summary, recordings, kind, read):
+    ds = IQDataset(
+        [recordings[kind][0]], window=WINDOW, map_min_bytes=None if read == "mmap" else PREAD_ONLY
+    )
+    assert ds._native.mapped_recordings == (1 if read == "mmap" else 0)
     stream = TrainStream(ds, batch_size=BATCH, seed=0, prefetch=2)
     for _ in range(8):
         next(stream)  # page cache and buffer pool warm, prefetch filled
     out = benchmark(stream.next)
-    assert out.shape == (BATCH, WINDOW, 2) and out.dtype == np.int16
-    _medians["trainstream"] = median(benchmark)
+    assert out.shape == (BATCH, WINDOW, 2) and out.dtype == KINDS[kind]
+    np.testing.assert_array_equal(out, ds.windows(stream.last_ids()))
+    _medians[f"{kind}/trainstream_{read}"] = median(benchmark)
     _report(bench_summary)
 
 
@@ -88,33 +102,36 @@ def _ring_bench(benchmark, recording, buffers, key):
     _medians[key] = median(benchmark)
 
 
-def test_trainstream_ring_torch(benchmark, bench_summary, recording):
+def test_trainstream_ring_torch(benchmark, bench_summary, recordings):
     # Caller-owned buffers as the trainer allocates them: torch tensors' numpy views (64-byte
     # aligned on CPU; pinned, page-aligned, on CUDA). prefetch 2 + 1 held + 1 spare.
     tensors = [torch.empty((BATCH, WINDOW, 2), dtype=torch.int16) for _ in range(4)]
-    _ring_bench(benchmark, recording, [t.numpy() for t in tensors], "ring_torch")
+    _ring_bench(benchmark, recordings["ci16_le"], [t.numpy() for t in tensors], "ring_torch")
     _report(bench_summary)
 
 
-def test_trainstream_ring_numpy(benchmark, bench_summary, recording):
+def test_trainstream_ring_numpy(benchmark, bench_summary, recordings):
     # Plain np.empty buffers: malloc puts 2 MiB blocks 16 bytes past a page boundary, where the
     # row copies run slower (see aligned.rs): the caller's allocation decides.
     buffers = [np.empty((BATCH, WINDOW, 2), np.int16) for _ in range(4)]
-    _ring_bench(benchmark, recording, buffers, "ring_numpy")
+    _ring_bench(benchmark, recordings["ci16_le"], buffers, "ring_numpy")
     _report(bench_summary)
 
 
-def test_memcpy_peer(benchmark, bench_summary):
-    src = np.random.default_rng(2).integers(-2000, 2000, BATCH_BYTES // 2, dtype=np.int16)
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_memcpy_peer(benchmark, bench_summary, kind):
+    src = np.random.default_rng(2).integers(0, 100, _batch_bytes(kind), dtype=np.uint8)
     dst = np.empty_like(src)
     benchmark(np.copyto, dst, src)
     np.testing.assert_array_equal(dst, src)
-    _medians["memcpy"] = median(benchmark)
+    _medians[f"{kind}/memcpy"] = median(benchmark)
     _report(bench_summary)
 
 
-def test_numpy_memmap_gather_peer(benchmark, bench_summary, recording, batches_of_ids):
-    mm = np.memmap(recording[1], dtype=np.int16, mode="r", shape=(NUM_WINDOWS, WINDOW, 2))
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_numpy_memmap_gather_peer(benchmark, bench_summary, recordings, kind, batches_of_ids):
+    shape = (NUM_WINDOWS, WINDOW, 2)
+    mm = np.memmap(recordings[kind][1], dtype=KINDS[kind], mode="r", shape=shape)
     state = {"k": 0}
 
     def gather():
@@ -126,7 +143,7 @@ def test_numpy_memmap_gather_peer(benchmark, bench_summary, recording, batches_o
         gather()
     out = benchmark(gather)
     assert out.shape == (BATCH, WINDOW, 2)
-    _medians["numpy_gather"] = median(benchmark)
+    _medians[f"{kind}/numpy_gather"] = median(benchmark)
     _report(bench_summary)
 
 
@@ -144,9 +161,9 @@ class _MemmapWindows(torch.utils.data.Dataset):
         return torch.from_numpy(np.array(self.mm[i]))
 
 
-def test_torch_dataloader_peer(benchmark, bench_summary, recording):
+def test_torch_dataloader_peer(benchmark, bench_summary, recordings):
     loader = torch.utils.data.DataLoader(
-        _MemmapWindows(recording[1]),
+        _MemmapWindows(recordings["ci16_le"][1]),
         batch_size=BATCH,
         sampler=torch.utils.data.RandomSampler(
             range(NUM_WINDOWS),
@@ -193,16 +210,31 @@ def test_open_billion_window_dataset(benchmark, tmp_path):
 
 def _report(add) -> None:
     # Called by each peer test; prints once every median of the run is in.
-    needed = ("trainstream", "ring_torch", "ring_numpy", "memcpy", "numpy_gather", "dataloader")
+    per_kind = ("trainstream_mmap", "trainstream_pread", "numpy_gather", "memcpy")
+    needed = [f"{k}/{what}" for k in KINDS for what in per_kind]
+    needed += ["ring_torch", "ring_numpy", "dataloader"]
     if any(_medians.get(k) is None for k in needed) or _medians.get("reported"):
         return
     _medians["reported"] = 1.0
-    gbps = {k: BATCH_BYTES / _medians[k] / 1e9 for k in needed}
-    for k in needed:
-        add(f"loader {k:>13}: {_medians[k] * 1e3:7.3f} ms/batch  {gbps[k]:6.2f} GB/s")
-    tn = gbps["trainstream"]
-    add(f"loader TrainStream / numpy gather: {tn / gbps['numpy_gather']:.2f}x (target >= 2x)")
-    add(f"loader TrainStream / memcpy:       {tn / gbps['memcpy']:.2f}x (target >= 0.5x)")
-    add(f"loader TrainStream / DataLoader:   {tn / gbps['dataloader']:.2f}x")
+
+    def gbps(key: str, kind: str = "ci16_le") -> float:
+        return _batch_bytes(kind) / _medians[key] / 1e9
+
+    for kind in KINDS:
+        for what in per_kind:
+            key = f"{kind}/{what}"
+            ms, rate = _medians[key] * 1e3, gbps(key, kind)
+            add(f"loader {key:>26}: {ms:7.3f} ms/batch  {rate:6.2f} GB/s")
+    for key in ("ring_torch", "ring_numpy", "dataloader"):
+        add(f"loader {key:>26}: {_medians[key] * 1e3:7.3f} ms/batch  {gbps(key):6.2f} GB/s")
+    for kind in KINDS:
+        tn = gbps(f"{kind}/trainstream_mmap", kind)
+        aims = (" (target >= 1.5x)", " (target >= 0.4x)") if kind == "ci16_le" else ("", "")
+        peers = (("numpy gather", "numpy_gather", aims[0]), ("memcpy", "memcpy", aims[1]))
+        peers += (("pread reader", "trainstream_pread", " (no loss: >= 1x)"),)
+        for name, key, aim in peers:
+            add(f"loader {kind} TrainStream / {name}: {tn / gbps(f'{kind}/{key}', kind):.2f}x{aim}")
+    tn = gbps("ci16_le/trainstream_mmap")
+    add(f"loader ci16_le TrainStream / DataLoader:   {tn / gbps('dataloader'):.2f}x")
     for k in ("ring_torch", "ring_numpy"):
-        add(f"loader {k} / TrainStream.next: {gbps[k] / tn:.2f}x (same bytes, caller buffers)")
+        add(f"loader {k} / TrainStream.next: {gbps(k) / tn:.2f}x (same bytes, caller buffers)")

@@ -232,3 +232,72 @@ def h5py_or_skip():
     return pytest.importorskip(
         "h5py", reason="needs h5py, the optional iqtrain[radioml] extra (.ci/dev setup installs it)"
     )
+
+
+def tensorboard_scalars(directory: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar of the event files in ``directory`` as TensorBoard's own reader loads them:
+    ``{tag: [(step, value), …]}``."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(os.fspath(directory), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def _wandb_records(path: Path) -> list:
+    """The ``wandb_internal_pb2.Record`` protos of one offline ``run-<id>.wandb`` file.
+
+    A LevelDB-style log: a 7-byte header (``:W&B``, magic 0xBEE1, version 0), then 32 KiB
+    blocks of chunks (crc32 u32, length u16, type u8: 1 full, 2 first, 3 middle, 4 last) that
+    join into records."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    block = 32768
+    data = path.read_bytes()
+    if data[:7] != b":W&B\xe1\xbe\x00":
+        return []  # not even the header yet
+    pos, pending, records = 7, b"", []
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a chunk is padding
+            pos += block - pos % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        pending += data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            records.append(record)
+            pending = b""
+    return records
+
+
+def wandb_offline_runs(wandb_dir: Path, timeout: float = 60.0) -> dict[Path, dict]:
+    """The finished offline W&B runs under ``wandb_dir`` (``WANDB_DIR``), read from the
+    ``run-<id>.wandb`` files wandb writes: ``{run directory: {"id", "history": [{key: value},
+    …]}}``, oldest first. wandb-core writes a file after ``finish()`` has returned (and after
+    the process that logged it has exited), so this waits until every file holds its run's
+    ``exit`` record, up to ``timeout`` seconds."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        runs, done = {}, True
+        for path in sorted(Path(wandb_dir).glob("wandb/offline-run-*/run-*.wandb")):
+            records = _wandb_records(path)
+            kinds = [r.WhichOneof("record_type") for r in records]
+            done = done and "exit" in kinds
+            run_id = next(
+                (r.run.run_id for r, k in zip(records, kinds, strict=True) if k == "run"), None
+            )
+            history = [
+                {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
+                for r, k in zip(records, kinds, strict=True)
+                if k == "history"
+            ]
+            runs[path.parent] = {"id": run_id, "history": history}
+        if done or time.monotonic() > deadline:
+            return runs
+        time.sleep(0.05)

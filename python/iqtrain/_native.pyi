@@ -8,7 +8,15 @@ from typing import Literal, Self, final
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["NativeDataset", "NativeStream", "digest_files", "feistel_index"]
+__all__ = [
+    "NativeDataset",
+    "NativeStream",
+    "digest_files",
+    "digest_merge",
+    "digest_pieces",
+    "digest_plan",
+    "feistel_index",
+]
 
 @final
 class NativeDataset:
@@ -19,6 +27,7 @@ class NativeDataset:
         window: int,
         stride: int,
         captures: list[list[int]] | None = None,
+        map_min_bytes: int | None = None,
     ) -> Self: ...
     @property
     def num_windows(self) -> int: ...
@@ -30,6 +39,8 @@ class NativeDataset:
     def dtype(self) -> Literal["int8", "int16", "float32"]: ...
     @property
     def num_recordings(self) -> int: ...
+    @property
+    def mapped_recordings(self) -> int: ...
     @property
     def recording_windows(self) -> list[int]: ...
     @property
@@ -68,3 +79,8 @@ class NativeStream:
 
 def feistel_index(n: int, seed: int, epoch: int, pos: int) -> int: ...
 def digest_files(paths: list[str], expected_lengths: list[int] | None = None) -> list[str]: ...
+def digest_plan(length: int, piece: int = ...) -> list[tuple[int, int]]: ...
+def digest_pieces(
+    paths: list[str], lengths: list[int], offsets: list[int], sizes: list[int]
+) -> list[bytes]: ...
+def digest_merge(length: int, values: list[bytes], piece: int = ...) -> str: ...

@@ -24,6 +24,14 @@ const RAYON_MIN: usize = 128 << 10;
 /// [`Error::LengthChanged`] before anything is read; without it the length at open is expected.
 /// A file that shrinks or grows while being read is [`Error::LengthChanged`] too.
 pub fn digest_file(path: &str, expected_len: Option<u64>) -> Result<blake3::Hash> {
+    let (file, len) = open_checked(path, expected_len)?;
+    let hasher = hash_range(path, &file, len, 0, len)?;
+    check_end(path, &file, len)?;
+    Ok(hasher.finalize())
+}
+
+/// Opens `path` and checks its length against `expected_len` (when given).
+fn open_checked(path: &str, expected_len: Option<u64>) -> Result<(std::fs::File, u64)> {
     let (file, len) = open_regular(path)?;
     if let Some(expected) = expected_len.filter(|&e| e != len) {
         return Err(Error::LengthChanged {
@@ -32,22 +40,37 @@ pub fn digest_file(path: &str, expected_len: Option<u64>) -> Result<blake3::Hash
             found: len,
         });
     }
-    let cap = usize::try_from(len).map_or(CHUNK, |l| l.min(CHUNK));
+    Ok((file, len))
+}
+
+/// A hasher fed bytes `[offset, offset + n)` of `file` (of `len` bytes), its input offset set
+/// to `offset` so a piece of a larger file yields that subtree's chaining value.
+fn hash_range(
+    path: &str,
+    file: &std::fs::File,
+    len: u64,
+    offset: u64,
+    n: u64,
+) -> Result<blake3::Hasher> {
+    use blake3::hazmat::HasherExt;
+    let end = offset + n;
+    let cap = usize::try_from(n).map_or(CHUNK, |l| l.min(CHUNK));
     // Cache-line aligned: unaligned read buffers made the kernel's copy 3-5x slower here.
     let mut cur = AlignedVec::<u8>::zeroed(cap)?;
     let mut next = AlignedVec::<u8>::zeroed(cap)?;
-    // Fills buf with the (at most CHUNK) bytes at `off`; 0 at the end of the file.
+    // Fills buf with the (at most CHUNK) bytes at `off`; 0 at the end of the range.
     let read = |buf: &mut [u8], off: u64| -> Result<usize> {
-        let n = (len - off).min(cap as u64) as usize;
-        read_exact_at(&file, &mut buf[..n], off).map_err(|e| read_error(path, &file, len, e))?;
-        Ok(n)
+        let k = (end - off).min(cap as u64) as usize;
+        read_exact_at(file, &mut buf[..k], off).map_err(|e| read_error(path, file, len, e))?;
+        Ok(k)
     };
     let mut hasher = blake3::Hasher::new();
-    let mut off = 0u64;
-    let mut n = read(&mut cur, off)?;
-    while n > 0 {
-        off += n as u64;
-        let piece = &cur[..n];
+    hasher.set_input_offset(offset);
+    let mut off = offset;
+    let mut k = read(&mut cur, off)?;
+    while k > 0 {
+        off += k as u64;
+        let piece = &cur[..k];
         let (_, r) = rayon::join(
             || {
                 if piece.len() >= RAYON_MIN {
@@ -58,19 +81,102 @@ pub fn digest_file(path: &str, expected_len: Option<u64>) -> Result<blake3::Hash
             },
             || read(&mut next, off),
         );
-        n = r?;
+        k = r?;
         std::mem::swap(&mut cur, &mut next);
     }
-    // A byte past the length read means the file grew: the digest would not be its content.
-    match read_exact_at(&file, &mut [0u8; 1], len) {
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(hasher.finalize()),
-        Err(e) => Err(read_error(path, &file, len, e)),
+    Ok(hasher)
+}
+
+/// A byte past the length read means the file grew: the digest would not be its content.
+fn check_end(path: &str, file: &std::fs::File, len: u64) -> Result<()> {
+    match read_exact_at(file, &mut [0u8; 1], len) {
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(()),
+        Err(e) => Err(read_error(path, file, len, e)),
         Ok(()) => Err(Error::LengthChanged {
             file: path.to_owned(),
             expected: len,
             found: file.metadata().map_or(len + 1, |m| m.len()),
         }),
     }
+}
+
+/// Bytes of one piece when a file's digest is shared between processes: a power-of-two
+/// multiple of BLAKE3's 1 KiB chunk, so every piece but a file's last is a complete subtree
+/// and the last is a node on the tree's right edge (docs/design.md section 1.3).
+pub const PIECE: u64 = 1 << 26;
+
+/// The pieces `(offset, bytes)` a file of `len` bytes is hashed in, with pieces of `piece`
+/// bytes (a power of two >= 1024): one piece (the whole file) when it fits in one.
+pub fn pieces(len: u64, piece: u64) -> Result<Vec<(u64, u64)>> {
+    if !piece.is_power_of_two() || piece < blake3::CHUNK_LEN as u64 {
+        return Err(Error::config(
+            "piece",
+            format!("must be a power of two >= 1024, got {piece}"),
+        ));
+    }
+    if len <= piece {
+        return Ok(vec![(0, len)]);
+    }
+    Ok((0..len.div_ceil(piece))
+        .map(|i| (i * piece, piece.min(len - i * piece)))
+        .collect())
+}
+
+/// One piece of a shared digest: the 32 bytes of bytes `[offset, offset + n)` of `path`, which
+/// must have `len` bytes. When the piece is the whole file it is the file's BLAKE3 (as
+/// [`digest_file`]); otherwise that subtree's chaining value, for [`merge_pieces`]. A file of
+/// another length, or one that changes while read, is [`Error::LengthChanged`].
+pub fn digest_piece(path: &str, len: u64, offset: u64, n: u64) -> Result<[u8; 32]> {
+    use blake3::hazmat::HasherExt;
+    if offset.checked_add(n).is_none_or(|end| end > len) {
+        return Err(Error::config(
+            "piece",
+            format!("[{offset}, +{n}) is outside a file of {len} bytes"),
+        ));
+    }
+    let (file, _) = open_checked(path, Some(len))?;
+    let hasher = hash_range(path, &file, len, offset, n)?;
+    if offset + n == len {
+        check_end(path, &file, len)?;
+    }
+    Ok(if offset == 0 && n == len {
+        *hasher.finalize().as_bytes()
+    } else {
+        hasher.finalize_non_root()
+    })
+}
+
+/// The BLAKE3 of a file of `len` bytes from its pieces' values ([`pieces`]`(len, piece)` order,
+/// each from [`digest_piece`]): the tree's upper nodes rebuilt exactly as BLAKE3 splits them
+/// (the left subtree is the largest power-of-two number of chunks that leaves the right one
+/// non-empty).
+pub fn merge_pieces(len: u64, piece: u64, values: &[[u8; 32]]) -> Result<blake3::Hash> {
+    use blake3::hazmat::{left_subtree_len, merge_subtrees_non_root, merge_subtrees_root, Mode};
+    let want = pieces(len, piece)?.len();
+    if values.len() != want {
+        return Err(Error::config(
+            "pieces",
+            format!(
+                "a file of {len} bytes has {want} pieces, got {}",
+                values.len()
+            ),
+        ));
+    }
+    if want == 1 {
+        return Ok(blake3::Hash::from_bytes(values[0]));
+    }
+    // The value of the subtree over [a, b): a piece, or the merge of its two halves.
+    fn node(a: u64, b: u64, piece: u64, values: &[[u8; 32]]) -> [u8; 32] {
+        if b - a <= piece {
+            return values[(a / piece) as usize];
+        }
+        let mid = a + left_subtree_len(b - a);
+        let (l, r) = (node(a, mid, piece, values), node(mid, b, piece, values));
+        merge_subtrees_non_root(&l, &r, Mode::Hash)
+    }
+    let mid = left_subtree_len(len);
+    let (l, r) = (node(0, mid, piece, values), node(mid, len, piece, values));
+    Ok(merge_subtrees_root(&l, &r, Mode::Hash))
 }
 
 /// [`digest_file`] of every path, in parallel; results in the order of `paths`. On failure the
@@ -202,6 +308,57 @@ mod tests {
         assert!(matches!(
             digest_file(&p, Some(n as u64 / 2)),
             Err(Error::LengthChanged { .. })
+        ));
+    }
+
+    #[test]
+    fn pieces_merge_to_the_one_shot_hash() {
+        let t = TempDir::new("digest-pieces");
+        for (i, &n) in [
+            0usize,
+            1,
+            1023,
+            1024,
+            1025,
+            2048,
+            4096,
+            4097,
+            3 * 1024 + 5,
+            10_000,
+            65537,
+        ]
+        .iter()
+        .enumerate()
+        {
+            let b = bytes(n, 100 + i as u64);
+            let p = t.file(&format!("p{i}"), &b);
+            for piece in [1024u64, 2048, 4096, 1 << 20] {
+                let plan = pieces(n as u64, piece).unwrap();
+                let values: Vec<[u8; 32]> = plan
+                    .iter()
+                    .map(|&(o, k)| digest_piece(&p, n as u64, o, k).unwrap())
+                    .collect();
+                let got = merge_pieces(n as u64, piece, &values).unwrap();
+                assert_eq!(got, blake3::hash(&b), "n={n} piece={piece}");
+            }
+        }
+        assert!(pieces(10, 1000).is_err() && pieces(10, 512).is_err());
+        let p = t.file("x", &bytes(5000, 9));
+        assert!(matches!(
+            merge_pieces(5000, 1024, &[[0u8; 32]; 3]),
+            Err(Error::Config { .. })
+        ));
+        assert!(matches!(
+            digest_piece(&p, 5000, 4096, 1000),
+            Err(Error::Config { .. })
+        ));
+        assert!(matches!(
+            digest_piece(&p, 4999, 0, 1024),
+            Err(Error::LengthChanged {
+                expected: 4999,
+                found: 5000,
+                ..
+            })
         ));
     }
 }

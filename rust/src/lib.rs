@@ -6,6 +6,7 @@
 pub mod aligned;
 pub mod digest;
 pub mod error;
+pub mod mapped;
 pub mod permutation;
 pub mod recordings;
 pub mod ring;
@@ -17,7 +18,7 @@ mod python;
 pub use digest::{digest_file, digest_files};
 pub use error::{Error, Result};
 pub use permutation::{feistel_index, Permutation};
-pub use recordings::{capture_segments, window_count, Dataset, Kind, Segment, Storage};
+pub use recordings::{capture_segments, window_count, Dataset, Kind, ReadPolicy, Segment, Storage};
 pub use ring::{RawBuf, Ring, Slots};
 pub use stream::{Batch, Buffer, Stream, StreamSpec};
 

@@ -10,7 +10,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
 
 use crate::error::Error;
-use crate::recordings::{Dataset, Storage};
+use crate::recordings::{Dataset, ReadPolicy, Storage};
 use crate::ring::RawBuf;
 use crate::stream::{bytes_mut, AlignedVec, Buffer, BufferPool, Plain, Stream};
 
@@ -284,9 +284,11 @@ pub struct NativeDataset {
 #[pymethods]
 impl NativeDataset {
     /// `captures[r]`: recording `r`'s capture starts (`core:sample_start`, metadata order);
-    /// omitted or empty means one segment covering the file.
+    /// omitted or empty means one segment covering the file. `map_min_bytes`: data files of at
+    /// least this many bytes are read from a guarded memory map (default 256 KiB; 2**64 - 1
+    /// maps nothing).
     #[new]
-    #[pyo3(signature = (data_paths, kinds, window, stride, captures = None))]
+    #[pyo3(signature = (data_paths, kinds, window, stride, captures = None, map_min_bytes = None))]
     fn new(
         py: Python<'_>,
         data_paths: Vec<String>,
@@ -294,14 +296,23 @@ impl NativeDataset {
         window: i128,
         stride: i128,
         captures: Option<Vec<Vec<i128>>>,
+        map_min_bytes: Option<i128>,
     ) -> PyResult<Self> {
         let window = positive("window", window)?;
         let stride = positive("stride", stride)?;
+        let policy = match map_min_bytes {
+            None => ReadPolicy::default(),
+            Some(v) => ReadPolicy {
+                map_min_bytes: uint("map_min_bytes", v)?,
+            },
+        };
         let captures = match captures {
             None => vec![Vec::new(); data_paths.len()],
             Some(c) => capture_starts(&data_paths, c)?,
         };
-        let ds = py.detach(|| Dataset::open(&data_paths, &kinds, &captures, window, stride))?;
+        let ds = py.detach(|| {
+            Dataset::open_with(&data_paths, &kinds, &captures, window, stride, policy)
+        })?;
         Ok(NativeDataset { ds: Arc::new(ds) })
     }
 
@@ -324,6 +335,15 @@ impl NativeDataset {
     #[getter]
     fn num_recordings(&self) -> usize {
         self.ds.recordings().len()
+    }
+    /// Recordings whose rows are copied from a sound guarded mapping (the rest use pread).
+    #[getter]
+    fn mapped_recordings(&self) -> usize {
+        self.ds
+            .recordings()
+            .iter()
+            .filter(|r| r.is_mapped())
+            .count()
     }
     #[getter]
     fn recording_windows(&self) -> Vec<u64> {
@@ -578,11 +598,76 @@ fn digest_files(
     Ok(hashes.iter().map(|h| h.to_hex().to_string()).collect())
 }
 
+/// The pieces `(offset, bytes)` a file of `length` bytes is hashed in when its digest is shared
+/// (`piece`: a power of two >= 1024, default 64 MiB): one piece, the whole file, when it fits.
+#[pyfunction]
+#[pyo3(signature = (length, piece = crate::digest::PIECE))]
+fn digest_plan(length: u64, piece: u64) -> PyResult<Vec<(u64, u64)>> {
+    Ok(crate::digest::pieces(length, piece)?)
+}
+
+/// One 32-byte value per piece `(paths[i], lengths[i], offsets[i], sizes[i])`, in parallel
+/// without the GIL: a whole file's BLAKE3, or a piece's chaining value (for `digest_merge`).
+/// The error of the first failing piece, in the order given.
+#[pyfunction]
+fn digest_pieces<'py>(
+    py: Python<'py>,
+    paths: Vec<String>,
+    lengths: Vec<u64>,
+    offsets: Vec<u64>,
+    sizes: Vec<u64>,
+) -> PyResult<Vec<Bound<'py, pyo3::types::PyBytes>>> {
+    use rayon::prelude::*;
+    let n = paths.len();
+    for (key, len) in [
+        ("lengths", lengths.len()),
+        ("offsets", offsets.len()),
+        ("sizes", sizes.len()),
+    ] {
+        if len != n {
+            return Err(Error::config(key, format!("has {len} entries but paths has {n}")).into());
+        }
+    }
+    let values: Vec<[u8; 32]> = py.detach(|| {
+        let results: Vec<Result<[u8; 32], Error>> = (0..n)
+            .into_par_iter()
+            .map(|i| crate::digest::digest_piece(&paths[i], lengths[i], offsets[i], sizes[i]))
+            .collect();
+        results.into_iter().collect::<Result<Vec<_>, Error>>()
+    })?;
+    Ok(values
+        .iter()
+        .map(|v| pyo3::types::PyBytes::new(py, v))
+        .collect())
+}
+
+/// Lowercase hex BLAKE3 of a file of `length` bytes from its pieces' values (`digest_plan` order).
+#[pyfunction]
+#[pyo3(signature = (length, values, piece = crate::digest::PIECE))]
+fn digest_merge(length: u64, values: Vec<Vec<u8>>, piece: u64) -> PyResult<String> {
+    let mut cvs = Vec::with_capacity(values.len());
+    for (i, v) in values.iter().enumerate() {
+        let cv: [u8; 32] = v.as_slice().try_into().map_err(|_| {
+            Error::config(
+                "values",
+                format!("entry {i} has {} bytes, expected 32", v.len()),
+            )
+        })?;
+        cvs.push(cv);
+    }
+    Ok(crate::digest::merge_pieces(length, piece, &cvs)?
+        .to_hex()
+        .to_string())
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeDataset>()?;
     m.add_class::<NativeStream>()?;
     m.add_function(wrap_pyfunction!(feistel_index, m)?)?;
     m.add_function(wrap_pyfunction!(digest_files, m)?)?;
+    m.add_function(wrap_pyfunction!(digest_plan, m)?)?;
+    m.add_function(wrap_pyfunction!(digest_pieces, m)?)?;
+    m.add_function(wrap_pyfunction!(digest_merge, m)?)?;
     Ok(())
 }

@@ -13,10 +13,13 @@
 //! sum over segments locates any id by binary search, so opening costs O(segments), not
 //! O(windows).
 //!
-//! Samples are read with positioned reads (`pread`), not through a memory map: a data file
-//! truncated while a run reads it makes the read come up short, which is reported as
-//! [`Error::LengthChanged`] naming the file, where a mapped page would kill the process with
-//! SIGBUS.
+//! Samples of a data file of at least [`ReadPolicy::map_min_bytes`] are copied out of a guarded
+//! memory map ([`crate::mapped`]); smaller files (and any mapping that saw a fault) are read
+//! with positioned reads (`pread`). Either way a data file truncated while a run reads it is
+//! reported as [`Error::LengthChanged`] naming the file, never as a SIGBUS: a fault in a
+//! guarded copy is absorbed and the row re-read with `pread`, which comes up short; the lengths
+//! of the mapped files a gather touched are checked after it (a truncation inside a window's
+//! last page raises no fault).
 
 use std::cell::Cell;
 use std::fs::File;
@@ -24,6 +27,22 @@ use std::io;
 use std::ops::Range;
 
 use crate::error::{Error, Result};
+use crate::mapped::{Mapping, DEFAULT_MAP_MIN_BYTES, MAX_MAPPED};
+
+/// How rows are read: data files of at least `map_min_bytes` are mapped (at most
+/// [`MAX_MAPPED`] of them), the rest read with `pread`. `u64::MAX` maps nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadPolicy {
+    pub map_min_bytes: u64,
+}
+
+impl Default for ReadPolicy {
+    fn default() -> Self {
+        ReadPolicy {
+            map_min_bytes: DEFAULT_MAP_MIN_BYTES,
+        }
+    }
+}
 
 /// On-disk complex sample format (SigMF `core:datatype`, complex, one channel).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -113,6 +132,8 @@ pub struct Recording {
     pub segments: Range<usize>,
     /// `None` when no window reads from the file, so unusable recordings hold no descriptor.
     file: Option<File>,
+    /// The guarded mapping rows are copied from, when the policy maps this file.
+    map: Option<Mapping>,
 }
 
 /// A run of samples of one recording that is windowed on its own (one SigMF capture).
@@ -197,6 +218,25 @@ impl Dataset {
         window: u64,
         stride: u64,
     ) -> Result<Dataset> {
+        Self::open_with(
+            paths,
+            kinds,
+            captures,
+            window,
+            stride,
+            ReadPolicy::default(),
+        )
+    }
+
+    /// [`Dataset::open`] with an explicit [`ReadPolicy`].
+    pub fn open_with<P: AsRef<str>, K: AsRef<str>, C: AsRef<[u64]>>(
+        paths: &[P],
+        kinds: &[K],
+        captures: &[C],
+        window: u64,
+        stride: u64,
+        policy: ReadPolicy,
+    ) -> Result<Dataset> {
         if window < 1 {
             return Err(Error::config(
                 "window",
@@ -248,6 +288,7 @@ impl Dataset {
         let mut prefix = Vec::with_capacity(paths.len() + 1);
         prefix.push(0u64);
         let mut total = 0u64;
+        let mut mapped = 0usize;
         for (r, ((p, kind), starts)) in paths.iter().zip(parsed).zip(captures).enumerate() {
             let path = p.as_ref();
             let (file, samples) = open_data(path, kind)?;
@@ -267,6 +308,11 @@ impl Dataset {
                     windows: w,
                 });
             }
+            let bytes = samples * kind.sample_bytes() as u64;
+            let map = (windows > 0 && bytes >= policy.map_min_bytes && mapped < MAX_MAPPED)
+                .then(|| Mapping::new(&file, bytes))
+                .flatten();
+            mapped += usize::from(map.is_some());
             recordings.push(Recording {
                 path: path.to_owned(),
                 kind,
@@ -274,6 +320,7 @@ impl Dataset {
                 windows,
                 segments: first..segments.len(),
                 file: (windows > 0).then_some(file),
+                map,
             });
         }
         if total == 0 {
@@ -349,8 +396,18 @@ impl Dataset {
 
     /// Decodes window `id` into `out` (exactly `row_bytes()` bytes, storage dtype, native order).
     /// A pure function of `id` and the file contents: batch bytes never depend on threads or
-    /// prefetch. A file that changed length is [`Error::LengthChanged`].
+    /// prefetch, nor on whether the file is mapped. A file that changed length is
+    /// [`Error::LengthChanged`].
     pub fn fill_row(&self, id: u64, out: &mut [u8]) -> Result<()> {
+        let r = self.decode_row(id, out)?;
+        if self.recordings[r].shrank() {
+            self.decode_row(id, out)?;
+        }
+        Ok(())
+    }
+
+    /// One row, without the length check of mapped files; returns its recording's index.
+    fn decode_row(&self, id: u64, out: &mut [u8]) -> Result<usize> {
         let (r, start) = self.locate(id)?;
         if out.len() != self.row_bytes() {
             return Err(Error::config(
@@ -366,7 +423,7 @@ impl Dataset {
         if raw == out.len() {
             // Same element width as the storage: read straight into the row, fix up in place.
             rec.read_at(out, offset)?;
-            convert_in_place(rec.kind, self.storage, out)
+            convert_in_place(rec.kind, self.storage, out)?;
         } else {
             // Widening to float32 (mixed datatypes): raw bytes go through a per-thread scratch
             // row, kept between calls so the hot path does not allocate.
@@ -385,8 +442,9 @@ impl Dataset {
                     .and_then(|()| widen(rec.kind, self.storage, src, out));
                 cell.set(scratch);
                 res
-            })
+            })?;
         }
+        Ok(r)
     }
 
     /// Fills `out` (`ids.len()` rows) in parallel; ids are validated first so a bad id leaves
@@ -415,7 +473,31 @@ impl Dataset {
         out.par_chunks_mut(rb)
             .zip(ids.par_iter())
             .with_min_len(4)
-            .try_for_each(|(row, &id)| self.fill_row(id, row))
+            .try_for_each(|(row, &id)| self.decode_row(id, row).map(drop))?;
+        // A mapped file cut inside a window's last page raised no fault: check each mapped file
+        // the batch read once, and re-read the rows of any that shrank (now with pread).
+        let mut touched: Vec<usize> = Vec::new();
+        for &id in ids {
+            let r = self.locate(id)?.0;
+            if self.recordings[r].map.is_some() {
+                touched.push(r);
+            }
+        }
+        touched.sort_unstable();
+        touched.dedup();
+        let shrunk: Vec<usize> = touched
+            .into_iter()
+            .filter(|&r| self.recordings[r].shrank())
+            .collect();
+        if shrunk.is_empty() {
+            return Ok(());
+        }
+        for (row, &id) in out.chunks_mut(rb).zip(ids) {
+            if shrunk.binary_search(&self.locate(id)?.0).is_ok() {
+                self.decode_row(id, row)?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -461,8 +543,37 @@ impl Recording {
         self.samples * self.kind.sample_bytes() as u64
     }
 
-    /// Reads exactly `buf.len()` bytes at `offset`; a short read is `LengthChanged`.
+    /// Whether the file is mapped (rows are copied from the mapping while it is sound).
+    pub fn is_mapped(&self) -> bool {
+        self.map.as_ref().is_some_and(|m| !m.poisoned())
+    }
+
+    /// For a mapped file: true when the file is now shorter than the mapping, which is then
+    /// poisoned (every later read of it uses `pread`). One `fstat`. Unmapped files: false (their
+    /// `pread`s see a truncation themselves).
+    fn shrank(&self) -> bool {
+        let (Some(map), Some(file)) = (&self.map, &self.file) else {
+            return false;
+        };
+        if map.poisoned() {
+            return true; // rows read while it was sound are read again
+        }
+        // An unreadable length is treated as a change: the re-read reports what is wrong.
+        let short = file.metadata().map_or(true, |m| m.len() < self.bytes());
+        if short {
+            map.poison();
+        }
+        short
+    }
+
+    /// Reads exactly `buf.len()` bytes at `offset`: from the mapping while it is sound, else (or
+    /// when the copy faulted) with `pread`, where a short read is `LengthChanged`.
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        if let Some(map) = &self.map {
+            if map.copy_to(offset, buf) {
+                return Ok(());
+            }
+        }
         let Some(file) = &self.file else {
             return Err(Error::Internal(format!(
                 "{}: read from a recording that has no windows",
@@ -926,6 +1037,92 @@ mod tests {
             std::fs::write(&p, &full).unwrap();
             ds.gather(&ids, &mut all).unwrap();
             assert_eq!(all, before.concat());
+        }
+    }
+
+    fn open_mapped(p: &str, kind: &str, window: u64) -> Dataset {
+        let ds = Dataset::open_with(
+            &[p],
+            &[kind],
+            &[[0u64]],
+            window,
+            window,
+            ReadPolicy { map_min_bytes: 0 },
+        )
+        .unwrap();
+        assert!(ds.recordings()[0].is_mapped());
+        ds
+    }
+
+    #[test]
+    fn mapped_and_pread_readers_give_the_same_bytes() {
+        let t = TempDir::new("mapped-same");
+        let full = ramp(3 * 4096 + 17);
+        let p = t.file("a", &full);
+        let q = t.file("q", &[0u8; 8 * 10]); // cf32: ci8 widened to float32 from the mapping
+        for (paths, kinds) in [
+            (vec![&p], vec!["ci8"]),
+            (vec![&p, &q], vec!["ci8", "cf32_le"]),
+        ] {
+            let caps = vec![[0u64]; paths.len()];
+            let open = |min| {
+                let policy = ReadPolicy { map_min_bytes: min };
+                Dataset::open_with(&paths, &kinds, &caps, 100, 37, policy).unwrap()
+            };
+            let (mapped, plain) = (open(0), open(u64::MAX));
+            assert!(mapped.recordings()[0].is_mapped() && !plain.recordings()[0].is_mapped());
+            // q has no window of 100 samples: nothing reads it, so it is never mapped.
+            assert!(paths.len() == 1 || !mapped.recordings()[1].is_mapped());
+            let ids: Vec<u64> = (0..mapped.num_windows()).rev().collect();
+            let mut a = vec![0u8; ids.len() * mapped.row_bytes()];
+            let mut b = a.clone();
+            mapped.gather(&ids, &mut a).unwrap();
+            plain.gather(&ids, &mut b).unwrap();
+            assert_eq!(a, b);
+        }
+    }
+
+    #[test]
+    fn a_mapped_file_truncated_inside_or_past_a_page_is_an_error_and_recovers() {
+        let t = TempDir::new("mapped-truncate");
+        let full = ramp(6 * 1024); // 12288 bytes = 3 pages; ci8 windows of 1024 = 2048 bytes
+        let p = t.file("a", &full);
+        // 12188: the last window ends inside the last page (no fault, a zero tail);
+        // 5000: window 2 ends in the page holding the new end, windows 3-5 fault.
+        for cut in [12188u64, 5000] {
+            std::fs::write(&p, &full).unwrap();
+            let ds = open_mapped(&p, "ci8", 1024);
+            let ids: Vec<u64> = (0..6).collect();
+            let mut before = vec![0u8; 6 * ds.row_bytes()];
+            ds.gather(&ids, &mut before).unwrap();
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&p)
+                .unwrap()
+                .set_len(cut)
+                .unwrap();
+            let mut out = vec![0u8; 6 * ds.row_bytes()];
+            let e = ds.gather(&ids, &mut out).unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                format!("{p}: data file changed length while being read (expected 12288 bytes, found {cut})")
+            );
+            let mut one = vec![0u8; ds.row_bytes()];
+            assert!(matches!(
+                ds.fill_row(5, &mut one),
+                Err(Error::LengthChanged { .. })
+            ));
+            assert!(
+                !ds.recordings()[0].is_mapped(),
+                "poisoned: pread from now on"
+            );
+            // Windows inside what is left still read (now with pread).
+            ds.fill_row(0, &mut one).unwrap();
+            assert_eq!(one, before[..ds.row_bytes()]);
+            // Restored in place: the same open dataset reads the right bytes again.
+            std::fs::write(&p, &full).unwrap();
+            ds.gather(&ids, &mut out).unwrap();
+            assert_eq!(out, before);
         }
     }
 }

@@ -140,6 +140,8 @@ def test_two_ranks_write_one_attempt_that_matches_one_process(runs):
     assert a[0]["loss"] == pytest.approx(b[0]["loss"], rel=1e-6)
     assert a[0]["grad_norm"] == pytest.approx(b[0]["grad_norm"], rel=1e-6)
     assert a[0]["samples"] == b[0]["samples"] == 8
+    # Each rank read its share of the content digests; merged, they are one process's digests.
+    assert state_at(two, MAX_STEPS)["data"] == state_at(one, MAX_STEPS)["data"]
     close(a, b, rel=1e-4)
     assert state_at(two, MAX_STEPS)["cursor"] == state_at(one, MAX_STEPS)["cursor"]
     assert len(state_at(two, MAX_STEPS)["rng"]["ranks"]) == 2
@@ -153,6 +155,12 @@ def test_a_two_rank_resume_is_bit_exact(runs):
     got, want = model_at(child, MAX_STEPS), model_at(two, MAX_STEPS)
     assert all(torch.equal(got[k], want[k]) for k in want)
     ok(single("verify", child))
+    # The data check was shared: each rank read part of the bytes, together all of them.
+    check = json.loads((child / "attempt.json").read_text())["data_check"]
+    state = state_at(two, MAX_STEPS)["data"]
+    total = sum(os.path.getsize(p) for key in ("train", "val") for p in state[key])
+    assert len(check["bytes"]) == 2 and all(b > 0 for b in check["bytes"]), check
+    assert sum(check["bytes"]) == total and check["seconds"] >= max(check["rank_seconds"])
 
 
 def test_a_two_rank_checkpoint_resumes_on_one_process_and_back(runs, tmp_path):
@@ -483,22 +491,39 @@ sources.ensure_synthetic = lambda s: orig(dataclasses.replace(s, seed=s.seed + 1
 
 
 @pytest.mark.exit_path
+def test_a_changed_recording_refuses_a_two_rank_resume_naming_it(tmp_path):
+    cfg = write_config(tmp_path / "c.toml", tmp_path / "run", tmp_path / "cache")
+    ok(torchrun(2, "run", cfg))
+    parent = tmp_path / "run" / "attempts" / "0001"
+    # The last train recording: rank 1's share of the bytes reads it, rank 0 names it.
+    victim = Path(sorted(state_at(parent, MAX_STEPS)["data"]["train"])[-1])
+    blob = bytearray(victim.read_bytes())
+    blob[len(blob) // 2 + 1] ^= 1  # same length, one bit: only the content digest sees it
+    victim.write_bytes(bytes(blob))
+    proc = torchrun(2, "resume", "--attempt", parent, "--from", "step_5")
+    assert exit_codes(proc) == [2, 2], proc.stderr[-4000:]
+    (line,) = error_lines(proc)
+    assert f"data.train: {victim} changed since the parent was written (content digest" in line
+    assert sorted(p.name for p in parent.parent.iterdir()) == ["0001"]
+
+
+@pytest.mark.exit_path
 def test_sigterm_during_a_resume_data_check_stops_every_rank_with_nothing_created(tmp_path):
     cfg = write_config(tmp_path / "c.toml", tmp_path / "run", tmp_path / "cache")
     ok(torchrun(2, "run", cfg))
     parent = tmp_path / "run" / "attempts" / "0001"
-    # Rank 0 reads every byte before the child exists (here: for a minute, in C as far as the
-    # main thread goes), rank 1 waits for it in a barrier.
+    # Every rank reads its share of every byte before the child exists (here: for a minute,
+    # in C as far as the main thread goes).
     marker = tmp_path / "digesting"
     env, exits = recording_exits(
         tmp_path,
         f"""
 import pathlib, time
-import iqtrain.data.identity as identity
-def compute_digests(*a, **k):
+import iqtrain.train.attempt as attempt
+def compute_share(*a, **k):
     pathlib.Path({os.fspath(marker)!r}).touch()
     time.sleep(60)
-identity.compute_digests = compute_digests
+attempt.compute_share = compute_share
 """,
     )
     err = torchrun_until(marker, "resume", "--attempt", parent, "--from", "step_5", env=env)

@@ -177,6 +177,22 @@ def test_reading_commands_import_no_torch(attempt: Path, args: list[str]) -> Non
     _assert_no_torch(proc, f"iqtrain {' '.join(args)}")
 
 
+def _imported(proc: subprocess.CompletedProcess, package: str) -> list[str]:
+    """The modules of ``package`` that ``-X importtime`` output says were imported."""
+    names = (x.rsplit("|", 1)[1].strip() for x in proc.stderr.splitlines() if "|" in x)
+    return [n for n in names if n.split(".")[0] == package]
+
+
+@pytest.mark.parametrize("args", [["--help"], ["verify"], ["report"]], ids=lambda a: a[0])
+def test_commands_that_need_no_model_import_no_wandb(attempt: Path, args: list[str]) -> None:
+    # iqtrain.report.live (the live W&B view) sits beside report's readers: wandb is imported
+    # only by a run that asks for it.
+    proc = _run("-m", "iqtrain.cli.main", *args, *([attempt] if args[0] != "--help" else []))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert _imported(proc, "wandb") == [], f"iqtrain {args[0]} imports wandb"
+    assert _imported(proc, "iqtrain")  # the parser sees imports at all
+
+
 def test_synth_imports_no_torch(tmp_path: Path) -> None:
     out = tmp_path / "synth"
     args = ["synth", out, "--recordings", "1", "--samples", "1024", "--datatype", "ci8"]

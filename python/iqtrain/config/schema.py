@@ -28,6 +28,7 @@ from typing import Any
 
 from iqtrain.config.sections import (
     DataConfig,
+    LoggingConfig,
     ModelConfig,
     OptimizerConfig,
     ProbeConfig,
@@ -35,6 +36,7 @@ from iqtrain.config.sections import (
     ScheduleConfig,
     SynthConfig,
     TrainingConfig,
+    WandbConfig,
 )
 from iqtrain.errors import ConfigError
 
@@ -64,6 +66,7 @@ class Config:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
     probe: ProbeConfig = field(default_factory=ProbeConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     def __post_init__(self) -> None:
         if self.model is None:
@@ -119,8 +122,12 @@ _SECTIONS: dict[str, type] = {
     "schedule": ScheduleConfig,
     "training": TrainingConfig,
     "probe": ProbeConfig,
+    "logging": LoggingConfig,
 }
-_NESTED: dict[tuple[type, str], type] = {(DataConfig, "synthetic"): SynthConfig}
+_NESTED: dict[tuple[type, str], type] = {
+    (DataConfig, "synthetic"): SynthConfig,
+    (LoggingConfig, "wandb"): WandbConfig,
+}
 
 
 def _build_section(cls: type, table: Any, prefix: str) -> Any:
@@ -176,6 +183,7 @@ def build_config(tables: dict[str, Any]) -> Config:
         schedule=_build_section(ScheduleConfig, tables.get("schedule", {}), "schedule"),
         training=_build_section(TrainingConfig, tables.get("training", {}), "training"),
         probe=_build_section(ProbeConfig, tables.get("probe", {}), "probe"),
+        logging=_build_section(LoggingConfig, tables.get("logging", {}), "logging"),
     )
 
 

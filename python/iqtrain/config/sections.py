@@ -27,6 +27,7 @@ __all__ = [
     "SYNTH_DATATYPES",
     "DataConfig",
     "Datatype",
+    "LoggingConfig",
     "ModelConfig",
     "OptimizerConfig",
     "ProbeConfig",
@@ -34,6 +35,7 @@ __all__ = [
     "ScheduleConfig",
     "SynthConfig",
     "TrainingConfig",
+    "WandbConfig",
     "default_mlp_hidden",
     "require_float",
     "require_int",
@@ -178,11 +180,12 @@ class RunConfig:
 #: The synthetic generator's limits (``iqtrain synth`` and ``[data.synthetic]`` alike). It holds
 #: a few complex128 copies of a recording at once (~100 bytes/sample at peak), so MAX_SAMPLES
 #: keeps one recording within a few GiB; use more recordings for more data. File names are
-#: zero-padded to four digits; beyond MAX_RECORDINGS lexicographic order (which the dataset
-#: uses) would no longer be numeric order.
+#: zero-padded to as many digits as the count needs (four up to 10,000: ``synth.name_width``),
+#: so name order is generation order at any count; MAX_RECORDINGS (a million) only bounds a
+#: typo's cost (each recording is two files).
 SYNTH_MIN_SAMPLES = 1024
 SYNTH_MAX_SAMPLES = 1 << 26
-SYNTH_MAX_RECORDINGS = 10_000
+SYNTH_MAX_RECORDINGS = 1_000_000
 SYNTH_MAX_SEED = (1 << 64) - 1
 #: The validation set's seed is the training set's plus this (it must not repeat it).
 SYNTH_VAL_SEED_OFFSET = 1_000_003
@@ -449,6 +452,10 @@ class TrainingConfig:
     # best so far; 0 = off.
     early_stop_patience: int = 0
     early_stop_min_delta: float = 0.0
+    # A torch.profiler trace of optimizer steps a..b (inclusive, numbered 1.. as the records
+    # number them) into <attempt>/profile/, with a CUDA memory snapshot on CUDA; None = off.
+    # Not evidence: it changes nothing a record or checkpoint holds (docs/design.md section 11).
+    profile_steps: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         require_str("training.device", self.device, DEVICES)
@@ -471,6 +478,24 @@ class TrainingConfig:
         self.early_stop_min_delta = require_float(
             "training.early_stop_min_delta", self.early_stop_min_delta, ge=0.0
         )
+        if self.profile_steps is not None:
+            self.profile_steps = _step_range("training.profile_steps", self.profile_steps)
+            if self.profile_steps[1] > self.max_steps:
+                raise ConfigError(
+                    f"training.profile_steps: ends at step {self.profile_steps[1]}, after "
+                    f"training.max_steps ({self.max_steps})"
+                )
+
+
+def _step_range(key: str, value: object) -> tuple[int, int]:
+    """``[a, b]``: two integers with ``1 <= a <= b`` (steps are numbered from 1)."""
+    if not isinstance(value, list | tuple) or len(value) != 2:
+        raise ConfigError(f"{key}: must be two step numbers [first, last], got {value!r}")
+    first = require_int(f"{key}[0]", value[0], minimum=1)
+    last = require_int(f"{key}[1]", value[1], minimum=1)
+    if last < first:
+        raise ConfigError(f"{key}: the last step must be >= the first, got {list(value)}")
+    return first, last
 
 
 @dataclass(kw_only=True)
@@ -505,3 +530,41 @@ class ProbeConfig:
             for i, p in enumerate(require_str_list("probe.data", self.data))
         ]
         require_int("probe.folds", self.folds, minimum=2)
+
+
+@dataclass(kw_only=True)
+class WandbConfig:
+    """``[logging.wandb]`` (``wandb = {project = "...", entity = "...", name = "..."}``): log
+    the records to a Weights & Biases run (the optional ``iqtrain[wandb]`` extra). Only
+    ``project`` is required; ``entity`` None = the account's default, ``name`` None = the run
+    directory's name. The run's id is kept in attempt.json, so a resume continues the run."""
+
+    # Typed as __post_init__ leaves it: a missing project is refused there.
+    project: str = None  # type: ignore[assignment]
+    entity: str | None = None
+    name: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.project is None:
+            raise ConfigError("logging.wandb.project: required (the W&B project to log to)")
+        for key in ("project", "entity", "name"):
+            value = getattr(self, key)
+            if value is not None and not require_str(f"logging.wandb.{key}", value).strip():
+                raise ConfigError(f"logging.wandb.{key}: must not be empty")
+
+
+@dataclass(kw_only=True)
+class LoggingConfig:
+    """``[logging]``: live views of a run while it trains (rank 0), none of them evidence.
+
+    ``tensorboard``: TensorBoard event files in ``<attempt>/tensorboard/``, the scalars of
+    ``iqtrain report --tensorboard``; ``wandb``: a W&B run (:class:`WandbConfig`), None = off.
+    A resume may change any of it (it is not part of the experiment)."""
+
+    tensorboard: bool = False
+    wandb: WandbConfig | None = None
+
+    def __post_init__(self) -> None:
+        require_bool("logging.tensorboard", self.tensorboard)
+        if self.wandb is not None and not isinstance(self.wandb, WandbConfig):
+            raise ConfigError(f"logging.wandb: must be a table, got {self.wandb!r}")

@@ -49,44 +49,116 @@ def _expand(
     the path each resolved one was matched as where that differs (a symlink)."""
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
-    found: set[Path] = set()
+    found: set[str] = set()
     for entry in paths:
         text = os.fspath(entry)
         if glob.has_magic(text):
             matches = glob.glob(text, recursive=True)
             if not matches:
                 raise DataError(f"{text}: no recordings match this pattern")
-            found.update(Path(m) for m in matches if m.endswith(".sigmf-meta"))
+            found.update(m for m in matches if m.endswith(".sigmf-meta"))
         else:
             path = Path(text)
             if path.suffix != ".sigmf-meta":
                 raise DataError(f"{text}: expected a .sigmf-meta file")
             if not path.is_file() and not path.is_symlink():
                 raise DataError(f"{text}: no such file")
-            found.add(path)
+            found.add(os.fspath(path))
     if not found:
         raise DataError(f"{', '.join(os.fspath(p) for p in paths)}: no .sigmf-meta files found")
+    resolved, links = _resolve(found)
+    # Absolute, sorted: window ids enumerate recordings in sorted path order.
+    return [Path(p) for p in _sorted_as_paths(resolved)], links
+
+
+def _resolve(found: set[str]) -> tuple[set[str], dict[Path, Path]]:
+    """Each path resolved (``Path.resolve``), and ``links``: resolved -> the symlink named.
+
+    A file that is not a symlink resolves to its directory's resolution plus its name, so each
+    directory is resolved once (``realpath`` of every file lstat'ed every component of its
+    path: 60-90 us a file here, against one lstat of the file itself)."""
+    dirs: dict[str, str] = {}
+    resolved: set[str] = set()
     links: dict[Path, Path] = {}
     for path in found:
-        if path.is_symlink():
-            if not path.exists():
-                raise DataError(f"{path}: a symlink to {os.readlink(path)}, which does not exist")
-            links[path.resolve()] = path
-    # Absolute, sorted: window ids enumerate recordings in sorted path order.
-    return sorted({p.resolve() for p in found}), links
+        if os.path.islink(path):
+            if not os.path.exists(path):
+                raise DataError(
+                    f"{Path(path)}: a symlink to {os.readlink(path)}, which does not exist"
+                )
+            target = os.path.realpath(path)
+            links[Path(target)] = Path(path)
+            resolved.add(target)
+            continue
+        head, name = os.path.split(path)
+        real = dirs.get(head)
+        if real is None:
+            real = dirs[head] = os.path.realpath(head)
+        resolved.add(os.path.join(real, name))
+    return resolved, links
+
+
+def _sorted_as_paths(paths: set[str]) -> list[str]:
+    """``paths`` (absolute, normalised) in the order ``sorted(map(Path, paths))`` gives.
+
+    Path order compares component by component, which is not string order ("b/x" sorts before
+    "b-c/x"); with every separator replaced by NUL, a string sorts exactly so (NUL is below
+    every character a component holds) and without building a Path per file."""
+    if os.sep != "/" or os.altsep:
+        return [os.fspath(p) for p in sorted(map(Path, paths))]
+    return sorted(paths, key=lambda p: p.replace("/", "\0"))
 
 
 def _sampled_digest(path: Path, nbytes: int) -> bytes:
+    # Plain descriptor reads: a buffered file object cost as much again as the reads here.
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
         if nbytes <= FINGERPRINT_BLOCK * FINGERPRINT_BLOCKS:
-            h.update(f.read())
+            while chunk := os.read(fd, FINGERPRINT_BLOCK * FINGERPRINT_BLOCKS + 1):
+                h.update(chunk)  # the whole file, to its end now
         else:
             last = nbytes - FINGERPRINT_BLOCK
             for i in range(FINGERPRINT_BLOCKS):
-                f.seek(i * last // (FINGERPRINT_BLOCKS - 1))
-                h.update(f.read(FINGERPRINT_BLOCK))
+                h.update(os.pread(fd, FINGERPRINT_BLOCK, i * last // (FINGERPRINT_BLOCKS - 1)))
+    finally:
+        os.close(fd)
     return h.digest()
+
+
+def _fingerprint_piece(rec: Recording, meta_bytes: bytes) -> bytes:
+    """What recording ``rec`` adds to its dataset's fingerprint (docs/design.md 1.3), in order:
+    its metadata's name and bytes, the data length and the sampled digest (reads the data)."""
+    nbytes = rec.num_samples * _BYTES_PER_SAMPLE[rec.datatype]
+    piece = [
+        rec.meta_path.name.encode() + b"\0",
+        len(meta_bytes).to_bytes(8, "little") + meta_bytes,
+        nbytes.to_bytes(8, "little"),
+        _sampled_digest(rec.data_path, nbytes),
+    ]
+    segments = rec.segments
+    if len(segments) > 1:
+        # Window ids of a recording cut into several capture segments differ from those of
+        # iqtrain before segmenting (windows then ran across captures), so a cursor saved by it
+        # must not match; one segment keeps its fingerprint and ids.
+        piece.append(b"segments\0" + json.dumps(segments).encode())
+    return b"".join(piece)
+
+
+def _read_one(meta: Path) -> tuple[Recording, bytes | OSError]:
+    """One recording, parsed and validated, with its fingerprint piece; a data file that cannot
+    be read comes back as its OSError, for the dataset to raise only once the native open (which
+    names such a file its own way) has passed."""
+    rec, meta_bytes = read_recording(meta)
+    try:
+        return rec, _fingerprint_piece(rec, meta_bytes)
+    except OSError as exc:
+        return rec, exc
+
+
+def _read_recordings(metas: list[Path]) -> Iterator[tuple[Recording, bytes | OSError]]:
+    """:func:`_read_one` of every file, in order: the first bad file in sorted order raises."""
+    return map(_read_one, metas)
 
 
 def _sha512_problem(rec: Recording) -> str | None:
@@ -117,6 +189,15 @@ def _sha512_problem(rec: Recording) -> str | None:
     return None
 
 
+def _nr_open() -> int | None:
+    """Linux's ceiling on any process's open-file limit (``fs.nr_open``), None elsewhere."""
+    try:
+        with open("/proc/sys/fs/nr_open", "rb") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return None
+
+
 def _reserve_open_files(n: int) -> None:
     """Raise the soft open-file limit, up to the hard limit, to fit ``n`` more descriptors.
 
@@ -135,6 +216,15 @@ def _reserve_open_files(n: int) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY or want <= soft:
         return
+    if hard != resource.RLIM_INFINITY and want > hard:
+        # A process allowed to (root, CAP_SYS_RESOURCE) raises the hard limit too, up to the
+        # kernel's per-process ceiling: 100,000 small recordings need 100,000 descriptors, and a
+        # hard limit of 20,000 (this machine's) refused them. Others stay at the hard limit.
+        ceiling = _nr_open()
+        with contextlib.suppress(ValueError, OSError):
+            top = min(want, ceiling) if ceiling else want
+            resource.setrlimit(resource.RLIMIT_NOFILE, (top, top))
+            return
     target = want if hard == resource.RLIM_INFINITY else min(want, hard)
     if target > soft:
         # On failure, opening fails later naming the file ("Too many open files").
@@ -158,6 +248,10 @@ class IQDataset:
     (shorter than the window, or only capture segments that are); they are read by nothing.
     ``links`` maps each recording's resolved ``.sigmf-meta`` path to the symlink it was named by,
     where it was named by one (its identity is the resolved file's).
+
+    ``map_min_bytes``: data files of at least this many bytes are read from a guarded memory map
+    (a truncation is still a ``DataError``, never a SIGBUS: docs/design.md 2.3); smaller ones with
+    positioned reads. ``None`` is the native default (256 KiB); ``2**64 - 1`` maps nothing.
     """
 
     def __init__(
@@ -166,6 +260,7 @@ class IQDataset:
         *,
         window: int,
         stride: int | None = None,
+        map_min_bytes: int | None = None,
     ) -> None:
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:
             raise ConfigError(f"window: must be a positive integer, got {window!r}")
@@ -173,8 +268,15 @@ class IQDataset:
         if isinstance(stride, bool) or not isinstance(stride, int) or stride < 1:
             raise ConfigError(f"stride: must be a positive integer, got {stride!r}")
         metas, self.links = _expand(paths)
-        records = [read_recording(m) for m in metas]
-        self.recordings: list[Recording] = [r for r, _ in records]
+        self.recordings: list[Recording] = []
+        h = hashlib.sha256(b"iqtrain-dataset-v1\0")
+        unread: tuple[Path, OSError] | None = None  # raised after the native open's own errors
+        for rec, piece in _read_recordings(metas):
+            self.recordings.append(rec)
+            if not isinstance(piece, OSError):
+                h.update(piece)
+            elif unread is None:
+                unread = (rec.data_path, piece)
         self.stride = stride
         longest = max(n for r in self.recordings for _, n in r.segments)
         if longest < window:
@@ -189,24 +291,16 @@ class IQDataset:
             window,
             stride,
             [list(r.capture_starts) for r in self.recordings],
+            map_min_bytes,
         )
         self.skipped: list[tuple[str, int]] = [
             (os.fspath(r.data_path), r.num_samples)
             for r, n in zip(self.recordings, self._native.recording_windows, strict=True)
             if n == 0
         ]
-        h = hashlib.sha256(b"iqtrain-dataset-v1\0")
-        for rec, meta_bytes in records:
-            nbytes = rec.num_samples * _BYTES_PER_SAMPLE[rec.datatype]
-            h.update(rec.meta_path.name.encode() + b"\0")
-            h.update(len(meta_bytes).to_bytes(8, "little") + meta_bytes)
-            h.update(nbytes.to_bytes(8, "little"))
-            h.update(_sampled_digest(rec.data_path, nbytes))
-            if len(rec.segments) > 1:
-                # Window ids of a recording cut into several capture segments differ from those
-                # of iqtrain before segmenting (windows then ran across captures), so a cursor
-                # saved by it must not match; one segment keeps its fingerprint and ids.
-                h.update(b"segments\0" + json.dumps(rec.segments).encode())
+        if unread is not None:
+            path, exc = unread
+            raise DataError(f"{path}: data file: cannot be read ({exc.strerror or exc})")
         self.fingerprint: str = h.hexdigest()
 
     @property

@@ -16,21 +16,29 @@ Here: computing them (:func:`compute_digests`, in the background for a fresh run
 
 from __future__ import annotations
 
-import hashlib
 import os
 import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
+from iqtrain._native import digest_merge, digest_pieces, digest_plan
 from iqtrain.checkpoint.state import CheckpointState
 from iqtrain.data.dataset import IQDataset
-from iqtrain.data.sigmf_meta import BYTES_PER_SAMPLE
-from iqtrain.errors import CursorMismatchError, DataError
+from iqtrain.data.sigmf_meta import BYTES_PER_SAMPLE, meta_sha256
+from iqtrain.distributed.world import RankExit, World
+from iqtrain.errors import EXIT_FAILURE, CursorMismatchError, DataError
 
 __all__ = [
     "DataIdentity",
+    "DigestShare",
     "check_parent_data",
     "compute_digests",
+    "compute_share",
+    "merge_shares",
     "meta_digest",
+    "share_of",
     "verify_data",
 ]
 
@@ -41,48 +49,64 @@ _GROUPS = ("train", "val")
 def meta_digest(meta_path: Path) -> str:
     """SHA-256 of a ``.sigmf-meta`` file (DataError naming it when it cannot be read)."""
     try:
-        return hashlib.sha256(Path(meta_path).read_bytes()).hexdigest()
+        return meta_sha256(Path(meta_path).read_bytes())
     except OSError as exc:
         raise DataError(f"{meta_path}: cannot read: {exc.strerror or exc}") from None
 
 
 def compute_digests(train: IQDataset, val: IQDataset) -> Digests:
-    """Full-content digests of every recording (reads every byte): ``train``/``val`` map each
-    data file to its BLAKE3, ``train_meta``/``val_meta`` each ``.sigmf-meta`` to its SHA-256."""
+    """Full-content digests of every recording (reads every data byte): ``train``/``val`` map
+    each data file to its BLAKE3, ``train_meta``/``val_meta`` each ``.sigmf-meta`` to the
+    SHA-256 of the bytes the dataset parsed when it opened (what it trains on; not read again:
+    that was one more open and read per recording, holding the GIL beside the first steps)."""
     out: Digests = {}
     for key, ds in (("train", train), ("val", val)):
         out[key] = ds.content_digests()
-        out[f"{key}_meta"] = {str(r.meta_path): meta_digest(r.meta_path) for r in ds.recordings}
+        out[f"{key}_meta"] = {str(r.meta_path): r.meta_sha256 for r in ds.recordings}
     return out
 
 
 class DataIdentity:
     """What the attempt trained on: sampled fingerprints and full-content digests.
 
-    A fresh run computes the digests in a background thread (the Rust digest releases the GIL),
-    so the first step never waits for them; the first checkpoint does, since it records them.
-    A resume passes the digests it already computed and compared with its parent's.
+    Every rank holds one. A fresh run computes the digests in a background thread on every
+    rank, each reading its share of the bytes (:func:`compute_share`; the Rust digest releases
+    the GIL), so the first step never waits for them; the first checkpoint does, since it
+    records them: there every rank hands its share to rank 0 (one gather), which merges them.
+    A resume passes ``checked`` and the digests its data check already merged and compared
+    (rank 0's; None on the others): nothing is read again.
     """
 
-    def __init__(self, train: IQDataset, val: IQDataset, digests: Digests | None = None):
+    def __init__(
+        self,
+        train: IQDataset,
+        val: IQDataset,
+        digests: Digests | None = None,
+        *,
+        world: World | None = None,
+        checked: bool = False,
+    ):
         self.fingerprints = {"train": train.fingerprint, "val": val.fingerprint}
         self._lengths = [
             (rec, rec.num_samples * BYTES_PER_SAMPLE[rec.datatype])
             for ds in (train, val)
             for rec in ds.recordings
         ]
+        self._datasets = (train, val)
+        self._world = world
         self._digests = digests
+        self._share: DigestShare | None = None
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
-        if digests is None:
-            self._thread = threading.Thread(
-                target=self._run, args=(train, val), name="iqtrain-digest", daemon=True
-            )
+        self._merged = checked or digests is not None
+        if not self._merged:
+            self._thread = threading.Thread(target=self._run, name="iqtrain-digest", daemon=True)
             self._thread.start()
 
-    def _run(self, train: IQDataset, val: IQDataset) -> None:
+    def _run(self) -> None:
+        rank, size = (0, 1) if self._world is None else (self._world.rank, self._world.world_size)
         try:
-            self._digests = compute_digests(train, val)
+            self._share = compute_share(*self._datasets, rank, size)
         except BaseException as exc:  # re-raised in the loop's thread by digests()
             self._error = exc
 
@@ -100,12 +124,37 @@ class DataIdentity:
                     f"(expected {nbytes} bytes, found {found})"
                 )
 
-    def digests(self) -> Digests:
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        if self._error is not None:
-            raise self._error
+    def digests(self) -> Digests | None:
+        """The digests (rank 0; None on the others). The first call on a fresh run is a
+        collective, made by every rank at the same point (the first checkpoint): each waits
+        for its share, the shares go to every rank, rank 0 merges them. A share that failed
+        (a file changed under it) fails every rank: rank 0 raises the first failed rank's
+        DataError (the attempt exists: exit 1), the others exit 1 silently."""
+        if not self._merged:
+            if self._thread is not None:
+                self._thread.join()
+                self._thread = None
+            mine = None if self._error is None else str(self._error)
+            world = self._world
+            gathered = (
+                [(mine, self._share)]
+                if world is None
+                else world.all_gather_object((mine, self._share))
+            )
+            self._merged = True
+            failed = [(r, m) for r, (m, _) in enumerate(gathered) if m is not None]
+            if failed:
+                rank, message = failed[0]
+                if world is not None and not world.is_main:
+                    raise RankExit(EXIT_FAILURE, message)
+                if rank == 0 and self._error is not None:
+                    raise self._error
+                raise DataError(f"rank {rank}: {message}")
+            if world is None or world.is_main:
+                shares = [share for _, share in gathered if share is not None]
+                self._digests = merge_shares(*self._datasets, shares)
+        if self._world is not None and not self._world.is_main:
+            return None
         assert self._digests is not None
         return self._digests
 
@@ -134,14 +183,13 @@ def _compare(key: str, old: dict[str, str], new: dict[str, str], what: str, ds: 
 
 
 def check_parent_data(
-    recorded: CheckpointState, train: IQDataset, val: IQDataset, *, read: bool
-) -> Digests | None:
+    recorded: CheckpointState, train: IQDataset, val: IQDataset, digests: Digests | None
+) -> None:
     """Refuse (exit 2, naming the recording) data a resume's parent did not train on.
 
-    With ``read`` (rank 0) every byte first: the content digests, then the metadata digests;
-    they are returned, for the child's first checkpoint. Every rank then compares the sampled
-    fingerprints (the cursor's identity)."""
-    digests = compute_digests(train, val) if read else None
+    With ``digests`` (rank 0: every byte read, by every rank's share, merged) first the content
+    digests, then the metadata digests. Every rank then compares the sampled fingerprints (the
+    cursor's identity)."""
     if digests is not None:
         for key, ds in (("train", train), ("val", val)):
             _compare(key, recorded.data[key], digests[key], "content digest", ds)
@@ -154,7 +202,6 @@ def check_parent_data(
                 f"data.{key}: the dataset's fingerprint {ds.fingerprint[:16]}… differs from "
                 f"the parent's {recorded.fingerprints[key][:16]}… (data changed)"
             )
-    return digests
 
 
 def verify_data(recorded: CheckpointState, checkpoint: str) -> list[str]:
@@ -188,3 +235,128 @@ def verify_data(recorded: CheckpointState, checkpoint: str) -> list[str]:
                     f"data.{key}: {meta}: metadata differs from what {checkpoint} recorded"
                 )
     return problems
+
+
+# --- the full-content digests shared across the ranks of a job -------------------------------
+
+
+@dataclass(frozen=True)
+class _Piece:
+    """Bytes ``[offset, offset + size)`` of data file ``path`` (``length`` bytes) of ``group``."""
+
+    group: str
+    path: str
+    length: int
+    offset: int
+    size: int
+
+
+#: Bytes per piece of a shared digest: a power of two, so each piece is a BLAKE3 subtree.
+#: 64 MiB: a file up to that is one rank's whole; the per-piece overhead is nothing beside it.
+PIECE = 64 << 20
+
+
+def _pieces(train: IQDataset, val: IQDataset) -> list[_Piece]:
+    """Every data file of both datasets cut in BLAKE3 subtree pieces (``digest_plan``: the whole
+    file up to :data:`PIECE`), files in dataset order, pieces in file order."""
+    out = []
+    for group, ds in (("train", train), ("val", val)):
+        for rec in ds.recordings:
+            path, length = (
+                os.fspath(rec.data_path),
+                rec.num_samples * BYTES_PER_SAMPLE[rec.datatype],
+            )
+            out += [_Piece(group, path, length, o, n) for o, n in digest_plan(length, PIECE)]
+    return out
+
+
+def share_of(sizes: list[int], rank: int, world_size: int) -> list[int]:
+    """Indices of the pieces (of ``sizes`` bytes, in order) rank ``rank`` of ``world_size``
+    reads: piece ``i`` goes to the rank whose ``1/W`` slice of the total bytes holds its first
+    byte, so each rank reads a contiguous run of about ``total / W`` bytes (within one piece)."""
+    total = sum(sizes)
+    out, before = [], 0
+    for i, size in enumerate(sizes):
+        owner = min(before * world_size // total, world_size - 1) if total else 0
+        if owner == rank:
+            out.append(i)
+        before += size
+    return out
+
+
+@dataclass
+class DigestShare:
+    """One rank's part of the digests: piece index -> 32-byte value, the bytes it read and the
+    seconds it took."""
+
+    values: dict[int, bytes]
+    bytes: int
+    seconds: float
+
+
+_PROGRESS_S = 10.0  # seconds between progress notes of a long data check
+_BATCH_BYTES = 1 << 30  # bytes per native call: the granularity of the progress notes
+
+
+def compute_share(
+    train: IQDataset,
+    val: IQDataset,
+    rank: int,
+    world_size: int,
+    progress: Callable[[str], None] | None = None,
+) -> DigestShare:
+    """Rank ``rank``'s share of every data file's BLAKE3 (:func:`share_of`), read and hashed in
+    parallel in Rust. ``progress`` (rank 0's console) hears how far it is every ~10 s. A data
+    file whose length is not what the dataset opened, or that changes while read, is the
+    DataError naming it (the first in order among this rank's pieces)."""
+    pieces = _pieces(train, val)
+    mine = share_of([p.size for p in pieces], rank, world_size)
+    total = sum(pieces[i].size for i in mine)
+    values: dict[int, bytes] = {}
+    t0 = last = time.monotonic()
+    done, at = 0, 0
+    while at < len(mine):
+        batch: list[int] = []
+        nbytes = 0
+        while at < len(mine) and (not batch or nbytes < _BATCH_BYTES):
+            batch.append(mine[at])
+            nbytes += pieces[mine[at]].size
+            at += 1
+        got = digest_pieces(
+            [pieces[i].path for i in batch],
+            [pieces[i].length for i in batch],
+            [pieces[i].offset for i in batch],
+            [pieces[i].size for i in batch],
+        )
+        values.update(zip(batch, got, strict=True))
+        done += nbytes
+        now = time.monotonic()
+        if progress is not None and now - last >= _PROGRESS_S and at < len(mine):
+            last = now
+            rate = done / max(now - t0, 1e-9) / 1e9
+            progress(
+                f"data check: {done / 1e9:.1f} of {total / 1e9:.1f} GB read "
+                f"(this rank's 1/{world_size}), {rate:.2f} GB/s"
+            )
+    return DigestShare(values, total, time.monotonic() - t0)
+
+
+def merge_shares(train: IQDataset, val: IQDataset, shares: list[DigestShare]) -> Digests:
+    """Every rank's share merged into the digests :func:`compute_digests` gives (the same
+    values: BLAKE3's tree rebuilt from its pieces), for rank 0."""
+    pieces = _pieces(train, val)
+    values: dict[int, bytes] = {}
+    for share in shares:
+        values.update(share.values)
+    if values.keys() != set(range(len(pieces))):
+        missing = sorted(set(range(len(pieces))) - values.keys())[:3]
+        raise DataError(f"data check: pieces {missing} of {len(pieces)} were read by no rank")
+    per_file: dict[tuple[str, str, int], list[bytes]] = {}
+    for i, p in enumerate(pieces):
+        per_file.setdefault((p.group, p.path, p.length), []).append(values[i])
+    out: Digests = {"train": {}, "val": {}}
+    for (group, path, length), vals in per_file.items():
+        out[group][path] = digest_merge(length, vals, PIECE)
+    for key, ds in (("train", train), ("val", val)):
+        out[f"{key}_meta"] = {str(r.meta_path): r.meta_sha256 for r in ds.recordings}
+    return out

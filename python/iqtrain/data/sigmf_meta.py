@@ -8,8 +8,13 @@ length that is not whole samples) is rejected as a DataError naming the file and
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
+import numbers
+import os
+import re
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,7 +22,15 @@ from typing import Any
 from iqtrain.config.sections import SIGMF_DATATYPES
 from iqtrain.errors import DataError
 
-__all__ = ["Annotation", "Recording", "SUPPORTED_DATATYPES", "read_annotations", "read_recording"]
+__all__ = [
+    "Annotation",
+    "Recording",
+    "SUPPORTED_DATATYPES",
+    "meta_sha256",
+    "read_annotations",
+    "read_recording",
+    "validate_metadata",
+]
 
 # SigMF datatype -> the kind the native reader understands (the same name), from the one table
 # in iqtrain.config.schema. Only complex, single-channel data of these types is accepted; everything
@@ -39,6 +52,9 @@ class Recording:
     # Each capture's core:sample_start, in metadata order (validated: strictly increasing,
     # within the data). Empty when the metadata has no captures.
     capture_starts: tuple[int, ...] = ()
+    # SHA-256 (hex) of the .sigmf-meta bytes this recording was parsed from: the metadata
+    # digest of docs/design.md 1.3, taken from the one read instead of reading the file again.
+    meta_sha256: str = ""
 
     @property
     def segments(self) -> list[tuple[int, int]]:
@@ -83,10 +99,28 @@ def _capture_starts(meta_path: Path, metadata: dict) -> tuple[int, ...]:
     return tuple(starts)
 
 
+def meta_sha256(meta_bytes: bytes) -> str:
+    """The metadata digest of docs/design.md 1.3: SHA-256 (hex) of a .sigmf-meta's bytes."""
+    return hashlib.sha256(meta_bytes).hexdigest()
+
+
+def _read_file(path: Path) -> bytes:
+    """The bytes of ``path``: one open, fstat and read for a small file (Path.read_bytes, through
+    a buffered file object, took 3x as long here: docs/design.md 1.2)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0))
+    try:
+        parts = [os.read(fd, os.fstat(fd).st_size + 1)]
+        while parts[-1]:  # to the end, whatever the size said (a file that grew, a short read)
+            parts.append(os.read(fd, 1 << 20))
+        return b"".join(parts)
+    finally:
+        os.close(fd)
+
+
 def _load_metadata(meta_path: Path) -> tuple[dict, bytes]:
     """The parsed JSON and raw bytes of ``meta_path`` (an object with a datatype)."""
     try:
-        meta_bytes = meta_path.read_bytes()
+        meta_bytes = _read_file(meta_path)
     except OSError as exc:
         raise DataError(f"{meta_path}: cannot read: {exc.strerror or exc}") from None
     try:
@@ -114,15 +148,201 @@ def _schema_validator() -> Any:
     return cls(ref)
 
 
-def _validate(metadata: dict) -> None:
-    """Exactly ``sigmf.validate.validate(metadata, schema)``, with the validator built once:
-    ``jsonschema.validate``'s best-match error, then sigmf's sample-start ordering rule (its
-    warning about undeclared extensions is not an error, and was silenced before too)."""
+Check = Callable[[Any], bool]
+
+
+class _Unsupported(Exception):
+    """A schema keyword the compiled check does not implement: jsonschema checks every file."""
+
+
+def _is_number(x: Any) -> bool:
+    t = type(x)
+    if t is float or t is int:  # what json.loads makes: skip the ABC check
+        return True
+    return isinstance(x, numbers.Number) and not isinstance(x, bool)
+
+
+def _is_integer(x: Any) -> bool:
+    # jsonschema's draft 6+ type checker: an int that is not a bool, or an integral float.
+    t = type(x)
+    if t is int:
+        return True
+    return (isinstance(x, int) and not isinstance(x, bool)) or (
+        isinstance(x, float) and x.is_integer()
+    )
+
+
+# The draft 2020-12 type checker's seven types, as jsonschema defines them.
+_TYPES: dict[str, Check] = {
+    "array": lambda x: isinstance(x, list),
+    "boolean": lambda x: isinstance(x, bool),
+    "integer": _is_integer,
+    "null": lambda x: x is None,
+    "number": _is_number,
+    "object": lambda x: isinstance(x, dict),
+    "string": lambda x: isinstance(x, str),
+}
+
+
+def _all(checks: list[Check]) -> Check:
+    """One predicate, true when every check is (plain loops: this runs per value per file)."""
+    if not checks:
+        return lambda x: True
+    if len(checks) == 1:
+        return checks[0]
+
+    def check(x: Any) -> bool:
+        for c in checks:  # noqa: SIM110 - all() over a generator took twice as long here
+            if not c(x):
+                return False
+        return True
+
+    return check
+
+
+def _type_check(types: Any) -> Check:
+    names = [types] if isinstance(types, str) else list(types)
+    if any(n not in _TYPES for n in names):
+        raise _Unsupported("type")
+    checks = [_TYPES[n] for n in names]
+    return checks[0] if len(checks) == 1 else lambda x: any(c(x) for c in checks)
+
+
+def _object_check(schema: dict) -> Check | None:
+    """``properties``, ``required`` and ``additionalProperties`` in one pass over the value's
+    keys; each asserts nothing about a non-object (as in jsonschema)."""
+    props = {k: _compile(v) for k, v in schema.get("properties", {}).items()}
+    required = tuple(schema.get("required", ()))
+    extra = schema.get("additionalProperties", True)
+    rest = None if extra is True else _compile(extra)
+    if not props and not required and rest is None:
+        return None
+
+    def check(x: Any) -> bool:
+        if not isinstance(x, dict):
+            return True
+        for k in required:
+            if k not in x:
+                return False
+        for k, v in x.items():
+            c = props.get(k, rest)
+            if c is not None and not c(v):
+                return False
+        return True
+
+    return check
+
+
+def _bound_checks(s: dict) -> list[Check]:
+    """minimum, maximum, exclusive bounds (numbers only) and minItems, maxItems (arrays only)."""
+    out: list[Check] = []
+    if "minimum" in s:
+        lo = s["minimum"]
+        out.append(lambda x: not _is_number(x) or not x < lo)
+    if "maximum" in s:
+        hi = s["maximum"]
+        out.append(lambda x: not _is_number(x) or not x > hi)
+    if "exclusiveMinimum" in s:
+        elo = s["exclusiveMinimum"]
+        out.append(lambda x: not _is_number(x) or not x <= elo)
+    if "exclusiveMaximum" in s:
+        ehi = s["exclusiveMaximum"]
+        out.append(lambda x: not _is_number(x) or not x >= ehi)
+    if "minItems" in s:
+        least = s["minItems"]
+        out.append(lambda x: not isinstance(x, list) or not len(x) < least)
+    if "maxItems" in s:
+        most = s["maxItems"]
+        out.append(lambda x: not isinstance(x, list) or not len(x) > most)
+    return out
+
+
+def _value_checks(s: dict) -> list[Check]:
+    """The keywords on one value: each as jsonschema's keyword function decides it."""
+    out: list[Check] = []
+    if "type" in s:
+        out.append(_type_check(s["type"]))
+    if "enum" in s:
+        # jsonschema compares a string with ==, so an enum of strings is a set of strings; other
+        # members have its own JSON equality (1 != True): not compiled.
+        if not all(isinstance(e, str) for e in s["enum"]):
+            raise _Unsupported("enum")
+        enum = frozenset(s["enum"])
+        out.append(lambda x: isinstance(x, str) and x in enum)
+    if "pattern" in s:
+        search = re.compile(s["pattern"]).search  # re.search(pattern, x), compiled once
+        out.append(lambda x: not isinstance(x, str) or search(x) is not None)
+    out += _bound_checks(s)
+    if "items" in s:
+        item = _compile(s["items"])
+        out.append(lambda x: not isinstance(x, list) or all(item(v) for v in x))
+    return out
+
+
+# Keywords the compiled check implements; "format" asserts nothing without a format checker
+# (iqtrain's validator has none, as jsonschema.validate's had none).
+_COMPILED = frozenset(
+    {
+        "type", "enum", "pattern", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+        "minItems", "maxItems", "items", "properties", "required", "additionalProperties",
+        "format",
+    }
+)  # fmt: skip
+
+
+def _compile(schema: Any) -> Check:
+    """``schema`` as one predicate: True exactly when jsonschema finds no error in a value.
+
+    Raises _Unsupported for any keyword jsonschema's draft 2020-12 validator acts on that is not
+    in _COMPILED ($ref, prefixItems, ...); keywords it ignores (additionalItems, titles) are
+    ignored here too."""
     import jsonschema
 
-    error = jsonschema.exceptions.best_match(_schema_validator().iter_errors(metadata))
-    if error is not None:
-        raise error
+    if schema is True:
+        return lambda x: True
+    if schema is False:
+        return lambda x: False
+    acted_on = set(schema) & set(jsonschema.Draft202012Validator.VALIDATORS)
+    if acted_on - _COMPILED:
+        raise _Unsupported(", ".join(sorted(acted_on - _COMPILED)))
+    obj = _object_check(schema)
+    return _all(_value_checks(schema) + ([obj] if obj is not None else []))
+
+
+@functools.cache
+def _compiled_check() -> Check | None:
+    """The SigMF schema compiled into one predicate, or None when it uses a keyword that is not
+    compiled (a later sigmf): then jsonschema itself decides every file.
+
+    jsonschema walks the schema generically (a validator object evolved per keyword and value):
+    966 us a small recording on the shared cores, against 54 us for this closure tree (18x,
+    bench/test_startup.py; docs/design.md 1.2). A file it fails is handed to jsonschema for the
+    verdict and the message, so the error is unchanged.
+    """
+    import jsonschema
+
+    validator = _schema_validator()
+    if type(validator) is not jsonschema.Draft202012Validator or validator.format_checker:
+        return None
+    try:
+        return _compile(validator.schema)
+    except _Unsupported:
+        return None
+
+
+def validate_metadata(metadata: dict) -> None:
+    """Exactly ``sigmf.validate.validate(metadata, schema)``, with the validator built once:
+    ``jsonschema.validate``'s best-match error, then sigmf's sample-start ordering rule (its
+    warning about undeclared extensions is not an error, and was silenced before too). The
+    compiled check (:func:`_compiled_check`) passes a valid file without jsonschema; a file it
+    fails goes through jsonschema, whose verdict and message stand."""
+    import jsonschema
+
+    fast = _compiled_check()
+    if fast is None or not fast(metadata):
+        error = jsonschema.exceptions.best_match(_schema_validator().iter_errors(metadata))
+        if error is not None:
+            raise error
     for key in ("captures", "annotations"):
         count = -1
         for item in metadata[key]:
@@ -136,7 +356,7 @@ def _validate(metadata: dict) -> None:
 
 def _check_schema(meta_path: Path, metadata: dict) -> None:
     try:
-        _validate(metadata)
+        validate_metadata(metadata)
     except Exception as exc:  # jsonschema.ValidationError and sigmf's own errors
         where = "/".join(str(p) for p in getattr(exc, "absolute_path", [])) or "metadata"
         msg = getattr(exc, "message", None) or str(exc)
@@ -176,11 +396,12 @@ def _check_readable(meta_path: Path, metadata: dict) -> str:
     return datatype
 
 
-def _num_samples(meta_path: Path, datatype: str, capture_starts: tuple[int, ...]) -> int:
+def _num_samples(
+    meta_path: Path, data_path: Path, datatype: str, capture_starts: tuple[int, ...]
+) -> int:
     """Samples in the data file next to ``meta_path``; every capture must start within them."""
-    data_path = meta_path.with_suffix(".sigmf-data")
     try:
-        st = data_path.stat()
+        st = os.stat(data_path)
     except OSError:
         raise DataError(f"{data_path}: data file missing (next to {meta_path.name})") from None
     if not stat.S_ISREG(st.st_mode):  # a FIFO or device would block or lie about its size
@@ -213,14 +434,16 @@ def read_recording(meta_path: Path) -> tuple[Recording, bytes]:
     datatype = _check_readable(meta_path, metadata)
     glob_ = metadata["global"]
     rate = glob_.get("core:sample_rate")
+    data_path = meta_path.with_suffix(".sigmf-data")
     rec = Recording(
         meta_path=meta_path,
-        data_path=meta_path.with_suffix(".sigmf-data"),
+        data_path=data_path,
         datatype=datatype,
-        num_samples=_num_samples(meta_path, datatype, capture_starts),
+        num_samples=_num_samples(meta_path, data_path, datatype, capture_starts),
         sample_rate=float(rate) if rate is not None else None,
         sha512=glob_.get("core:sha512"),
         capture_starts=capture_starts,
+        meta_sha256=meta_sha256(meta_bytes),
     )
     return rec, meta_bytes
 

@@ -248,7 +248,12 @@ def _difference(rank: int, mine: dict[str, Any], main: dict[str, Any]) -> str | 
     return None
 
 
-def agree(world: World, error: BaseException | None, same: dict[str, Any] | None = None) -> None:
+def agree(
+    world: World,
+    error: BaseException | None,
+    same: dict[str, Any] | None = None,
+    payload: Any = None,
+) -> list[Any]:
     """Every rank calls this at the same point with the error it hit (or None) and, optionally,
     ``same``: flat key -> value that every rank must share (the resolved config, the data's
     fingerprints). If any rank failed, or any rank's ``same`` differs from rank 0's, every rank
@@ -256,18 +261,19 @@ def agree(world: World, error: BaseException | None, same: dict[str, Any] | None
     differs) with that rank's exit code; the other ranks :class:`RankExit` with that code,
     printing nothing (one line per job). Before raising, every rank stops taking signals and
     waits for the others to do the same, so no rank's exit lets torchrun's SIGTERM kill a peer
-    that has its exit code already."""
+    that has its exit code already. Returns every rank's ``payload``, in rank order (the shares
+    of a resume's data check travel with the preflight agreement)."""
     if not world.distributed:
         if error is not None:
             raise error
-        return
+        return [payload]
     mine = None if error is None else (exit_code(error), str(error))
-    world.wait_for_main()  # rank 0 may still be digesting every data file of a resume
-    gathered = world.all_gather_object((mine, same))
-    failed = [(r, f) for r, (f, _) in enumerate(gathered) if f is not None]
+    world.wait_for_main()  # the ranks' shares of a resume's data check take unequal time
+    gathered = world.all_gather_object((mine, same, payload))
+    failed = [(r, f) for r, (f, _, _) in enumerate(gathered) if f is not None]
     if not failed and same is not None:
         main = gathered[0][1]
-        for r, (_, theirs) in enumerate(gathered):
+        for r, (_, theirs, _) in enumerate(gathered):
             what = _difference(r, theirs, main)
             if what is not None:
                 failed = [
@@ -275,7 +281,7 @@ def agree(world: World, error: BaseException | None, same: dict[str, Any] | None
                 ]
                 break
     if not failed:
-        return
+        return [p for _, _, p in gathered]
     world.ending()
     with contextlib.suppress(PeerError):
         world.all_gather_object(None)  # every rank has stopped taking signals

@@ -28,10 +28,12 @@ from iqtrain.evidence.verify import check_attempt
 
 __all__ = [
     "RESUMABLE_KEYS",
+    "RESUMABLE_SECTIONS",
     "Parent",
     "ParentRef",
     "config_changes",
     "load_parent",
+    "resumable",
 ]
 
 # Keys a resume may change. Anything else would make the child a different experiment than its
@@ -55,8 +57,17 @@ RESUMABLE_KEYS = frozenset(
         "training.checkpoint_every",
         "training.eval_every",
         "data.prefetch",
+        "training.profile_steps",  # a profiler trace of some steps: not evidence
     }
 )
+#: Sections a resume may change whole: how a run is watched (``[logging]``: TensorBoard, W&B)
+#: is not part of the experiment, and nothing of it is evidence.
+RESUMABLE_SECTIONS = ("logging",)
+
+
+def resumable(key: str) -> bool:
+    """Whether a resume may change the dotted config key ``key``."""
+    return key in RESUMABLE_KEYS or key.split(".", 1)[0] in RESUMABLE_SECTIONS
 
 
 @dataclass(frozen=True)
@@ -191,10 +202,11 @@ def config_changes(parent_tables: dict, config: Config) -> dict[str, tuple[Any, 
     # run.dir may be spelled differently (relative to another cwd): the child always goes
     # into the parent's run directory, whatever the config says.
     changes.pop("run.dir", None)
-    illegal = sorted(k for k in changes if k not in RESUMABLE_KEYS)
+    illegal = sorted(k for k in changes if not resumable(k))
     if illegal:
+        allowed = [*sorted(RESUMABLE_KEYS), *(f"{s}.*" for s in RESUMABLE_SECTIONS)]
         raise ConfigError(
             f"{illegal[0]}: cannot change on resume ({changes[illegal[0]][0]!r} -> "
-            f"{changes[illegal[0]][1]!r}); only {', '.join(sorted(RESUMABLE_KEYS))} may change"
+            f"{changes[illegal[0]][1]!r}); only {', '.join(allowed)} may change"
         )
     return changes

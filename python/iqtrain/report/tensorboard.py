@@ -18,7 +18,10 @@ duplicated. A directory there holding anything but event files is refused, not r
 
 The writer is tensorboard's own record writer and protos, with a plain file: neither torch
 (``torch.utils.tensorboard``) nor TensorFlow is imported. tensorboard is an optional extra
-(``pip install 'iqtrain[tensorboard]'``).
+(``pip install 'iqtrain[tensorboard]'``). The one encoder (:class:`EventFile`) and the one
+naming of scalars (:func:`record_scalars`, :func:`lineage_baselines`) serve this export and the
+live event files a run writes while it trains (``[logging] tensorboard``,
+:mod:`iqtrain.report.live`), so both show the same scalar names.
 """
 
 from __future__ import annotations
@@ -26,36 +29,88 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from iqtrain.errors import ConfigError
 from iqtrain.report.summary import AttemptView, load_attempt, number
 from iqtrain.storage import creatable_dir
 
-__all__ = ["EVENT_PREFIX", "export_tensorboard", "scalar_events", "tensorboard_target"]
+__all__ = [
+    "EVENT_PREFIX",
+    "EventFile",
+    "event_file_name",
+    "export_tensorboard",
+    "lineage_baselines",
+    "load_tensorboard",
+    "record_scalars",
+    "scalar_events",
+    "tensorboard_target",
+]
 
-TB_EXTRA = "--tensorboard needs tensorboard: pip install 'iqtrain[tensorboard]'"
+TB_EXTRA = "needs tensorboard: pip install 'iqtrain[tensorboard]'"
 EVENT_PREFIX = "events.out.tfevents."
 SKIPPED = frozenset({"kind", "step", "samples", "patches"})
 BASELINES = ("baseline_zero_loss", "baseline_copy_last_loss")
 TIME_FIELDS = ("step_time_s", "time_s")
 
 
-def _tensorboard() -> tuple[Any, Any, Any]:
-    """(RecordWriter, Event, Summary), or one ConfigError saying how to install tensorboard."""
+def load_tensorboard(needed_by: str = "--tensorboard") -> tuple[Any, Any, Any]:
+    """(RecordWriter, Event, Summary), or one ConfigError starting with ``needed_by`` (the
+    option or config key that asked for it) saying how to install tensorboard."""
+    extra = f"{needed_by} {TB_EXTRA}"
     try:
         from tensorboard.compat.proto.event_pb2 import Event
         from tensorboard.compat.proto.summary_pb2 import Summary
         from tensorboard.summary.writer.record_writer import RecordWriter
     except ModuleNotFoundError as exc:
         if exc.name and exc.name.split(".")[0] == "tensorboard":
-            raise ConfigError(TB_EXTRA) from None
-        raise ConfigError(f"{TB_EXTRA} (it is installed, but {exc})") from None
+            raise ConfigError(extra) from None
+        raise ConfigError(f"{extra} (it is installed, but {exc})") from None
     except ImportError as exc:  # installed but broken
-        raise ConfigError(f"{TB_EXTRA} (it is installed, but {exc})") from None
+        raise ConfigError(f"{extra} (it is installed, but {exc})") from None
     return RecordWriter, Event, Summary
+
+
+class EventFile:
+    """One TensorBoard event file, written event by event: tensorboard's ``RecordWriter`` (the
+    length-prefixed, CRC-checked record framing) over a plain file, the version event first.
+    The file is created new (``x``: never appended to or overwritten). ``OSError`` propagates
+    (the export turns it into one line, the live writer into one note)."""
+
+    def __init__(self, path: Path, wall_time: float, needed_by: str = "--tensorboard") -> None:
+        RecordWriter, self._event, self._summary = load_tensorboard(needed_by)
+        self.path = Path(path)
+        self.file: BinaryIO = open(self.path, "xb")  # noqa: SIM115  # closed by close()
+        self._writer = RecordWriter(self.file)
+        self._put(self._event(wall_time=wall_time, file_version="brain.Event:2"))
+
+    def _put(self, event: Any) -> None:
+        self._writer.write(event.SerializeToString())
+
+    def scalars(self, wall_time: float, step: int, values: dict[str, float]) -> None:
+        """One event holding ``values`` (tag -> value) at ``step``."""
+        summary = self._summary(
+            value=[self._summary.Value(tag=t, simple_value=v) for t, v in values.items()]
+        )
+        self._put(self._event(wall_time=wall_time, step=step, summary=summary))
+
+    def flush(self, sync: bool = False) -> None:
+        """Hand what is buffered to the kernel (a reader sees it now); ``sync``: to the disk."""
+        self.file.flush()
+        if sync:
+            os.fsync(self.file.fileno())
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def event_file_name(start: float, run: str, attempt_id: str) -> str:
+    """``events.out.tfevents.<start>.iqtrain.<run>.<attempt id>`` (TensorBoard finds files by
+    the prefix; the rest tells one attempt's file from another's)."""
+    return f"{EVENT_PREFIX}{int(start)}.iqtrain.{run}.{attempt_id}"
 
 
 def _start_time(view: AttemptView) -> float:
@@ -71,45 +126,60 @@ def _start_time(view: AttemptView) -> float:
         return time.time()
 
 
+def lineage_baselines(records: Iterable[dict[str, Any]]) -> dict[str, float]:
+    """The model-independent baselines of the lineage (``{"val/baseline_zero_loss": …}``):
+    those of the first validation record that has them (the lineage's first validation);
+    empty if none has. Stops reading ``records`` at that record."""
+    base = next((r for r in records if r.get("kind") == "val" and BASELINES[0] in r), {})
+    return {f"val/{k}": v for k in BASELINES if (v := number(base, k)) is not None}
+
+
+def record_scalars(
+    record: dict[str, Any], baselines: dict[str, float]
+) -> tuple[int, dict[str, float]] | None:
+    """``(step, {tag: value})`` of one metric record: every finite number as ``<kind>/<field>``
+    but ``kind, step, samples, patches`` (booleans and dicts are not numbers), a validation's
+    with the lineage's ``baselines``; None for a record without an integer step, a string kind
+    or any such number."""
+    step, kind = record.get("step"), record.get("kind")
+    if not isinstance(step, int) or isinstance(step, bool) or not isinstance(kind, str):
+        return None
+    values = {
+        f"{kind}/{k}": v
+        for k in record
+        if k not in SKIPPED and (v := number(record, k)) is not None
+    }
+    if kind == "val":
+        values.update(baselines)
+    return (step, values) if values else None
+
+
 def scalar_events(view: AttemptView) -> list[tuple[float, int, dict[str, float]]]:
     """``(wall_time, step, {tag: value})`` for each record of ``view`` with an integer step and
     at least one finite number, in stream order (see the module docstring for the tags)."""
     records = view.stream.records if view.stream is not None else []
-    base = next((r for r in records if r.get("kind") == "val" and BASELINES[0] in r), {})
-    baselines = {f"val/{k}": v for k in BASELINES if (v := number(base, k)) is not None}
+    baselines = lineage_baselines(records)
     wall, events = _start_time(view), []
     for r in records:
         wall += sum(t for k in TIME_FIELDS if (t := number(r, k)) is not None and t > 0)
-        step, kind = r.get("step"), r.get("kind")
-        if not isinstance(step, int) or isinstance(step, bool) or not isinstance(kind, str):
-            continue
-        values = {
-            f"{kind}/{k}": v for k in r if k not in SKIPPED and (v := number(r, k)) is not None
-        }
-        if kind == "val":
-            values.update(baselines)
-        if values:
-            events.append((wall, step, values))
+        scalars = record_scalars(r, baselines)
+        if scalars is not None:
+            events.append((wall, *scalars))
     return events
 
 
 def _write_events(path: Path, view: AttemptView) -> int:
     """Write the event file ``path``; returns the number of scalar values written."""
-    RecordWriter, Event, Summary = _tensorboard()
     events = scalar_events(view)
     written = 0
-    with open(path, "wb") as f:
-        writer = RecordWriter(f)
-        first = events[0][0] if events else _start_time(view)
-        writer.write(Event(wall_time=first, file_version="brain.Event:2").SerializeToString())
+    out = EventFile(path, events[0][0] if events else _start_time(view))
+    try:
         for wall, step, values in events:
-            summary = Summary(
-                value=[Summary.Value(tag=t, simple_value=v) for t, v in values.items()]
-            )
-            writer.write(Event(wall_time=wall, step=step, summary=summary).SerializeToString())
+            out.scalars(wall, step, values)
             written += len(values)
-        f.flush()
-        os.fsync(f.fileno())
+        out.flush(sync=True)
+    finally:
+        out.close()
     return written
 
 
@@ -130,7 +200,7 @@ def tensorboard_target(attempt: Path, out_dir: Path) -> Path:
     once writing it is known to be possible (tensorboard is there, an existing target holds
     event files only, ``out_dir`` can be created). ``ConfigError`` naming the path otherwise;
     ``CheckpointError`` if ``attempt`` is not an attempt. Nothing is written."""
-    _tensorboard()
+    load_tensorboard()
     view = load_attempt(attempt)
     here = view.path.resolve()
     run_dir = view.info.get("run_dir")
@@ -163,7 +233,7 @@ def export_tensorboard(attempt: Path, out_dir: Path) -> tuple[Path, int]:
             for leftover in parent.glob(f"{prefix}-{name_id}-*"):
                 shutil.rmtree(leftover, ignore_errors=True)
         tmp.mkdir()
-        name = f"{EVENT_PREFIX}{int(_start_time(view))}.iqtrain.{run}.{name_id}"
+        name = event_file_name(_start_time(view), run, name_id)
         written = _write_events(tmp / name, view)
         if target.exists():
             os.rename(target, old)

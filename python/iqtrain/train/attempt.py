@@ -22,6 +22,7 @@ import hashlib
 import os
 import platform
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,8 +33,14 @@ import torch
 from iqtrain.checkpoint.manager import CheckpointManager
 from iqtrain.config.schema import Config, config_to_dict, dumps_toml
 from iqtrain.console import Interrupted, SignalLatch, StoppedBeforeStart, note
-from iqtrain.data.dataset import TrainStream
-from iqtrain.data.identity import DataIdentity, check_parent_data
+from iqtrain.data.dataset import IQDataset, TrainStream
+from iqtrain.data.identity import (
+    DataIdentity,
+    DigestShare,
+    check_parent_data,
+    compute_share,
+    merge_shares,
+)
 from iqtrain.data.sources import open_datasets, report_skipped
 from iqtrain.distributed.world import PeerError, RankExit, World, agree, join
 from iqtrain.errors import (
@@ -51,6 +58,7 @@ from iqtrain.evidence.lock import AttemptLock
 from iqtrain.evidence.manifest import publish_manifest
 from iqtrain.evidence.metrics import MetricCursor, MetricWriter
 from iqtrain.model.transformer import NextPatchModel
+from iqtrain.report.live import WANDB_RUN_ID, LiveLog, check_live, wandb_run_id
 from iqtrain.storage import creatable_dir, file_digest
 from iqtrain.train.loop import LoopParts, LoopState, Trainer, restore, state_components
 from iqtrain.train.probe import TrainingProbe
@@ -108,6 +116,8 @@ class _Ready:
     changes: dict[str, tuple[Any, Any]]
     start_step: int
     parts: LoopParts
+    #: A resume: the shared data check's record for attempt.json (who read what, how long).
+    data_check: dict[str, Any] | None = None
 
 
 def _plan(config: Config, parent: Parent | None) -> tuple[Plan, int]:
@@ -140,12 +150,31 @@ def _check_run_dir(run_dir: Path) -> None:
         raise ConfigError(f"run.dir: {run_dir} cannot be created or written ({why})")
 
 
-def _preflight(config: Config, ref: ParentRef | None, world: World) -> _Ready:
-    """Every check a user's input can fail, in an order that writes nothing on refusal.
+@dataclass
+class _Opened:
+    """The first part of the preflight: the parent, the step, the datasets, and (a resume)
+    this rank's share of the data check."""
+
+    parent: Parent | None
+    changes: dict[str, tuple[Any, Any]]
+    stepper: TrainStep
+    train: IQDataset
+    val: IQDataset
+    share: DigestShare | None
+    #: When this rank began reading its share (a resume), for attempt.json's ``data_check``.
+    check_started: float | None = None
+
+
+def _preflight(config: Config, ref: ParentRef | None, world: World) -> _Opened:
+    """Every check a user's input can fail before the data is compared, in an order that
+    writes nothing on refusal; a resume reads its share of every data byte last.
 
     Every rank runs it (no collective inside: a rank that fails must not leave the others
-    waiting in one); the ranks agree on the outcome afterwards (:func:`agree`).
+    waiting in one); the ranks agree on the outcome afterwards (:func:`agree`), and the
+    agreement carries the shares to rank 0.
     """
+    if world.is_main:  # the live views are rank 0's: their packages must be there
+        check_live(config.logging)
     parent = load_parent(ref) if ref is not None else None
     changes = config_changes(parent.config_tables, config) if parent is not None else {}
     t = config.training
@@ -165,9 +194,31 @@ def _preflight(config: Config, ref: ParentRef | None, world: World) -> _Ready:
         _check_run_dir(Path(config.run.dir))
     # Data last: the synthetic default is generated only once every other check has passed.
     train, val = open_datasets(config.data)
+    share = started = None
+    if parent is not None:  # every rank reads its 1/W of every byte, before the child exists
+        started = time.monotonic()
+        progress = note if world.is_main else None
+        share = compute_share(train, val, world.rank, world.world_size, progress)
+    return _Opened(parent, changes, stepper, train, val, share, started)
+
+
+def _checked(
+    config: Config,
+    ref: ParentRef | None,
+    opened: _Opened,
+    shares: list[DigestShare | None],
+    world: World,
+) -> _Ready:
+    """The rest of the preflight, once the shares are in (every rank, no collective inside):
+    a resume's data compared with its parent's first (rank 0 merges the shares and names the
+    recording that changed; every rank compares fingerprints), then the plan, the stream and
+    the parent's state restored, and the loop's parts."""
+    parent, train, val, stepper = opened.parent, opened.train, opened.val, opened.stepper
     digests = None
-    if parent is not None:  # rank 0 reads every byte, before the child exists
-        digests = check_parent_data(parent.state, train, val, read=world.is_main)
+    if parent is not None:
+        if world.is_main:
+            digests = merge_shares(train, val, [s for s in shares if s is not None])
+        check_parent_data(parent.state, train, val, digests)
     plan, start_step = _plan(config, parent)
     for key, ds in (("data.train", train), ("data.val", val)) if world.is_main else ():
         report_skipped(key, ds, config.data.window)
@@ -183,15 +234,17 @@ def _preflight(config: Config, ref: ParentRef | None, world: World) -> _Ready:
     if parent is not None:  # before the child exists: a checkpoint that cannot load is exit 2
         restore(parent, stepper, state_components(stream, loop, RNGState(world)))
         loop.step = start_step
-    for line in parent.skipped if parent is not None and world.is_main else []:
-        assert ref is not None  # parent was loaded from ref
-        note(f"skipped checkpoint {line['checkpoint']} of {ref.attempt}: {line['reason']}")
-    identity = DataIdentity(train, val, digests) if world.is_main else None
+    if parent is not None and ref is not None and world.is_main:
+        for line in parent.skipped:
+            note(f"skipped checkpoint {line['checkpoint']} of {ref.attempt}: {line['reason']}")
+    # A fresh run's digests are read in the background, every rank its share (DataIdentity);
+    # a resume's were read and compared above.
+    identity = DataIdentity(train, val, digests, world=world, checked=parent is not None)
     probe = None
     if world.is_main and config.probe.every:
         probe = TrainingProbe(config.probe, config.data, config.model, config.run.seed)
     parts = LoopParts(stepper, stream, val, plan, loop, identity, probe)
-    return _Ready(parent, changes, start_step, parts)
+    return _Ready(parent, opened.changes, start_step, parts)
 
 
 def _load_shards(stepper: TrainStep, directory: Path) -> IQTrainError | None:
@@ -242,6 +295,11 @@ def _attempt_info(config: Config, run_dir: Path, ready: _Ready, world: World) ->
         info["config_changes"] = {
             k: {"from": a, "to": b} for k, (a, b) in sorted(ready.changes.items())
         }
+        info["data_check"] = ready.data_check
+    if world.is_main:  # chosen before the claim, so a resume of this attempt finds it
+        run_id = wandb_run_id(config.logging, None if p is None else p.attempt)
+        if run_id is not None:
+            info[WANDB_RUN_ID] = run_id
     return info
 
 
@@ -292,20 +350,36 @@ def _run(config: Config, parent: ParentRef | None, world: World) -> AttemptResul
 
 
 def _agreed_preflight(config: Config, parent: ParentRef | None, world: World) -> _Ready:
-    """The preflight on every rank, agreed: any rank's refusal is every rank's, and the ranks
-    must read the same data (fingerprints); a sharded parent's tensors load once the step is
+    """The preflight on every rank, agreed twice: any rank's refusal is every rank's. First
+    the parent, the step and the datasets (the ranks must read the same data: fingerprints;
+    the agreement carries a resume's shares of the data check), then the data compared with
+    the parent's, the plan and the restore. A sharded parent's tensors load once the step is
     sharded (every rank together), still before the child exists."""
     error: IQTrainError | None = None
     same = None
+    opened = share = None
     try:
-        ready = _preflight(config, parent, world)
+        opened = _preflight(config, parent, world)
+        share = opened.share
         same = {
-            "data.train fingerprint": ready.parts.stream.dataset.fingerprint,
-            "data.val fingerprint": ready.parts.val.fingerprint,
+            "data.train fingerprint": opened.train.fingerprint,
+            "data.val fingerprint": opened.val.fingerprint,
         }
     except IQTrainError as exc:
         error = exc
-    agree(world, error, same=same)
+    shares = agree(world, error, same=same, payload=share)
+    assert opened is not None  # agree raised otherwise
+    try:
+        ready = _checked(config, parent, opened, shares, world)
+    except IQTrainError as exc:
+        error = exc
+    agree(world, error)
+    if opened.check_started is not None:  # a resume: who read what, rank 0's wall time
+        ready.data_check = {
+            "bytes": [s.bytes for s in shares],
+            "rank_seconds": [round(s.seconds, 3) for s in shares],
+            "seconds": round(time.monotonic() - opened.check_started, 3),
+        }
     ready.parts.stepper.data_parallel()
     if ready.parent is not None and ready.parent.sharded is not None:
         agree(world, _load_shards(ready.parts.stepper, ready.parent.sharded))
@@ -368,7 +442,7 @@ def _lead(
     world: World,
 ) -> AttemptResult:
     """Rank 0 (or the one process): train, publish the manifest, and record how it ended."""
-    status, trainer, metrics = "failed", None, None
+    status, trainer, metrics, live = "failed", None, None, None
     try:
         claimed_path(world, attempt)  # the other ranks learn where it is
         metrics = MetricWriter(
@@ -379,7 +453,14 @@ def _lead(
             else MetricCursor.from_dict(ready.parent.state.metrics),
         )
         inherited = None if ready.parent is None else metrics.cursor().to_dict()
-        trainer = _trainer(config, attempt, run_dir, ready, metrics, config_text)
+        live = LiveLog.open(
+            config.logging,
+            attempt,
+            run_id=info.get(WANDB_RUN_ID),
+            config=config_to_dict(config),
+            inherited=None if ready.parent is None else attempt / "metrics.jsonl",
+        )
+        trainer = _trainer(config, attempt, run_dir, ready, metrics, config_text, live)
         trainer.train()
         metrics.close()
         loop = trainer.loop
@@ -416,7 +497,11 @@ def _lead(
         if metrics is not None:
             _close_quietly(metrics)
         finish_attempt(attempt, info, status, 0 if trainer is None else trainer.loop.step)
-        lock.release()
+        try:  # the live views last: what they still write (W&B's finish) is not the attempt's
+            if live is not None:
+                live.close(ok=status == "completed")
+        finally:
+            lock.release()
     return _result(trainer, attempt, world)
 
 
@@ -427,8 +512,10 @@ def _trainer(
     ready: _Ready,
     metrics: MetricWriter | None,
     config_text: str,
+    live: LiveLog | None = None,
 ) -> Trainer:
     t = config.training
+    ready.parts.live = live  # rank 0's, opened once the attempt exists
     trainer = Trainer(
         t,
         config.data,

@@ -8,6 +8,11 @@ checkpoint is the mapping of component name to state, and a restore is one loop 
 mapping. When to save, what to keep and how the ranks write a checkpoint is the
 :class:`~iqtrain.checkpoint.manager.CheckpointManager`'s; the loop only asks it. The loop reads
 its own config sections (``[training]``, ``[data]``) and nothing else of the config.
+
+Every record rank 0 writes goes to the metric stream and then, when the attempt has one, to its
+live views (:class:`~iqtrain.report.live.LiveLog`: TensorBoard, W&B) at the same place: on the
+record cadence, never inside the step. ``training.profile_steps`` is the
+:class:`~iqtrain.train.profile.StepProfiler`'s, around whole iterations.
 """
 
 from __future__ import annotations
@@ -36,7 +41,9 @@ from iqtrain.errors import CheckpointError, IQTrainError
 from iqtrain.evidence.lineage import Parent
 from iqtrain.evidence.metrics import MetricWriter
 from iqtrain.model.flops import achieved_tflops, device_peak_tflops, mfu
+from iqtrain.report.live import LiveLog
 from iqtrain.train.probe import TrainingProbe, probe_due
+from iqtrain.train.profile import PROFILE_DIR, StepProfiler
 from iqtrain.train.rng import RNGState
 from iqtrain.train.schedule import Plan, lr_at
 from iqtrain.train.step import StepResult, TrainStep
@@ -189,8 +196,10 @@ def restore(parent: Parent, stepper: TrainStep, components: dict[str, Any]) -> N
 @dataclass
 class LoopParts:
     """The components a :class:`Trainer` runs over, built and checked before the attempt
-    exists (:mod:`iqtrain.train.attempt`). ``identity`` and ``probe`` are rank 0's alone (the
-    probe only when ``[probe] every`` > 0)."""
+    exists (:mod:`iqtrain.train.attempt`). ``identity`` is every rank's (each reads its share
+    of the digests); ``probe`` and ``live`` are rank 0's alone (the probe only when
+    ``[probe] every`` > 0; ``live``, the run's live views, only with ``[logging]``, opened once
+    the attempt exists)."""
 
     stepper: TrainStep
     stream: TrainStream
@@ -199,6 +208,7 @@ class LoopParts:
     loop: LoopState
     identity: DataIdentity | None = None
     probe: TrainingProbe | None = None
+    live: LiveLog | None = None
 
 
 class Trainer:
@@ -218,7 +228,8 @@ class Trainer:
     ) -> None:
         """With several ranks every rank builds a Trainer and runs the same loop (the same
         decisions from the same agreed numbers); only rank 0 has ``metrics`` (and the parts'
-        ``identity`` and ``probe``) and writes: the records, the checkpoints."""
+        ``probe`` and ``live``) and writes: the records, the checkpoints, the
+        profile."""
         self.training, self.data, self.attempt = training, data, attempt
         self.stepper, self.stream, self.val, self.plan = (
             parts.stepper,
@@ -227,7 +238,7 @@ class Trainer:
             parts.plan,
         )
         self.loop, self.identity, self.probe = parts.loop, parts.identity, parts.probe
-        self.metrics, self.checkpoints = metrics, checkpoints
+        self.metrics, self.checkpoints, self.live = metrics, checkpoints, parts.live
         self.probe_every, self.config_sha = probe_every, config_sha
         self.world = self.stepper.world
         self.rng = RNGState(self.world)
@@ -243,6 +254,8 @@ class Trainer:
         self.peak_tflops = None if peak is None else peak * self.world.world_size
         self.last_val: dict[str, Any] | None = None
         self.last_probe: dict[str, Any] | None = None  # rank 0's last probe record
+        profile = t.profile_steps if self.world.is_main else None
+        self.profiler = StepProfiler(profile, attempt / PROFILE_DIR, self.stepper.device.type)
 
     def components(self) -> dict[str, Any]:
         """The JSON-state components of a checkpoint, by their state.json key."""
@@ -256,6 +269,7 @@ class Trainer:
         try:
             with SignalGuard(announce=self.world.is_main) as guard:
                 while self.loop.step < self.plan.max_steps:
+                    self.profiler.before_step(self.loop.step + 1)
                     t0 = time.perf_counter()
                     result = self._step(stop=lambda: guard.signum is not None)
                     self._record(result, time.perf_counter() - t0, progress)
@@ -268,6 +282,7 @@ class Trainer:
                     end = final or stop_early
                     if self.checkpoints.due(self.loop.step, final=end, improved=improved):
                         self.checkpoint()
+                    self.profiler.after_step(self.loop.step)
                     if stop_early:
                         self._stop_early(progress)
                         break
@@ -281,6 +296,7 @@ class Trainer:
                         signum = guard.signum or signal.SIGTERM
                         raise Interrupted(signum, self.attempt, self.world.world_size)
         finally:
+            self.profiler.close()
             progress.close()
 
     def _patience_exhausted(self) -> bool:
@@ -341,9 +357,16 @@ class Trainer:
         if utilisation is not None:
             record["mfu"] = utilisation
         record.update(peak_memory(self.stepper.device.type))
+        self._write(record)
+        progress.update(self.loop.step, result.loss, result.lr, samples / dt if dt > 0 else 0.0)
+
+    def _write(self, record: dict[str, Any]) -> None:
+        """Rank 0: one record into the metric stream, then into the live views (which never
+        raise: a view that fails is a note and is off)."""
         if self.metrics is not None:
             self.metrics.write(record)
-        progress.update(self.loop.step, result.loss, result.lr, samples / dt if dt > 0 else 0.0)
+            if self.live is not None:
+                self.live.record(record)
 
     def _validate(self, progress: Progress) -> bool:
         """Full validation, its record, and whether it improved on the best."""
@@ -354,8 +377,7 @@ class Trainer:
         improved = self.loop.record_validation(rec["loss"], self.attempt, min_delta)
         rec = {"kind": "val", "step": step, **rec, "best": improved}
         rec["time_s"] = time.perf_counter() - v0
-        if self.metrics is not None:
-            self.metrics.write(rec)
+        self._write(rec)
         self.last_val = rec
         nmse = "" if rec["nmse"] == rec["loss"] else f", nmse {rec['nmse']:.5f}"
         progress.note(
@@ -381,7 +403,7 @@ class Trainer:
                 progress.note(f"probe step {self.loop.step}: skipped: {exc}")
             else:
                 rec["time_s"] = time.perf_counter() - p0
-                self.metrics.write(rec)
+                self._write(rec)
                 self.last_probe = rec
                 progress.note(
                     f"probe step {rec['step']}: accuracy {rec['accuracy']:.4f} (random-init "
@@ -395,8 +417,10 @@ class Trainer:
         all ranks' generators, a sharded step gathers the whole model onto rank 0); the
         manager writes it, with the ranks' shards, and prunes. The path on rank 0."""
         if self.identity is not None:
-            self.identity.digests()  # the first checkpoint waits for the background digests
-        self.world.wait_for_main()  # ... and the other ranks wait for rank 0 to have them
+            # The first checkpoint waits for the background digests: every rank for its share,
+            # then one gather (a collective: every rank is here), rank 0 merges.
+            self.identity.digests()
+        self.world.wait_for_main()
         components = {name: c.state_dict() for name, c in self.components().items()}
         tensors = self.stepper.state_dict()
         return self.checkpoints.save(
@@ -407,6 +431,12 @@ class Trainer:
             protect=self.loop.best_checkpoint,
             write_shards=self.stepper.save_sharded if self.stepper.sharded else None,
         )
+
+    def _digests(self) -> dict[str, dict[str, str]]:
+        assert self.identity is not None
+        digests = self.identity.digests()  # merged by the first checkpoint's collective
+        assert digests is not None  # rank 0's
+        return digests
 
     def _state(self, components: dict[str, dict[str, Any]]) -> CheckpointState:
         """Rank 0's state.json of this step (the metric stream synced to disk first: the
@@ -419,7 +449,7 @@ class Trainer:
             config_sha256=self.config_sha,
             plan=self.plan.to_dict(),
             fingerprints=self.identity.fingerprints,
-            data=self.identity.digests(),
+            data=self._digests(),
             metrics=self.metrics.state_dict(),
             components=components,
         )

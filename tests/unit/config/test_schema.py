@@ -99,6 +99,20 @@ MALFORMED = [
         "schedule.warmup_steps",
     ),
     ({"run": "x"}, "run"),
+    ({"training": {"profile_steps": 3}}, "training.profile_steps"),
+    ({"training": {"profile_steps": [1, 2, 3]}}, "training.profile_steps"),
+    ({"training": {"profile_steps": [0, 2]}}, "training.profile_steps[0]"),
+    ({"training": {"profile_steps": [2, 1.5]}}, "training.profile_steps[1]"),
+    ({"training": {"profile_steps": [3, 2]}}, "training.profile_steps"),
+    ({"training": {"profile_steps": [5, 2000]}}, "training.profile_steps"),  # > max_steps
+    ({"logging": {"tensorbord": True}}, "logging.tensorbord"),
+    ({"logging": {"tensorboard": 1}}, "logging.tensorboard"),
+    ({"logging": {"wandb": "proj"}}, "logging.wandb"),
+    ({"logging": {"wandb": {}}}, "logging.wandb.project"),
+    ({"logging": {"wandb": {"project": ""}}}, "logging.wandb.project"),
+    ({"logging": {"wandb": {"project": "p", "team": "x"}}}, "logging.wandb.team"),
+    ({"logging": {"wandb": {"project": "p", "name": 3}}}, "logging.wandb.name"),
+    ({"logging": "on"}, "logging"),
 ]
 
 
@@ -263,3 +277,26 @@ def test_every_section_is_defined_in_the_torch_free_sections_module():
     for cls in classes:
         assert dataclasses.is_dataclass(cls) and cls.__module__ == "iqtrain.config.sections", cls
     assert set(schema._SECTIONS.values()) >= set(classes)
+
+
+def test_logging_and_profiling_are_off_by_default_and_round_trip():
+    cfg = build_config({})
+    assert cfg.logging.tensorboard is False and cfg.logging.wandb is None
+    assert cfg.training.profile_steps is None
+    assert "profile_steps" not in config_to_dict(cfg)["training"]  # None fields are omitted
+    tables = {
+        "logging": {"tensorboard": True, "wandb": {"project": "iq", "entity": "lab"}},
+        "training": {"profile_steps": [2, 5]},
+    }
+    cfg = build_config(tables)
+    assert cfg.training.profile_steps == (2, 5)
+    assert (cfg.logging.wandb.project, cfg.logging.wandb.entity) == ("iq", "lab")
+    text = dumps_toml(config_to_dict(cfg))
+    assert "[logging.wandb]" in text and "profile_steps = [2, 5]" in text
+    assert config_to_dict(build_config(tomllib.loads(text))) == config_to_dict(cfg)
+    over = apply_overrides({}, ["logging.wandb.project=x", "training.profile_steps=[1, 1]"])
+    assert build_config(over).logging.wandb.project == "x"
+    with pytest.raises(ConfigError, match=r"^logging\.wandb: is a table, set one of its keys"):
+        apply_overrides({}, ["logging.wandb=x"])
+    with pytest.raises(ConfigError, match=r"^logging\.wandb\.team: unknown key"):
+        apply_overrides({}, ["logging.wandb.team=x"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -17,6 +18,8 @@ from helpers import COMPONENT_DTYPES, random_iq, write_sigmf
 from iqtrain._native import digest_files
 from iqtrain.data.dataset import IQDataset, TrainStream
 from iqtrain.errors import ConfigError, CursorMismatchError, DataError, IQTrainError
+
+PREAD_ONLY = 2**64 - 1  # map_min_bytes that maps nothing: every row is a positioned read
 
 
 def _sigmf_read(meta, start, count):
@@ -605,9 +608,10 @@ import numpy as np
 from iqtrain.data.dataset import IQDataset, TrainStream
 from iqtrain.errors import DataError
 
-meta, data = sys.argv[1], sys.argv[2]
+meta, data, map_min_bytes = sys.argv[1], sys.argv[2], int(sys.argv[3])
 full = open(data, "rb").read()
-ds = IQDataset([meta], window=64)
+ds = IQDataset([meta], window=64, map_min_bytes=map_min_bytes)
+out = {"mapped": ds._native.mapped_recordings}
 ids = np.arange(ds.num_windows)
 before = ds.windows(ids).copy()
 reference = TrainStream(ds, batch_size=8, seed=3, prefetch=0)
@@ -615,7 +619,6 @@ want = [next(reference).copy() for _ in range(12)]
 stream = TrainStream(ds, batch_size=8, seed=3, prefetch=2)
 next(stream), next(stream)  # the prefetch thread is running with batches queued
 os.truncate(data, len(full) // 2)
-out = {}
 try:
     ds.windows(ids)
 except DataError as exc:
@@ -637,24 +640,66 @@ print(json.dumps(out))
 """
 
 
-def test_truncated_data_file_is_a_data_error_not_a_crash(make_recording):
+@pytest.mark.parametrize(
+    "reader, flags",
+    [("pread", []), ("mmap", []), ("mmap", ["-X", "faulthandler"])],
+    ids=["pread", "mmap", "mmap-faulthandler-first"],
+)
+def test_truncated_data_file_is_a_data_error_not_a_crash(make_recording, reader, flags):
     meta, _ = make_recording(4096, "ci16_le")  # 16 KiB, 64 windows of 64
     data = meta.with_suffix(".sigmf-data").resolve()
+    map_min_bytes = 0 if reader == "mmap" else PREAD_ONLY
     # In a child process: a SIGBUS there fails this test instead of killing the test session.
+    # With Python's faulthandler enabled first, the guard chains to it and still absorbs ours.
     proc = subprocess.run(
-        [sys.executable, "-c", _TRUNCATE_SCRIPT, str(meta), str(data)],
+        [sys.executable, *flags, "-c", _TRUNCATE_SCRIPT, str(meta), str(data), str(map_min_bytes)],
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert proc.returncode == 0, f"child died with {proc.returncode}: {proc.stderr[-2000:]}"
     out = json.loads(proc.stdout)
+    assert out["mapped"] == (1 if reader == "mmap" else 0)
     message = (
         f"{data}: data file changed length while being read (expected 16384 bytes, found 8192)"
     )
     assert out["windows"] == message
     assert out["next"] == message
     assert out["consumed_unchanged"] and out["windows_again"] and out["next_again"]
+
+
+_FOREIGN_SIGBUS_SCRIPT = r"""
+import os, sys
+import numpy as np
+from iqtrain.data.dataset import IQDataset
+
+meta, other = sys.argv[1], sys.argv[2]
+ds = IQDataset([meta], window=64, map_min_bytes=0)  # installs the guard
+assert ds._native.mapped_recordings == 1
+mm = np.memmap(other, dtype=np.uint8, mode="r")
+os.truncate(other, 0)
+print("touching", flush=True)
+print(int(mm[5000]))  # a fault in no guarded copy: not ours to absorb
+"""
+
+
+@pytest.mark.parametrize("flags", [[], ["-X", "faulthandler"]], ids=["plain", "faulthandler"])
+def test_a_sigbus_outside_the_loader_keeps_its_default_or_previous_handler(
+    make_recording, tmp_path, flags
+):
+    meta, _ = make_recording(4096, "ci16_le")
+    other = tmp_path / "other.bin"
+    other.write_bytes(b"\1" * 8192)
+    proc = subprocess.run(
+        [sys.executable, *flags, "-c", _FOREIGN_SIGBUS_SCRIPT, str(meta), str(other)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == -signal.SIGBUS, (proc.returncode, proc.stderr[-2000:])
+    assert proc.stdout == "touching\n"
+    if flags:  # the handler installed before the guard ran (it prints, then the default kills)
+        assert "Fatal Python error: Bus error" in proc.stderr
 
 
 def test_many_recordings_fit_a_low_open_file_limit(tmp_path):
@@ -841,3 +886,118 @@ def test_ring_in_every_storage_dtype_and_replacing_the_ring(make_recording, data
         np.testing.assert_array_equal(second[slot], want[k])
         stream.release(slot)
     np.testing.assert_array_equal(first[old], want[0])  # the replaced ring is never written
+
+
+# --- opening many recordings: the order, the fingerprint and the first error ----------------
+
+
+def _pinned_set(directory):
+    """Three ci8 recordings: whole-file sampling, block sampling (> 64 KiB), two segments; one
+    directory name that sorts differently as a string ("b-c" < "b/") than as a path."""
+    layout = (("b-c/x", 4000, [0]), ("b/x", 70_000, [0]), ("b/y", 8000, [0, 500]))
+    for name, nbytes, starts in layout:
+        path = directory / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Path(f"{path}.sigmf-data").write_bytes((np.arange(nbytes) % 251).astype(np.uint8).tobytes())
+        meta = {
+            "global": {"core:datatype": "ci8", "core:version": "1.2.0"},
+            "captures": [{"core:sample_start": s} for s in starts],
+            "annotations": [],
+        }
+        Path(f"{path}.sigmf-meta").write_text(json.dumps(meta))
+    return os.fspath(directory / "**" / "*.sigmf-meta")
+
+
+def test_the_fingerprint_and_the_order_are_pinned(tmp_path):
+    # Computed by the opening before it was made to grow gently (per-directory resolution, the
+    # compiled schema check, descriptor reads): resumes of existing checkpoints depend on it.
+    ds = IQDataset(_pinned_set(tmp_path), window=16)
+    assert [os.fspath(r.meta_path.relative_to(tmp_path)) for r in ds.recordings] == [
+        "b/x.sigmf-meta",
+        "b/y.sigmf-meta",
+        "b-c/x.sigmf-meta",
+    ]
+    assert ds.fingerprint == "a3836c2254d8e9639b75ae5780159f3bb0992a2593e0e17d72d8d9db62f5a233"
+
+
+def test_sorted_paths_are_path_order():
+    import random
+
+    from iqtrain.data.dataset import _sorted_as_paths
+
+    parts = ["b", "b-c", "b.c", "b0", "B", "a b", "é", "b_", "bb", "~"]
+    rng = random.Random(1)
+    paths = {"/" + "/".join(rng.choices(parts, k=rng.randint(1, 4))) for _ in range(400)}
+    assert _sorted_as_paths(paths) == [os.fspath(p) for p in sorted(map(Path, paths))]
+
+
+def test_paths_resolve_through_linked_directories_and_files(tmp_path):
+    from iqtrain.data.dataset import _expand
+
+    real = tmp_path / "real"
+    for name in ("a", "b"):
+        _vector_recording(real, name, 64)
+    (tmp_path / "dirlink").symlink_to(real, target_is_directory=True)
+    (tmp_path / "files").mkdir()
+    (tmp_path / "files" / "c.sigmf-meta").symlink_to(real / "b.sigmf-meta")
+    metas, links = _expand(
+        [os.fspath(tmp_path / "dirlink" / "*.sigmf-meta"), tmp_path / "files" / "c.sigmf-meta"]
+    )
+    assert metas == [(real / "a.sigmf-meta").resolve(), (real / "b.sigmf-meta").resolve()]
+    assert links == {(real / "b.sigmf-meta").resolve(): tmp_path / "files" / "c.sigmf-meta"}
+    (tmp_path / "files" / "d.sigmf-meta").symlink_to(tmp_path / "gone.sigmf-meta")
+    with pytest.raises(DataError, match=r"d\.sigmf-meta: a symlink to .*gone\.sigmf-meta"):
+        _expand([os.fspath(tmp_path / "files" / "*.sigmf-meta")])
+
+
+def test_the_first_bad_file_in_sorted_order_is_the_one_named(tmp_path, monkeypatch):
+    import iqtrain.data.dataset as dataset
+
+    for name in ("a", "b", "c", "d", "e"):
+        _vector_recording(tmp_path, name, 64)
+    (tmp_path / "d.sigmf-meta").write_text("{not json")
+    (tmp_path / "e.sigmf-data").unlink()
+    pattern = os.fspath(tmp_path / "*.sigmf-meta")
+    with pytest.raises(DataError, match=r"/d\.sigmf-meta: not valid JSON"):
+        IQDataset(pattern, window=4)
+    _meta_with_captures(tmp_path / "c.sigmf-meta", [{"core:sample_start": -1}], "ci8")
+    with pytest.raises(DataError, match=r"/c\.sigmf-meta: captures\[0\]\.core:sample_start"):
+        IQDataset(pattern, window=4)
+
+    # A data file that cannot be sampled for the fingerprint is named once every file has
+    # parsed (an earlier file's metadata error still comes first) and the native open passed.
+    real = dataset._sampled_digest
+
+    def unreadable_b(path, nbytes):
+        if Path(path).name == "b.sigmf-data":
+            raise PermissionError(13, "Permission denied")
+        return real(path, nbytes)
+
+    monkeypatch.setattr(dataset, "_sampled_digest", unreadable_b)
+    with pytest.raises(DataError, match=r"/c\.sigmf-meta: captures"):
+        IQDataset(pattern, window=4)
+    with pytest.raises(DataError, match=r"/b\.sigmf-data: data file: cannot be read \(Perm"):
+        IQDataset(os.fspath(tmp_path / "[ab].sigmf-meta"), window=4)
+
+
+def test_the_hard_open_file_limit_is_raised_where_the_process_may(monkeypatch):
+    import resource
+
+    import iqtrain.data.dataset as dataset
+
+    calls = []
+    allowed = {"hard": True}
+
+    def setrlimit(which, limits):
+        calls.append(limits)
+        if limits[1] > 200 and not allowed["hard"]:
+            raise ValueError("not allowed to raise maximum limit")
+
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (100, 200))
+    monkeypatch.setattr(resource, "setrlimit", setrlimit)
+    monkeypatch.setattr(dataset, "_nr_open", lambda: 5000)
+    for hard, want in ((True, [(5000, 5000)]), (False, [(5000, 5000), (200, 200)])):
+        allowed["hard"] = hard
+        calls.clear()
+        dataset._reserve_open_files(10_000)  # more than even the ceiling: the most there is
+        assert calls == want

@@ -4,11 +4,21 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
-from helpers import checkpoint_state
+from helpers import checkpoint_state, random_iq, write_sigmf
 
+import iqtrain.data.identity as identity
 from iqtrain.data.dataset import IQDataset
-from iqtrain.data.identity import check_parent_data, compute_digests, verify_data
+from iqtrain.data.identity import (
+    DataIdentity,
+    check_parent_data,
+    compute_digests,
+    compute_share,
+    merge_shares,
+    share_of,
+    verify_data,
+)
 from iqtrain.data.synth import synthesize
 from iqtrain.errors import CursorMismatchError, DataError
 
@@ -38,11 +48,60 @@ def _recorded(train, val):
     return checkpoint_state(4, data=compute_digests(train, val), fingerprints=fingerprints)
 
 
-def test_the_same_data_passes_and_is_read_once(linked):
+def test_the_same_data_passes(linked):
     train, val = _open(linked[0])
-    digests = check_parent_data(_recorded(train, val), train, val, read=True)
-    assert digests == compute_digests(train, val)
-    assert check_parent_data(_recorded(train, val), train, val, read=False) is None
+    check_parent_data(_recorded(train, val), train, val, compute_digests(train, val))
+    check_parent_data(_recorded(train, val), train, val, None)  # a rank other than 0
+
+
+def test_shares_split_the_bytes_and_cover_every_piece_once():
+    sizes = [100, 0, 5, 300, 64, 64, 64, 1]
+    for world in range(1, 6):
+        shares = [share_of(sizes, r, world) for r in range(world)]
+        assert sorted(i for s in shares for i in s) == list(range(len(sizes)))
+        for s in shares:  # contiguous runs, in order
+            assert s == list(range(s[0], s[0] + len(s))) if s else True
+    assert share_of([], 0, 3) == [] and share_of([0, 0], 0, 2) == [0, 1]
+    big = [1 << 26] * 32  # 2 GiB of whole pieces over 4 ranks: 8 pieces each
+    assert [len(share_of(big, r, 4)) for r in range(4)] == [8] * 4
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 5])
+def test_merged_shares_equal_the_whole_file_digests(tmp_path, monkeypatch, world):
+    # 1 KiB pieces (the production piece is 64 MiB): files of one, a few and many pieces.
+    monkeypatch.setattr(identity, "PIECE", 1024)
+    rng = np.random.default_rng(0)
+    for i, samples in enumerate([100, 512, 513, 3000]):  # ci8: 2 bytes a sample
+        write_sigmf(tmp_path / "t", f"r{i}", random_iq(rng, samples, "ci8"), "ci8")
+    train = IQDataset([os.fspath(tmp_path / "t" / "r[0-2].sigmf-meta")], window=16)
+    val = IQDataset([os.fspath(tmp_path / "t" / "r3.sigmf-meta")], window=16)
+    shares = [compute_share(train, val, r, world) for r in range(world)]
+    assert sum(s.bytes for s in shares) == sum(
+        rec.num_samples * 2 for ds in (train, val) for rec in ds.recordings
+    )
+    assert merge_shares(train, val, shares) == compute_digests(train, val)
+    with pytest.raises(DataError, match="read by no rank"):
+        merge_shares(train, val, shares[1:] if world > 1 else [])
+
+
+def test_a_share_names_a_file_that_changed_length(linked):
+    train, val = _open(linked[0])
+    data = train.recordings[1].data_path
+    os.truncate(data, 100)
+    with pytest.raises(DataError, match=rf"{data}: data file changed length"):
+        compute_share(train, val, 0, 1)
+
+
+def test_the_background_identity_is_the_digests_and_a_failed_share_is_raised(linked):
+    train, val = _open(linked[0])
+    assert DataIdentity(train, val).digests() == compute_digests(train, val)
+    digests = compute_digests(train, val)
+    checked = DataIdentity(train, val, digests, checked=True)  # a resume's: nothing is re-read
+    assert checked._thread is None and checked.digests() is digests
+    data = train.recordings[0].data_path
+    os.truncate(data, 100)
+    with pytest.raises(DataError, match="changed length"):
+        DataIdentity(train, val).digests()
 
 
 def test_a_retargeted_symlink_is_named_as_one(linked):
@@ -54,7 +113,7 @@ def test_a_retargeted_symlink_is_named_as_one(linked):
     link.symlink_to(other[0])  # the same name now means another recording
     train, val = _open(links)
     with pytest.raises(CursorMismatchError) as info:
-        check_parent_data(recorded, train, val, read=True)
+        check_parent_data(recorded, train, val, compute_digests(train, val))
     assert f"{link} is a symlink that now resolves to" in str(info.value)
     assert "retargeted" in str(info.value)
 
@@ -81,3 +140,18 @@ def test_verify_data_rereads_what_the_state_recorded(linked):
     data.write_bytes(bytes(blob))
     problems = verify_data(recorded, "step_00000004")
     assert any("content differs from what step_00000004 recorded" in p for p in problems)
+
+
+def test_metadata_digests_are_of_the_bytes_the_dataset_parsed(linked):
+    from iqtrain.data.identity import meta_digest
+
+    train, val = _open(linked[0])
+    digests = compute_digests(train, val)
+    for key, ds in (("train_meta", train), ("val_meta", val)):
+        assert digests[key] == {str(r.meta_path): meta_digest(r.meta_path) for r in ds.recordings}
+    # Taken when the dataset opened, not read again: an edit since then is the resume check's
+    # and verify --data's to find (they open the data again), not a silent new digest.
+    meta = train.recordings[0].meta_path
+    before = digests["train_meta"][str(meta)]
+    meta.write_bytes(meta.read_bytes() + b" ")
+    assert compute_digests(train, val)["train_meta"][str(meta)] == before != meta_digest(meta)

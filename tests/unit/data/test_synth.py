@@ -12,7 +12,8 @@ import pytest
 import sigmf
 from sigmf import validate as sigmf_validate
 
-from iqtrain.data.synth import CLASSES, DATATYPES, SNR_RANGE_DB, synthesize
+from iqtrain.config.sections import SYNTH_MAX_RECORDINGS
+from iqtrain.data.synth import CLASSES, DATATYPES, SNR_RANGE_DB, name_width, synthesize
 from iqtrain.errors import ConfigError
 
 # Small enough to keep the file fast, big enough for several bursts and gaps per recording.
@@ -221,6 +222,34 @@ def test_rerun_removes_stale_recordings_only(tmp_path):
     ]
 
 
+def test_names_sort_in_generation_order_at_every_count():
+    # Four digits up to 10,000 recordings (every set written before keeps its names, so the
+    # synthetic cache and its fingerprints do not move), then as many as the count needs.
+    assert [name_width(n) for n in (1, 8, 10_000, 10_001, 100_000, 100_001)] == [4, 4, 4, 5, 5, 6]
+    for n in (10_000, 10_001, 123_457):
+        width = name_width(n)
+        names = [f"synth_{i:0{width}d}.sigmf-meta" for i in (0, 9, 10, 999, 9_999, n - 1)]
+        assert names == sorted(names)
+        assert len(f"{n - 1}") <= width
+
+
+def test_a_rerun_removes_recordings_numbered_to_another_width(tmp_path):
+    # A set of more than 10,000 recordings is numbered to five digits or more: a smaller set
+    # written into its directory must not leave any of them behind, whatever its number.
+    for stale in ("synth_00000", "synth_00001", "synth_10000", "synth_000"):
+        for suffix in (".sigmf-meta", ".sigmf-data"):
+            (tmp_path / f"{stale}{suffix}").write_bytes(b"")
+    synthesize(tmp_path, recordings=2, samples=2048)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "synth_000.sigmf-data",  # not one of ours: fewer than four digits was never written
+        "synth_000.sigmf-meta",
+        "synth_0000.sigmf-data",
+        "synth_0000.sigmf-meta",
+        "synth_0001.sigmf-data",
+        "synth_0001.sigmf-meta",
+    ]
+
+
 @pytest.mark.parametrize(
     ("kwargs", "name"),
     [
@@ -228,7 +257,7 @@ def test_rerun_removes_stale_recordings_only(tmp_path):
         ({"recordings": -2}, "recordings"),
         ({"recordings": 1.5}, "recordings"),
         ({"recordings": True}, "recordings"),
-        ({"recordings": 10_001}, "recordings"),
+        ({"recordings": SYNTH_MAX_RECORDINGS + 1}, "recordings"),
         ({"samples": 16}, "samples"),
         ({"samples": "4096"}, "samples"),
         ({"samples": 1 << 40}, "samples"),

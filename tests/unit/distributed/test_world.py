@@ -28,7 +28,7 @@ def test_world_from_env(monkeypatch):
 
 
 def test_agree_in_one_process_raises_the_error_itself():
-    agree(World(), None)
+    assert agree(World(), None, payload="share") == ["share"]
     with pytest.raises(DataError, match="bad file"):
         agree(World(), DataError("bad file"))
 
@@ -56,12 +56,13 @@ def keep_sigterm(monkeypatch):
 
 
 def _failure(exc, same=None):
-    """One rank's contribution to agree()'s gather: (exit code, message) and its ``same``."""
-    return ((exit_code(exc), str(exc)), same)
+    """One rank's contribution to agree()'s gather: (exit code, message), its ``same`` and its
+    payload."""
+    return ((exit_code(exc), str(exc)), same, None)
 
 
-def _ok(same=None):
-    return (None, same)
+def _ok(same=None, payload=None):
+    return (None, same, payload)
 
 
 def test_agree_rank_0_reports_and_the_others_exit_silently(keep_sigterm):
@@ -91,3 +92,9 @@ def test_agree_refuses_ranks_that_do_not_run_the_same_thing(keep_sigterm):
         agree(_FakeWorld(1, gathered), None, same=theirs)
     assert info.value.exit_code == 2
     agree(_FakeWorld(0, [_ok(ours), _ok(dict(ours))]), None, same=ours)  # the same: no error
+
+
+def test_agree_hands_every_rank_all_payloads_in_rank_order(keep_sigterm):
+    gathered = [_ok(payload="a"), _ok(payload=None), _ok(payload="c")]
+    for rank in range(3):
+        assert agree(_FakeWorld(rank, gathered), None, payload="ignored") == ["a", None, "c"]

@@ -45,3 +45,31 @@ def test_a_parent_config_this_version_cannot_read_is_a_checkpoint_error(parent_t
     broken["training"]["parallel"] = "zero3"
     with pytest.raises(CheckpointError, match="parent's config.toml: training.parallel"):
         config_changes(broken, build_config(copy.deepcopy(parent_tables)))
+
+
+def test_how_a_run_is_watched_may_change_on_resume(parent_tables):
+    # [logging] is not part of the experiment: any of it may change (and is recorded), as may
+    # the profiled steps; a parent written before [logging] existed reads as all defaults.
+    older = copy.deepcopy(parent_tables)
+    del older["logging"]
+    tables = copy.deepcopy(parent_tables)
+    tables["logging"] = {"tensorboard": True, "wandb": {"project": "p", "entity": "me"}}
+    tables["training"]["profile_steps"] = [2, 3]
+    changes = config_changes(older, build_config(tables))
+    assert changes == {
+        "logging.tensorboard": (False, True),
+        "logging.wandb.project": (None, "p"),
+        "logging.wandb.entity": (None, "me"),
+        "training.profile_steps": (None, [2, 3]),
+    }
+    back = copy.deepcopy(parent_tables)
+    assert set(config_changes(config_to_dict(build_config(tables)), build_config(back))) == {
+        *changes
+    }
+
+
+def test_the_refusal_names_the_sections_that_may_change(parent_tables):
+    tables = copy.deepcopy(parent_tables)
+    tables["optimizer"]["lr"] = 1.0
+    with pytest.raises(ConfigError, match=r"training\.profile_steps, logging\.\* may change$"):
+        config_changes(parent_tables, build_config(tables))

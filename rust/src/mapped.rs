@@ -1,0 +1,370 @@
+//! Read-only memory maps of data files whose page faults cannot kill the process.
+//!
+//! A batch row copied from a mapping costs a user-space `memcpy`; the same row read with `pread`
+//! costs a system call and a kernel copy, about 2x more here (docs/design.md section 2.3 has the
+//! measurements). A plain mapping has one fatal flaw: when the file is truncated under it, a
+//! touch of a page past the new end raises SIGBUS and the process dies without a word. This
+//! module keeps the speed and removes the flaw:
+//!
+//! * Every copy out of a mapping runs inside a *guard*: the thread records, in a thread-local,
+//!   the mapping's address range and its `poisoned` flag.
+//! * A SIGBUS handler (installed once, chained to whatever handler was there before) looks at
+//!   the faulting address. A kernel-raised fault inside the current thread's guarded range sets
+//!   the mapping's `poisoned` flag, maps a private zero page over the faulting page and returns,
+//!   so the copy finishes (with zeros there). Any other SIGBUS goes to the previous handler, or,
+//!   when there was none, gets the default action (the process dies as it always would).
+//! * A copy that saw its mapping poisoned (by its own fault or another thread's) reports
+//!   failure, and the caller re-reads the row with `pread`, which either succeeds (the bytes are
+//!   there again) or comes up short (`LengthChanged`, one line naming the file). A poisoned
+//!   mapping is never read again: the zero pages it now holds would hide a restored file.
+//! * A truncation that ends inside a window's last page raises no fault (the page still exists,
+//!   zero-filled past the end); the caller checks the lengths of the mapped files a batch read
+//!   (one `fstat` each) and poisons any that shrank, which sends its rows back to `pread` too.
+//!
+//! Linux only (the handler reads `si_code`/`si_addr` as Linux fills them); elsewhere nothing is
+//! mapped and every read is a `pread`.
+
+use std::fs::File;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Data files smaller than this are read with `pread` by default: mapping them buys little
+/// (their rows come from many files, and the length check costs one `fstat` per file per batch)
+/// and each mapping is a kernel VMA, a limited resource (`vm.max_map_count`, 65530 by default).
+pub const DEFAULT_MAP_MIN_BYTES: u64 = 256 * 1024;
+
+/// At most this many recordings of one dataset are mapped; the rest are read with `pread`.
+/// Each mapping is one VMA, and each page patched after a truncation splits it in up to three.
+pub const MAX_MAPPED: usize = 8192;
+
+/// A read-only shared mapping of a whole data file.
+pub struct Mapping {
+    base: *const u8,
+    len: usize,
+    poisoned: AtomicBool,
+}
+
+// The mapping is read-only and owned by this value for its whole life; the raw pointer is
+// only ever read through guarded copies, from any thread.
+unsafe impl Send for Mapping {}
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// Maps `len` bytes of `file`, or `None` when mapping is unavailable (not Linux, the SIGBUS
+    /// guard could not be installed, `mmap` failed, or the file is empty): the caller then reads
+    /// with `pread`, so a failure here only costs speed.
+    pub fn new(file: &File, len: u64) -> Option<Mapping> {
+        sys::map(file, len).map(|(base, len)| Mapping {
+            base,
+            len,
+            poisoned: AtomicBool::new(false),
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// True once a copy faulted or the file was seen shorter than the mapping: from then on the
+    /// mapping holds zero pages where the file had data, and every read must use `pread`.
+    pub fn poisoned(&self) -> bool {
+        self.poisoned.load(Ordering::Acquire)
+    }
+
+    pub fn poison(&self) {
+        self.poisoned.store(true, Ordering::Release);
+    }
+
+    /// Copies `out.len()` bytes from `offset` into `out`. False when the mapping is (or became,
+    /// during the copy) poisoned: `out` may then hold zeros and the caller must re-read the row.
+    /// `offset + out.len()` must be within the mapping (the caller's windows are, by
+    /// construction); a range outside it is refused (false) rather than read.
+    pub fn copy_to(&self, offset: u64, out: &mut [u8]) -> bool {
+        let in_range = usize::try_from(offset)
+            .ok()
+            .and_then(|o| o.checked_add(out.len()).map(|end| (o, end)))
+            .filter(|&(_, end)| end <= self.len);
+        let Some((start, _)) = in_range else {
+            return false;
+        };
+        if self.poisoned() {
+            return false;
+        }
+        // SAFETY: [start, start + out.len()) lies inside the mapping, which lives as long as
+        // self; a fault there is turned into a zero page by the guard's handler.
+        unsafe {
+            sys::guarded_copy(
+                self.base,
+                self.len,
+                &self.poisoned,
+                self.base.add(start),
+                out,
+            )
+        };
+        !self.poisoned()
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        sys::unmap(self.base, self.len);
+    }
+}
+
+#[cfg(target_os = "linux")]
+mod sys {
+    use std::cell::Cell;
+    use std::fs::File;
+    use std::os::unix::io::AsRawFd;
+    use std::ptr;
+    use std::sync::atomic::{compiler_fence, AtomicBool, AtomicPtr, AtomicUsize, Ordering};
+    use std::sync::Mutex;
+
+    /// The range being copied from by this thread and its mapping's flag; (0, 0, null) outside
+    /// a copy. `const`-initialised and without a destructor, so reading it in the signal handler
+    /// touches only thread-local memory this thread has already used (no allocation).
+    struct Guard {
+        start: Cell<usize>,
+        end: Cell<usize>,
+        poisoned: Cell<*const AtomicBool>,
+    }
+
+    thread_local! {
+        static GUARD: Guard = const {
+            Guard {
+                start: Cell::new(0),
+                end: Cell::new(0),
+                poisoned: Cell::new(ptr::null()),
+            }
+        };
+    }
+
+    /// The SIGBUS action that was installed before ours (leaked: the handler may read it at
+    /// any moment). Null until ours is installed.
+    static PREVIOUS: AtomicPtr<libc::sigaction> = AtomicPtr::new(ptr::null_mut());
+    static PAGE: AtomicUsize = AtomicUsize::new(0);
+    static INSTALL: Mutex<()> = Mutex::new(());
+
+    pub(super) fn map(file: &File, len: u64) -> Option<(*const u8, usize)> {
+        let len = usize::try_from(len).ok().filter(|&l| l > 0)?;
+        if !install() {
+            return None;
+        }
+        // SAFETY: a fresh read-only mapping of an open file; nothing else refers to it.
+        let p = unsafe {
+            libc::mmap(
+                ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return None;
+        }
+        // Windows are read in a shuffled order: without this, each fault on a page not in the
+        // page cache reads ahead around it (read_ahead_kb, often megabytes) for one window.
+        // SAFETY: advice on the mapping just made; failure only loses the hint.
+        unsafe { libc::madvise(p, len, libc::MADV_RANDOM) };
+        Some((p as *const u8, len))
+    }
+
+    pub(super) fn unmap(base: *const u8, len: usize) {
+        // SAFETY: (base, len) is a mapping made by `map` and unmapped exactly once (Drop).
+        unsafe { libc::munmap(base as *mut libc::c_void, len) };
+    }
+
+    /// Installs the handler when SIGBUS is not already ours (checked on every new mapping, so
+    /// a handler someone installed after ours, e.g. Python's faulthandler enabled late, is
+    /// chained to rather than silently replaced). False when it cannot be installed.
+    fn install() -> bool {
+        let _lock = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: plain sigaction queries and updates of SIGBUS with fully initialised structs.
+        unsafe {
+            let mut current: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(libc::SIGBUS, ptr::null(), &mut current) != 0 {
+                return false;
+            }
+            if current.sa_sigaction == on_sigbus as *const () as usize {
+                return true;
+            }
+            let page = libc::sysconf(libc::_SC_PAGESIZE);
+            if page <= 0 {
+                return false;
+            }
+            PAGE.store(page as usize, Ordering::Relaxed);
+            // Published before ours is installed: the handler never sees a stale previous.
+            PREVIOUS.store(Box::into_raw(Box::new(current)), Ordering::Release);
+            let mut ours: libc::sigaction = std::mem::zeroed();
+            ours.sa_sigaction = on_sigbus as *const () as usize;
+            ours.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
+            libc::sigemptyset(&mut ours.sa_mask);
+            libc::sigaction(libc::SIGBUS, &ours, ptr::null_mut()) == 0
+        }
+    }
+
+    /// Copies `out.len()` bytes from `src` (inside the mapping `[base, base + len)`) with the
+    /// guard set.
+    ///
+    /// # Safety
+    /// `src..src + out.len()` must lie inside a live mapping `[base, base + len)`.
+    pub(super) unsafe fn guarded_copy(
+        base: *const u8,
+        len: usize,
+        poisoned: &AtomicBool,
+        src: *const u8,
+        out: &mut [u8],
+    ) {
+        GUARD.with(|g| {
+            g.start.set(base as usize);
+            g.end.set(base as usize + len);
+            g.poisoned.set(poisoned);
+        });
+        // The handler runs on this thread: a compiler fence orders the guard against the copy.
+        compiler_fence(Ordering::SeqCst);
+        // Raw pointers, never a slice of the mapping: its bytes may change under us.
+        ptr::copy_nonoverlapping(src, out.as_mut_ptr(), out.len());
+        compiler_fence(Ordering::SeqCst);
+        GUARD.with(|g| {
+            g.start.set(0);
+            g.end.set(0);
+            g.poisoned.set(ptr::null());
+        });
+    }
+
+    extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+        // SAFETY: the kernel passes a valid siginfo; everything below is async-signal-safe
+        // (thread-local reads, an atomic store, mmap, sigaction, raise).
+        unsafe {
+            // si_code > 0: raised by the kernel for a memory access (not kill/raise, whose
+            // si_addr field holds a pid).
+            if (*info).si_code > 0 {
+                let addr = (*info).si_addr() as usize;
+                let (start, end, flag) =
+                    GUARD.with(|g| (g.start.get(), g.end.get(), g.poisoned.get()));
+                if start != 0 && addr >= start && addr < end && !flag.is_null() {
+                    (*flag).store(true, Ordering::Release);
+                    let page = PAGE.load(Ordering::Relaxed);
+                    let at = addr & !(page - 1);
+                    let zero = libc::mmap(
+                        at as *mut libc::c_void,
+                        page,
+                        libc::PROT_READ,
+                        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                        -1,
+                        0,
+                    );
+                    if zero != libc::MAP_FAILED {
+                        return; // the copy resumes and reads zeros; the flag tells the caller
+                    }
+                }
+            }
+            chain(sig, info, ctx);
+        }
+    }
+
+    /// Hands a SIGBUS that is not ours to the handler installed before ours; with none (or
+    /// SIG_DFL/SIG_IGN, which cannot ignore a fault), restores the default and re-raises it, so
+    /// the process ends exactly as it would have without this module.
+    unsafe fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+        let prev = PREVIOUS.load(Ordering::Acquire);
+        let handler = if prev.is_null() {
+            libc::SIG_DFL
+        } else {
+            (*prev).sa_sigaction
+        };
+        if handler == libc::SIG_DFL || handler == libc::SIG_IGN {
+            let mut dfl: libc::sigaction = std::mem::zeroed();
+            dfl.sa_sigaction = libc::SIG_DFL;
+            libc::sigemptyset(&mut dfl.sa_mask);
+            libc::sigaction(sig, &dfl, ptr::null_mut());
+            libc::raise(sig);
+            return;
+        }
+        if (*prev).sa_flags & libc::SA_SIGINFO != 0 {
+            let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+                std::mem::transmute(handler);
+            f(sig, info, ctx);
+        } else {
+            let f: extern "C" fn(libc::c_int) = std::mem::transmute(handler);
+            f(sig);
+        }
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+mod sys {
+    use std::fs::File;
+    use std::sync::atomic::AtomicBool;
+
+    pub(super) fn map(_file: &File, _len: u64) -> Option<(*const u8, usize)> {
+        None
+    }
+
+    pub(super) fn unmap(_base: *const u8, _len: usize) {}
+
+    pub(super) unsafe fn guarded_copy(
+        _base: *const u8,
+        _len: usize,
+        _poisoned: &AtomicBool,
+        _src: *const u8,
+        _out: &mut [u8],
+    ) {
+        unreachable!("nothing is mapped on this platform")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::TempDir;
+
+    #[test]
+    fn copies_match_the_file_and_out_of_range_is_refused() {
+        let t = TempDir::new("mapped");
+        let bytes: Vec<u8> = (0..3 * 4096 + 100).map(|i| (i * 7 % 251) as u8).collect();
+        let p = t.file("a", &bytes);
+        let f = File::open(&p).unwrap();
+        let m = Mapping::new(&f, bytes.len() as u64).expect("mapping");
+        let mut out = vec![0u8; 5000];
+        assert!(m.copy_to(1234, &mut out));
+        assert_eq!(out, bytes[1234..6234]);
+        assert!(!m.copy_to(bytes.len() as u64 - 10, &mut out));
+        assert!(!m.copy_to(u64::MAX, &mut out));
+        assert!(!m.poisoned());
+    }
+
+    #[test]
+    fn a_fault_past_a_truncation_poisons_instead_of_killing() {
+        let t = TempDir::new("mapped-fault");
+        let bytes = vec![7u8; 8 * 4096];
+        let p = t.file("a", &bytes);
+        let f = File::open(&p).unwrap();
+        let m = Mapping::new(&f, bytes.len() as u64).expect("mapping");
+        let mut out = vec![0u8; 4096];
+        assert!(m.copy_to(6 * 4096, &mut out));
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .set_len(2 * 4096)
+            .unwrap();
+        // Inside what is left: still fine. Past it: the fault is absorbed and reported.
+        assert!(m.copy_to(4096, &mut out));
+        assert!(!m.copy_to(5 * 4096, &mut out));
+        assert!(m.poisoned());
+        assert!(
+            !m.copy_to(0, &mut out),
+            "a poisoned mapping is never read again"
+        );
+        // A second mapping of the same file still works, and sees the new length.
+        let m2 = Mapping::new(&f, 2 * 4096).expect("mapping");
+        assert!(m2.copy_to(0, &mut out));
+        assert_eq!(out, vec![7u8; 4096]);
+    }
+}

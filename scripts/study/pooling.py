@@ -1,0 +1,92 @@
+"""The pooling side study of docs/design.md section 10.5: does the probe's mean over patches hide
+what the trunk learned?
+
+For one pretrained attempt and its random init, every layer's hidden states are pooled over
+patches four ways (mean, as the probe does; mean + std; mean + std + skewness; mean + std + max
+absolute value) and each is scored by the probe's grouped cross-validation on the labelled set
+(the study's *select* set: never the report set). Prints one line per (model, layer, pooling)
+and writes them as JSON::
+
+    python scripts/study/pooling.py ATTEMPT 'select/*.sigmf-meta' out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from iqtrain.eval.probe import (
+    cross_validate,
+    labelled_windows,
+    load_checkpoint_model,
+    random_init_model,
+)
+from iqtrain.model.prepare import prepare_iq_input_reference
+from iqtrain.model.transformer import NextPatchModel
+
+POOLINGS = ("mean", "meanstd", "meanstdskew", "meanstdmax")
+FOLDS, SEED = 5, 0  # the probe's defaults
+
+
+def _pooled(h: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``h`` [batch, patches, dim] pooled over patches, each way."""
+    mu, sd = h.mean(1), h.std(1)
+    skew = ((h - mu[:, None]) ** 3).mean(1) / (sd**3 + 1e-6)
+    return {
+        "mean": mu,
+        "meanstd": torch.cat([mu, sd], 1),
+        "meanstdskew": torch.cat([mu, sd, skew], 1),
+        "meanstdmax": torch.cat([mu, sd, h.abs().amax(1)], 1),
+    }
+
+
+def features(model: NextPatchModel, labelled, data) -> dict[int, dict[str, torch.Tensor]]:
+    """``{layer: {pooling: [windows, features]}}``, windows prepared as the probe prepares them."""
+    model.eval()
+    out: dict[int, dict[str, list[torch.Tensor]]] = {}
+    with torch.no_grad():
+        for raw in labelled.batches(64):
+            patches, _ = prepare_iq_input_reference(
+                torch.from_numpy(raw),
+                data.patch_len,
+                norm=data.norm,
+                prefix_patches=data.prefix_patches,
+            )
+            for k, h in enumerate(model.layer_states(patches)):
+                for name, x in _pooled(h.float()).items():
+                    out.setdefault(k, {}).setdefault(name, []).append(x)
+    return {k: {n: torch.cat(v) for n, v in d.items()} for k, d in out.items()}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("attempt")
+    parser.add_argument("data", help="labelled .sigmf-meta glob (the select set)")
+    parser.add_argument("out", type=Path)
+    args = parser.parse_args()
+    model, config, _, _ = load_checkpoint_model(args.attempt)
+    labelled = labelled_windows(args.data, config.data.window)
+    models = {"pretrained": model, "random": random_init_model(config.model, config.run.seed)}
+    results: dict[str, float] = {}
+    for name, m in models.items():
+        for layer, pooled in features(m, labelled, config.data).items():
+            for pooling in POOLINGS:
+                score = cross_validate(
+                    pooled[pooling],
+                    labelled.labels,
+                    labelled.groups,
+                    FOLDS,
+                    SEED,
+                    classes=labelled.classes,
+                )
+                results[f"{name} layer {layer} {pooling}"] = round(score.accuracy, 3)
+                print(name, layer, pooling, round(score.accuracy, 3), flush=True)
+    args.out.write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
