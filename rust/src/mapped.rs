@@ -36,6 +36,11 @@ pub const DEFAULT_MAP_MIN_BYTES: u64 = 256 * 1024;
 /// Each mapping is one VMA, and each page patched after a truncation splits it in up to three.
 pub const MAX_MAPPED: usize = 8192;
 
+/// At most this many mappings live in the process at once (every dataset together): the
+/// handler's registry, and a cap well below the kernel's default `vm.max_map_count` (65530),
+/// leaving room for patched pages and for everything else the process maps.
+pub const MAX_LIVE_MAPPINGS: usize = 16384;
+
 /// A read-only shared mapping of a whole data file.
 pub struct Mapping {
     base: *const u8,
@@ -104,6 +109,10 @@ impl Mapping {
                 out,
             )
         };
+        // The copy's loads must not be reordered after the flag's load (they can on arm64 with
+        // an Acquire load alone: a zero page another thread faulted in could then be read with
+        // the flag still seen false).
+        std::sync::atomic::fence(Ordering::SeqCst);
         !self.poisoned()
     }
 }
@@ -123,9 +132,12 @@ mod sys {
     use std::sync::atomic::{compiler_fence, AtomicBool, AtomicPtr, AtomicUsize, Ordering};
     use std::sync::Mutex;
 
+    use super::MAX_LIVE_MAPPINGS;
+
     /// The range being copied from by this thread and its mapping's flag; (0, 0, null) outside
-    /// a copy. `const`-initialised and without a destructor, so reading it in the signal handler
-    /// touches only thread-local memory this thread has already used (no allocation).
+    /// a copy. `const`-initialised and without a destructor. The handler reads it only for a
+    /// fault inside a registered mapping, which only a guarded copy touches: that thread set
+    /// the guard just before, so its thread-local block exists and reading it allocates nothing.
     struct Guard {
         start: Cell<usize>,
         end: Cell<usize>,
@@ -142,11 +154,53 @@ mod sys {
         };
     }
 
+    /// Every live mapping's `[start, end)`, lock-free for the handler (0 = a free slot; `end` is
+    /// written before `start` is published and cleared after it). Full: no more mappings.
+    #[allow(clippy::declare_interior_mutable_const)]
+    const FREE: (AtomicUsize, AtomicUsize) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    static LIVE: [(AtomicUsize, AtomicUsize); MAX_LIVE_MAPPINGS] = [FREE; MAX_LIVE_MAPPINGS];
+
     /// The SIGBUS action that was installed before ours (leaked: the handler may read it at
     /// any moment). Null until ours is installed.
     static PREVIOUS: AtomicPtr<libc::sigaction> = AtomicPtr::new(ptr::null_mut());
     static PAGE: AtomicUsize = AtomicUsize::new(0);
-    static INSTALL: Mutex<()> = Mutex::new(());
+    static INSTALL: Mutex<bool> = Mutex::new(false);
+    /// Set while a SIGBUS is being handed to the previous handler: a re-entry (a handler that
+    /// re-raises into ours) ends with the default action instead of a loop.
+    static CHAINING: AtomicBool = AtomicBool::new(false);
+
+    fn register(start: usize, end: usize) -> bool {
+        for (s, e) in LIVE.iter() {
+            if s.load(Ordering::Relaxed) == 0
+                && s.compare_exchange(0, usize::MAX, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+            {
+                // Claimed (usize::MAX matches no address); publish the range, start last.
+                e.store(end, Ordering::Release);
+                s.store(start, Ordering::Release);
+                return true;
+            }
+        }
+        false
+    }
+
+    fn unregister(start: usize) {
+        for (s, e) in LIVE.iter() {
+            if s.load(Ordering::Acquire) == start {
+                s.store(usize::MAX, Ordering::Release);
+                e.store(0, Ordering::Release);
+                s.store(0, Ordering::Release);
+                return;
+            }
+        }
+    }
+
+    fn registered(addr: usize) -> bool {
+        LIVE.iter().any(|(s, e)| {
+            let start = s.load(Ordering::Acquire);
+            start != 0 && start != usize::MAX && addr >= start && addr < e.load(Ordering::Acquire)
+        })
+    }
 
     pub(super) fn map(file: &File, len: u64) -> Option<(*const u8, usize)> {
         let len = usize::try_from(len).ok().filter(|&l| l > 0)?;
@@ -167,6 +221,10 @@ mod sys {
         if p == libc::MAP_FAILED {
             return None;
         }
+        if !register(p as usize, p as usize + len) {
+            unmap(p as *const u8, len); // the registry is full: this file reads with pread
+            return None;
+        }
         // Windows are read in a shuffled order: without this, each fault on a page not in the
         // page cache reads ahead around it (read_ahead_kb, often megabytes) for one window.
         // SAFETY: advice on the mapping just made; failure only loses the hint.
@@ -175,15 +233,17 @@ mod sys {
     }
 
     pub(super) fn unmap(base: *const u8, len: usize) {
+        unregister(base as usize);
         // SAFETY: (base, len) is a mapping made by `map` and unmapped exactly once (Drop).
         unsafe { libc::munmap(base as *mut libc::c_void, len) };
     }
 
-    /// Installs the handler when SIGBUS is not already ours (checked on every new mapping, so
-    /// a handler someone installed after ours, e.g. Python's faulthandler enabled late, is
-    /// chained to rather than silently replaced). False when it cannot be installed.
+    /// Installs the handler once per process (chained to the one found then). False when it
+    /// cannot be installed, or when someone replaced ours since (e.g. Python's faulthandler
+    /// enabled late): putting ours back in front would make that handler's re-raise loop
+    /// through ours, so new mappings are refused and their files read with `pread` instead.
     fn install() -> bool {
-        let _lock = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
+        let mut installed = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
         // SAFETY: plain sigaction queries and updates of SIGBUS with fully initialised structs.
         unsafe {
             let mut current: libc::sigaction = std::mem::zeroed();
@@ -192,6 +252,9 @@ mod sys {
             }
             if current.sa_sigaction == on_sigbus as *const () as usize {
                 return true;
+            }
+            if *installed {
+                return false; // replaced since: see above
             }
             let page = libc::sysconf(libc::_SC_PAGESIZE);
             if page <= 0 {
@@ -204,7 +267,8 @@ mod sys {
             ours.sa_sigaction = on_sigbus as *const () as usize;
             ours.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
             libc::sigemptyset(&mut ours.sa_mask);
-            libc::sigaction(libc::SIGBUS, &ours, ptr::null_mut()) == 0
+            *installed = libc::sigaction(libc::SIGBUS, &ours, ptr::null_mut()) == 0;
+            *installed
         }
     }
 
@@ -239,38 +303,45 @@ mod sys {
 
     extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
         // SAFETY: the kernel passes a valid siginfo; everything below is async-signal-safe
-        // (thread-local reads, an atomic store, mmap, sigaction, raise).
+        // (atomic loads and stores, a thread-local read only on a registered address, mmap,
+        // sigaction, raise).
         unsafe {
             // si_code > 0: raised by the kernel for a memory access (not kill/raise, whose
             // si_addr field holds a pid).
             if (*info).si_code > 0 {
                 let addr = (*info).si_addr() as usize;
-                let (start, end, flag) =
-                    GUARD.with(|g| (g.start.get(), g.end.get(), g.poisoned.get()));
-                if start != 0 && addr >= start && addr < end && !flag.is_null() {
-                    (*flag).store(true, Ordering::Release);
-                    let page = PAGE.load(Ordering::Relaxed);
-                    let at = addr & !(page - 1);
-                    let zero = libc::mmap(
-                        at as *mut libc::c_void,
-                        page,
-                        libc::PROT_READ,
-                        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
-                        -1,
-                        0,
-                    );
-                    if zero != libc::MAP_FAILED {
-                        return; // the copy resumes and reads zeros; the flag tells the caller
-                    }
+                if registered(addr) && absorb(addr) {
+                    return; // the copy resumes and reads zeros; the flag tells the caller
                 }
             }
             chain(sig, info, ctx);
         }
     }
 
-    /// Hands a SIGBUS that is not ours to the handler installed before ours; with none (or
-    /// SIG_DFL/SIG_IGN, which cannot ignore a fault), restores the default and re-raises it, so
-    /// the process ends exactly as it would have without this module.
+    /// A fault at `addr` in this thread's guarded range: poison the mapping and map a zero page
+    /// over the faulting one. False when the fault is not in a guarded copy of this thread.
+    unsafe fn absorb(addr: usize) -> bool {
+        let (start, end, flag) = GUARD.with(|g| (g.start.get(), g.end.get(), g.poisoned.get()));
+        if start == 0 || addr < start || addr >= end || flag.is_null() {
+            return false;
+        }
+        (*flag).store(true, Ordering::SeqCst);
+        let page = PAGE.load(Ordering::Relaxed);
+        let zero = libc::mmap(
+            (addr & !(page - 1)) as *mut libc::c_void,
+            page,
+            libc::PROT_READ,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+            -1,
+            0,
+        );
+        zero != libc::MAP_FAILED
+    }
+
+    /// Hands a SIGBUS that is not ours to the handler installed before ours. With none (or
+    /// SIG_DFL), or on a re-entry while chaining, restores the default: a fault then returns and
+    /// faults again with its own siginfo, a sent signal is re-raised. With SIG_IGN, a sent
+    /// signal stays ignored and a fault gets the default (a fault cannot be ignored).
     unsafe fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
         let prev = PREVIOUS.load(Ordering::Acquire);
         let handler = if prev.is_null() {
@@ -278,12 +349,19 @@ mod sys {
         } else {
             (*prev).sa_sigaction
         };
-        if handler == libc::SIG_DFL || handler == libc::SIG_IGN {
+        let fault = (*info).si_code > 0;
+        if handler == libc::SIG_IGN && !fault {
+            return;
+        }
+        let reentered = CHAINING.swap(true, Ordering::AcqRel);
+        if handler == libc::SIG_DFL || handler == libc::SIG_IGN || reentered {
             let mut dfl: libc::sigaction = std::mem::zeroed();
             dfl.sa_sigaction = libc::SIG_DFL;
             libc::sigemptyset(&mut dfl.sa_mask);
             libc::sigaction(sig, &dfl, ptr::null_mut());
-            libc::raise(sig);
+            if !fault {
+                libc::raise(sig);
+            }
             return;
         }
         if (*prev).sa_flags & libc::SA_SIGINFO != 0 {
@@ -294,6 +372,7 @@ mod sys {
             let f: extern "C" fn(libc::c_int) = std::mem::transmute(handler);
             f(sig);
         }
+        CHAINING.store(false, Ordering::Release);
     }
 }
 

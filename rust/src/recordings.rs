@@ -134,6 +134,25 @@ pub struct Recording {
     file: Option<File>,
     /// The guarded mapping rows are copied from, when the policy maps this file.
     map: Option<Mapping>,
+    /// The mapped file's status-change and modification times at open (seconds, nanoseconds):
+    /// a truncation that the file then regrew past leaves its length as it was, not these.
+    stamp: Option<[i64; 4]>,
+}
+
+/// `[ctime, ctime_nsec, mtime, mtime_nsec]` of an open file (None where unavailable).
+fn stamp(file: &File) -> Option<[i64; 4]> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        file.metadata()
+            .ok()
+            .map(|m| [m.ctime(), m.ctime_nsec(), m.mtime(), m.mtime_nsec()])
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = file;
+        None
+    }
 }
 
 /// A run of samples of one recording that is windowed on its own (one SigMF capture).
@@ -313,6 +332,7 @@ impl Dataset {
                 .then(|| Mapping::new(&file, bytes))
                 .flatten();
             mapped += usize::from(map.is_some());
+            let stamp = map.as_ref().and_then(|_| stamp(&file));
             recordings.push(Recording {
                 path: path.to_owned(),
                 kind,
@@ -321,6 +341,7 @@ impl Dataset {
                 segments: first..segments.len(),
                 file: (windows > 0).then_some(file),
                 map,
+                stamp,
             });
         }
         if total == 0 {
@@ -400,7 +421,7 @@ impl Dataset {
     /// [`Error::LengthChanged`].
     pub fn fill_row(&self, id: u64, out: &mut [u8]) -> Result<()> {
         let r = self.decode_row(id, out)?;
-        if self.recordings[r].shrank() {
+        if self.recordings[r].changed() {
             self.decode_row(id, out)?;
         }
         Ok(())
@@ -475,7 +496,7 @@ impl Dataset {
             .with_min_len(4)
             .try_for_each(|(row, &id)| self.decode_row(id, row).map(drop))?;
         // A mapped file cut inside a window's last page raised no fault: check each mapped file
-        // the batch read once, and re-read the rows of any that shrank (now with pread).
+        // the batch read once, and re-read the rows of any that changed (now with pread).
         let mut touched: Vec<usize> = Vec::new();
         for &id in ids {
             let r = self.locate(id)?.0;
@@ -485,15 +506,15 @@ impl Dataset {
         }
         touched.sort_unstable();
         touched.dedup();
-        let shrunk: Vec<usize> = touched
+        let changed: Vec<usize> = touched
             .into_iter()
-            .filter(|&r| self.recordings[r].shrank())
+            .filter(|&r| self.recordings[r].changed())
             .collect();
-        if shrunk.is_empty() {
+        if changed.is_empty() {
             return Ok(());
         }
         for (row, &id) in out.chunks_mut(rb).zip(ids) {
-            if shrunk.binary_search(&self.locate(id)?.0).is_ok() {
+            if changed.binary_search(&self.locate(id)?.0).is_ok() {
                 self.decode_row(id, row)?;
             }
         }
@@ -548,22 +569,27 @@ impl Recording {
         self.map.as_ref().is_some_and(|m| !m.poisoned())
     }
 
-    /// For a mapped file: true when the file is now shorter than the mapping, which is then
-    /// poisoned (every later read of it uses `pread`). One `fstat`. Unmapped files: false (their
-    /// `pread`s see a truncation themselves).
-    fn shrank(&self) -> bool {
+    /// For a mapped file: true when the file is now shorter than the mapping, or its status
+    /// changed since open (a cut the file was then regrown past: zeros where the data was, at
+    /// the old length). The mapping is then poisoned (every later read of it uses `pread`, which
+    /// sees the file as it is). One `fstat`. Unmapped files: false (their `pread`s see a
+    /// truncation themselves).
+    fn changed(&self) -> bool {
         let (Some(map), Some(file)) = (&self.map, &self.file) else {
             return false;
         };
         if map.poisoned() {
             return true; // rows read while it was sound are read again
         }
-        // An unreadable length is treated as a change: the re-read reports what is wrong.
-        let short = file.metadata().map_or(true, |m| m.len() < self.bytes());
-        if short {
+        // An unreadable status is treated as a change: the re-read reports what is wrong.
+        let changed = match file.metadata() {
+            Ok(m) => m.len() < self.bytes() || stamp(file) != self.stamp,
+            Err(_) => true,
+        };
+        if changed {
             map.poison();
         }
-        short
+        changed
     }
 
     /// Reads exactly `buf.len()` bytes at `offset`: from the mapping while it is sound, else (or
@@ -1124,5 +1150,37 @@ mod tests {
             ds.gather(&ids, &mut out).unwrap();
             assert_eq!(out, before);
         }
+    }
+
+    #[test]
+    fn a_mapped_file_cut_and_regrown_reads_as_pread_reads_it() {
+        let t = TempDir::new("mapped-regrow");
+        let full = ramp(6 * 1024);
+        let p = t.file("a", &full);
+        let ds = open_mapped(&p, "ci8", 1024);
+        let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+        f.set_len(12188).unwrap(); // inside the last page: a later copy would not fault
+        f.set_len(12288).unwrap(); // regrown: the same length, zeros past the cut
+        let ids: Vec<u64> = (0..6).collect();
+        let mut got = vec![0u8; 6 * ds.row_bytes()];
+        ds.gather(&ids, &mut got).unwrap();
+        let plain = Dataset::open_with(
+            &[&p],
+            &["ci8"],
+            &[[0u64]],
+            1024,
+            1024,
+            ReadPolicy {
+                map_min_bytes: u64::MAX,
+            },
+        )
+        .unwrap();
+        let mut want = vec![0u8; 6 * plain.row_bytes()];
+        plain.gather(&ids, &mut want).unwrap();
+        assert_eq!(got, want);
+        assert!(
+            !ds.recordings()[0].is_mapped(),
+            "its status changed: pread from now on"
+        );
     }
 }

@@ -136,11 +136,11 @@ class DataIdentity:
                 self._thread = None
             mine = None if self._error is None else str(self._error)
             world = self._world
-            gathered = (
-                [(mine, self._share)]
-                if world is None
-                else world.all_gather_object((mine, self._share))
-            )
+            if world is None:
+                gathered = [(mine, self._share)]
+            else:  # shares finish at different times: wait on the long barrier, then gather
+                world.wait_for_main()
+                gathered = world.all_gather_object((mine, self._share))
             self._merged = True
             failed = [(r, m) for r, (m, _) in enumerate(gathered) if m is not None]
             if failed:

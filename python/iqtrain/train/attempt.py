@@ -152,26 +152,23 @@ def _check_run_dir(run_dir: Path) -> None:
 
 @dataclass
 class _Opened:
-    """The first part of the preflight: the parent, the step, the datasets, and (a resume)
-    this rank's share of the data check."""
+    """The first part of the preflight: the parent, the step and the datasets."""
 
     parent: Parent | None
     changes: dict[str, tuple[Any, Any]]
     stepper: TrainStep
     train: IQDataset
     val: IQDataset
-    share: DigestShare | None
     #: When this rank began reading its share (a resume), for attempt.json's ``data_check``.
     check_started: float | None = None
 
 
 def _preflight(config: Config, ref: ParentRef | None, world: World) -> _Opened:
-    """Every check a user's input can fail before the data is compared, in an order that
-    writes nothing on refusal; a resume reads its share of every data byte last.
+    """Every check a user's input can fail before the data is read in full, in an order that
+    writes nothing on refusal.
 
     Every rank runs it (no collective inside: a rank that fails must not leave the others
-    waiting in one); the ranks agree on the outcome afterwards (:func:`agree`), and the
-    agreement carries the shares to rank 0.
+    waiting in one); the ranks agree on the outcome afterwards (:func:`agree`).
     """
     if world.is_main:  # the live views are rank 0's: their packages must be there
         check_live(config.logging)
@@ -194,12 +191,7 @@ def _preflight(config: Config, ref: ParentRef | None, world: World) -> _Opened:
         _check_run_dir(Path(config.run.dir))
     # Data last: the synthetic default is generated only once every other check has passed.
     train, val = open_datasets(config.data)
-    share = started = None
-    if parent is not None:  # every rank reads its 1/W of every byte, before the child exists
-        started = time.monotonic()
-        progress = note if world.is_main else None
-        share = compute_share(train, val, world.rank, world.world_size, progress)
-    return _Opened(parent, changes, stepper, train, val, share, started)
+    return _Opened(parent, changes, stepper, train, val)
 
 
 def _checked(
@@ -350,25 +342,25 @@ def _run(config: Config, parent: ParentRef | None, world: World) -> AttemptResul
 
 
 def _agreed_preflight(config: Config, parent: ParentRef | None, world: World) -> _Ready:
-    """The preflight on every rank, agreed twice: any rank's refusal is every rank's. First
-    the parent, the step and the datasets (the ranks must read the same data: fingerprints;
-    the agreement carries a resume's shares of the data check), then the data compared with
-    the parent's, the plan and the restore. A sharded parent's tensors load once the step is
-    sharded (every rank together), still before the child exists."""
+    """The preflight on every rank, agreed at each stage: any rank's refusal is every rank's.
+    First the parent, the step and the datasets (the ranks must read the same data:
+    fingerprints), so a cheap refusal never waits for the long read; then (a resume) every
+    rank's share of the data check, carried to rank 0 by the agreement; then the data compared
+    with the parent's, the plan and the restore. A sharded parent's tensors load once the step
+    is sharded (every rank together), still before the child exists."""
     error: IQTrainError | None = None
-    same = None
-    opened = share = None
+    same = opened = None
     try:
         opened = _preflight(config, parent, world)
-        share = opened.share
         same = {
             "data.train fingerprint": opened.train.fingerprint,
             "data.val fingerprint": opened.val.fingerprint,
         }
     except IQTrainError as exc:
         error = exc
-    shares = agree(world, error, same=same, payload=share)
+    agree(world, error, same=same)
     assert opened is not None  # agree raised otherwise
+    shares = agree(world, *_read_share(opened, world)) if opened.parent is not None else []
     try:
         ready = _checked(config, parent, opened, shares, world)
     except IQTrainError as exc:
@@ -384,6 +376,18 @@ def _agreed_preflight(config: Config, parent: ParentRef | None, world: World) ->
     if ready.parent is not None and ready.parent.sharded is not None:
         agree(world, _load_shards(ready.parts.stepper, ready.parent.sharded))
     return ready
+
+
+def _read_share(opened: _Opened, world: World) -> tuple[IQTrainError | None, None, Any]:
+    """A resume's long read: this rank's 1/W of every data byte (:func:`compute_share`, with
+    progress notes on rank 0), as ``agree``'s ``(error, same, payload)``."""
+    opened.check_started = time.monotonic()
+    progress = note if world.is_main else None
+    try:
+        share = compute_share(opened.train, opened.val, world.rank, world.world_size, progress)
+    except IQTrainError as exc:
+        return exc, None, None
+    return None, None, share
 
 
 def _agreed_hold(world: World) -> None:

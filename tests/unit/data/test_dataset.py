@@ -673,9 +673,14 @@ import os, sys
 import numpy as np
 from iqtrain.data.dataset import IQDataset
 
-meta, other = sys.argv[1], sys.argv[2]
+meta, other, late = sys.argv[1], sys.argv[2], sys.argv[3] == "late"
 ds = IQDataset([meta], window=64, map_min_bytes=0)  # installs the guard
 assert ds._native.mapped_recordings == 1
+if late:  # a handler installed after the guard: new datasets must not put the guard back
+    import faulthandler
+    faulthandler.enable()
+    again = IQDataset([meta], window=64, map_min_bytes=0)
+    assert again._native.mapped_recordings == 0, "mapped in front of a later handler"
 mm = np.memmap(other, dtype=np.uint8, mode="r")
 os.truncate(other, 0)
 print("touching", flush=True)
@@ -683,23 +688,26 @@ print(int(mm[5000]))  # a fault in no guarded copy: not ours to absorb
 """
 
 
-@pytest.mark.parametrize("flags", [[], ["-X", "faulthandler"]], ids=["plain", "faulthandler"])
+@pytest.mark.parametrize(
+    "flags, late",
+    [([], False), (["-X", "faulthandler"], False), ([], True)],
+    ids=["plain", "faulthandler-first", "faulthandler-late"],
+)
 def test_a_sigbus_outside_the_loader_keeps_its_default_or_previous_handler(
-    make_recording, tmp_path, flags
+    make_recording, tmp_path, flags, late
 ):
     meta, _ = make_recording(4096, "ci16_le")
     other = tmp_path / "other.bin"
     other.write_bytes(b"\1" * 8192)
+    script = [_FOREIGN_SIGBUS_SCRIPT, str(meta), str(other), "late" if late else "first"]
+    # A handler that re-raised into ours once looped forever: the timeout would catch it.
     proc = subprocess.run(
-        [sys.executable, *flags, "-c", _FOREIGN_SIGBUS_SCRIPT, str(meta), str(other)],
-        capture_output=True,
-        text=True,
-        timeout=120,
+        [sys.executable, *flags, "-c", *script], capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == -signal.SIGBUS, (proc.returncode, proc.stderr[-2000:])
     assert proc.stdout == "touching\n"
-    if flags:  # the handler installed before the guard ran (it prints, then the default kills)
-        assert "Fatal Python error: Bus error" in proc.stderr
+    if flags or late:  # faulthandler ran (it prints once, then the default kills)
+        assert proc.stderr.count("Fatal Python error: Bus error") == 1, proc.stderr[-2000:]
 
 
 def test_many_recordings_fit_a_low_open_file_limit(tmp_path):

@@ -32,8 +32,8 @@ def test_a_cache_directory_with_glob_characters_finds_its_own_recordings(tmp_pat
     ("synthetic", "key"),
     [
         ({"seed": (1 << 64) - 1}, "data.synthetic.seed"),  # the validation seed would overflow
-        ({"train_recordings": 10_001}, "data.synthetic.train_recordings"),
-        ({"val_recordings": 10_001}, "data.synthetic.val_recordings"),
+        ({"train_recordings": 1_000_001}, "data.synthetic.train_recordings"),
+        ({"val_recordings": 1_000_001}, "data.synthetic.val_recordings"),
         ({"samples": 100}, "data.synthetic.samples"),
     ],
 )
