@@ -96,10 +96,18 @@ def sets(tmp_path_factory):
     shutil.rmtree(root, ignore_errors=True)
 
 
-def _descriptors_allow(n: int) -> bool:
-    """Whether a process here may hold a descriptor per recording (see the module docstring)."""
+def _skip_unless_descriptors_allow(key: str, n: int, add) -> None:
+    """Skip (the phase's row reads n/a) when a process here may not hold an open file per
+    recording, as the native reader does (see the module docstring)."""
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-    return hard == resource.RLIM_INFINITY or hard >= n + VAL + 1024
+    if hard == resource.RLIM_INFINITY or hard >= n + VAL + 1024:
+        return
+    _times[key, n] = float("nan")
+    _report(add)
+    pytest.skip(
+        f"needs {n + VAL + 1024} open files (one per recording, as the reader holds them); "
+        f"this machine's hard limit (ulimit -Hn) is {hard}"
+    )
 
 
 def _metadata_phase(pattern: str) -> int:
@@ -124,10 +132,7 @@ def test_metadata(benchmark, bench_summary, sets, n):
 
 @pytest.mark.parametrize("n", SIZES)
 def test_open(benchmark, bench_summary, sets, n):
-    if not _descriptors_allow(n):
-        _times["open", n] = float("nan")
-        _report(bench_summary)
-        pytest.skip(f"hard RLIMIT_NOFILE {resource.getrlimit(resource.RLIMIT_NOFILE)[1]} < {n}")
+    _skip_unless_descriptors_allow("open", n, bench_summary)
 
     def open_count() -> int:  # the dataset is dropped before the next round opens another
         return len(IQDataset(sets[n], window=WINDOW).recordings)
@@ -189,10 +194,7 @@ _phases: dict[int, dict[str, float]] = {}
 
 @pytest.mark.parametrize("n", SIZES)
 def test_run(benchmark, bench_summary, sets, tmp_path, n):
-    if not _descriptors_allow(n):
-        _times["run", n] = float("nan")
-        _report(bench_summary)
-        pytest.skip(f"hard RLIMIT_NOFILE {resource.getrlimit(resource.RLIMIT_NOFILE)[1]} < {n}")
+    _skip_unless_descriptors_allow("run", n, bench_summary)
     cfg = _config(tmp_path, sets, n)
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     seen: list[dict[str, float]] = []

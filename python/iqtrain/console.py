@@ -37,6 +37,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, ClassVar
 
+from iqtrain.errors import ConfigError
+
 __all__ = [
     "Interrupted",
     "Progress",
@@ -44,6 +46,7 @@ __all__ = [
     "SignalLatch",
     "StoppedBeforeStart",
     "error",
+    "failure",
     "note",
     "resume_command",
 ]
@@ -52,6 +55,15 @@ __all__ = [
 def note(text: str) -> None:
     """One ``iqtrain: note:`` line on stderr (a fact worth knowing that changes no outcome)."""
     print(f"iqtrain: note: {text}", file=sys.stderr, flush=True)
+
+
+def failure(exc: BaseException) -> str:
+    """What went wrong, as a phrase for a note: an OSError's file and reason, a ConfigError's
+    own message (it names its key), anything else its class and message."""
+    if isinstance(exc, OSError) and exc.strerror:
+        where = f"{exc.filename}: " if exc.filename else ""
+        return f"{where}{exc.strerror}"
+    return str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
 
 
 def resume_command(attempt: Path, world_size: int = 1, per_node: int | None = None) -> str:

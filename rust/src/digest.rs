@@ -100,13 +100,10 @@ fn check_end(path: &str, file: &std::fs::File, len: u64) -> Result<()> {
     }
 }
 
-/// Bytes of one piece when a file's digest is shared between processes: a power-of-two
-/// multiple of BLAKE3's 1 KiB chunk, so every piece but a file's last is a complete subtree
-/// and the last is a node on the tree's right edge (docs/design.md section 1.3).
-pub const PIECE: u64 = 1 << 26;
-
 /// The pieces `(offset, bytes)` a file of `len` bytes is hashed in, with pieces of `piece`
-/// bytes (a power of two >= 1024): one piece (the whole file) when it fits in one.
+/// bytes (a power of two >= 1024, so every piece but a file's last is a complete BLAKE3
+/// subtree and the last a node on the tree's right edge: docs/design.md section 1.3): one
+/// piece (the whole file) when it fits in one.
 pub fn pieces(len: u64, piece: u64) -> Result<Vec<(u64, u64)>> {
     if !piece.is_power_of_two() || piece < blake3::CHUNK_LEN as u64 {
         return Err(Error::config(
@@ -144,6 +141,17 @@ pub fn digest_piece(path: &str, len: u64, offset: u64, n: u64) -> Result<[u8; 32
     } else {
         hasher.finalize_non_root()
     })
+}
+
+/// [`digest_piece`] of every `(path, len, offset, n)`, in parallel; results in the order
+/// given. On failure the error of the first failing piece (in that order), as
+/// [`digest_files`].
+pub fn digest_pieces<P: AsRef<str> + Sync>(pieces: &[(P, u64, u64, u64)]) -> Result<Vec<[u8; 32]>> {
+    let results: Vec<Result<[u8; 32]>> = pieces
+        .par_iter()
+        .map(|(p, len, offset, n)| digest_piece(p.as_ref(), *len, *offset, *n))
+        .collect();
+    results.into_iter().collect()
 }
 
 /// The BLAKE3 of a file of `len` bytes from its pieces' values ([`pieces`]`(len, piece)` order,

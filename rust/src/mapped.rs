@@ -65,14 +65,6 @@ impl Mapping {
         })
     }
 
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     /// True once a copy faulted or the file was seen shorter than the mapping: from then on the
     /// mapping holds zero pages where the file had data, and every read must use `pread`.
     pub fn poisoned(&self) -> bool {

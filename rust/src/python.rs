@@ -599,9 +599,8 @@ fn digest_files(
 }
 
 /// The pieces `(offset, bytes)` a file of `length` bytes is hashed in when its digest is shared
-/// (`piece`: a power of two >= 1024, default 64 MiB): one piece, the whole file, when it fits.
+/// (`piece`: a power of two >= 1024): one piece, the whole file, when it fits.
 #[pyfunction]
-#[pyo3(signature = (length, piece = crate::digest::PIECE))]
 fn digest_plan(length: u64, piece: u64) -> PyResult<Vec<(u64, u64)>> {
     Ok(crate::digest::pieces(length, piece)?)
 }
@@ -617,7 +616,6 @@ fn digest_pieces<'py>(
     offsets: Vec<u64>,
     sizes: Vec<u64>,
 ) -> PyResult<Vec<Bound<'py, pyo3::types::PyBytes>>> {
-    use rayon::prelude::*;
     let n = paths.len();
     for (key, len) in [
         ("lengths", lengths.len()),
@@ -628,13 +626,14 @@ fn digest_pieces<'py>(
             return Err(Error::config(key, format!("has {len} entries but paths has {n}")).into());
         }
     }
-    let values: Vec<[u8; 32]> = py.detach(|| {
-        let results: Vec<Result<[u8; 32], Error>> = (0..n)
-            .into_par_iter()
-            .map(|i| crate::digest::digest_piece(&paths[i], lengths[i], offsets[i], sizes[i]))
-            .collect();
-        results.into_iter().collect::<Result<Vec<_>, Error>>()
-    })?;
+    let pieces: Vec<(String, u64, u64, u64)> = paths
+        .into_iter()
+        .zip(lengths)
+        .zip(offsets)
+        .zip(sizes)
+        .map(|(((p, l), o), k)| (p, l, o, k))
+        .collect();
+    let values = py.detach(|| crate::digest::digest_pieces(&pieces))?;
     Ok(values
         .iter()
         .map(|v| pyo3::types::PyBytes::new(py, v))
@@ -643,7 +642,6 @@ fn digest_pieces<'py>(
 
 /// Lowercase hex BLAKE3 of a file of `length` bytes from its pieces' values (`digest_plan` order).
 #[pyfunction]
-#[pyo3(signature = (length, values, piece = crate::digest::PIECE))]
 fn digest_merge(length: u64, values: Vec<Vec<u8>>, piece: u64) -> PyResult<String> {
     let mut cvs = Vec::with_capacity(values.len());
     for (i, v) in values.iter().enumerate() {

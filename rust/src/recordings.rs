@@ -139,18 +139,16 @@ pub struct Recording {
     stamp: Option<[i64; 4]>,
 }
 
-/// `[ctime, ctime_nsec, mtime, mtime_nsec]` of an open file (None where unavailable).
-fn stamp(file: &File) -> Option<[i64; 4]> {
+/// `[ctime, ctime_nsec, mtime, mtime_nsec]` of a file's status (None where unavailable).
+fn stamp(m: &std::fs::Metadata) -> Option<[i64; 4]> {
     #[cfg(unix)]
     {
         use std::os::unix::fs::MetadataExt;
-        file.metadata()
-            .ok()
-            .map(|m| [m.ctime(), m.ctime_nsec(), m.mtime(), m.mtime_nsec()])
+        Some([m.ctime(), m.ctime_nsec(), m.mtime(), m.mtime_nsec()])
     }
     #[cfg(not(unix))]
     {
-        let _ = file;
+        let _ = m;
         None
     }
 }
@@ -332,7 +330,10 @@ impl Dataset {
                 .then(|| Mapping::new(&file, bytes))
                 .flatten();
             mapped += usize::from(map.is_some());
-            let stamp = map.as_ref().and_then(|_| stamp(&file));
+            let stamp = map
+                .as_ref()
+                .and_then(|_| file.metadata().ok())
+                .and_then(|m| stamp(&m));
             recordings.push(Recording {
                 path: path.to_owned(),
                 kind,
@@ -420,15 +421,12 @@ impl Dataset {
     /// prefetch, nor on whether the file is mapped. A file that changed length is
     /// [`Error::LengthChanged`].
     pub fn fill_row(&self, id: u64, out: &mut [u8]) -> Result<()> {
-        let r = self.decode_row(id, out)?;
-        if self.recordings[r].changed() {
-            self.decode_row(id, out)?;
-        }
-        Ok(())
+        self.gather(std::slice::from_ref(&id), out)
     }
 
-    /// One row, without the length check of mapped files; returns its recording's index.
-    fn decode_row(&self, id: u64, out: &mut [u8]) -> Result<usize> {
+    /// One row, without the length check of mapped files; returns its recording's index and
+    /// whether the bytes came from the mapping (the rows that check is for).
+    fn decode_row(&self, id: u64, out: &mut [u8]) -> Result<(usize, bool)> {
         let (r, start) = self.locate(id)?;
         if out.len() != self.row_bytes() {
             return Err(Error::config(
@@ -441,10 +439,11 @@ impl Dataset {
         // In range by construction: start + window <= samples, and samples * sb == file length.
         let offset = start * sb as u64;
         let raw = self.window as usize * sb;
-        if raw == out.len() {
+        let mapped = if raw == out.len() {
             // Same element width as the storage: read straight into the row, fix up in place.
-            rec.read_at(out, offset)?;
+            let mapped = rec.read_at(out, offset)?;
             convert_in_place(rec.kind, self.storage, out)?;
+            mapped
         } else {
             // Widening to float32 (mixed datatypes): raw bytes go through a per-thread scratch
             // row, kept between calls so the hot path does not allocate.
@@ -458,14 +457,15 @@ impl Dataset {
                 // Cache-line aligned like the batch rows (see stream::AlignedVec for why).
                 let at = scratch.as_ptr().align_offset(64).min(64);
                 let src = &mut scratch[at..at + raw];
-                let res = rec
-                    .read_at(src, offset)
-                    .and_then(|()| widen(rec.kind, self.storage, src, out));
+                let res = rec.read_at(src, offset).and_then(|mapped| {
+                    widen(rec.kind, self.storage, src, out)?;
+                    Ok(mapped)
+                });
                 cell.set(scratch);
                 res
-            })?;
-        }
-        Ok(r)
+            })?
+        };
+        Ok((r, mapped))
     }
 
     /// Fills `out` (`ids.len()` rows) in parallel; ids are validated first so a bad id leaves
@@ -490,31 +490,25 @@ impl Dataset {
         if rb == 0 {
             return Ok(());
         }
-        // A few rows per task amortises rayon's scheduling against ~µs row reads.
-        out.par_chunks_mut(rb)
+        // A few rows per task amortises rayon's scheduling against ~µs row reads. Each row's
+        // recording, and whether it was copied from the mapping, come back for the check below.
+        let rows: Vec<(usize, bool)> = out
+            .par_chunks_mut(rb)
             .zip(ids.par_iter())
             .with_min_len(4)
-            .try_for_each(|(row, &id)| self.decode_row(id, row).map(drop))?;
-        // A mapped file cut inside a window's last page raised no fault: check each mapped file
-        // the batch read once, and re-read the rows of any that changed (now with pread).
-        let mut touched: Vec<usize> = Vec::new();
-        for &id in ids {
-            let r = self.locate(id)?.0;
-            if self.recordings[r].map.is_some() {
-                touched.push(r);
-            }
-        }
+            .map(|(row, &id)| self.decode_row(id, row))
+            .collect::<Result<_>>()?;
+        // A mapped file cut inside a window's last page raised no fault: check each file the
+        // batch copied rows from once, and re-read those rows of any that changed (with pread).
+        let mut touched: Vec<usize> = rows.iter().filter(|r| r.1).map(|r| r.0).collect();
         touched.sort_unstable();
         touched.dedup();
-        let changed: Vec<usize> = touched
-            .into_iter()
-            .filter(|&r| self.recordings[r].changed())
-            .collect();
-        if changed.is_empty() {
+        touched.retain(|&r| self.recordings[r].changed());
+        if touched.is_empty() {
             return Ok(());
         }
-        for (row, &id) in out.chunks_mut(rb).zip(ids) {
-            if changed.binary_search(&self.locate(id)?.0).is_ok() {
+        for ((row, &id), (r, mapped)) in out.chunks_mut(rb).zip(ids).zip(rows) {
+            if mapped && touched.binary_search(&r).is_ok() {
                 self.decode_row(id, row)?;
             }
         }
@@ -583,7 +577,7 @@ impl Recording {
         }
         // An unreadable status is treated as a change: the re-read reports what is wrong.
         let changed = match file.metadata() {
-            Ok(m) => m.len() < self.bytes() || stamp(file) != self.stamp,
+            Ok(m) => m.len() < self.bytes() || stamp(&m) != self.stamp,
             Err(_) => true,
         };
         if changed {
@@ -592,12 +586,13 @@ impl Recording {
         changed
     }
 
-    /// Reads exactly `buf.len()` bytes at `offset`: from the mapping while it is sound, else (or
-    /// when the copy faulted) with `pread`, where a short read is `LengthChanged`.
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+    /// Reads exactly `buf.len()` bytes at `offset`: from the mapping while it is sound (true),
+    /// else (or when the copy faulted) with `pread` (false), where a short read is
+    /// `LengthChanged`.
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<bool> {
         if let Some(map) = &self.map {
             if map.copy_to(offset, buf) {
-                return Ok(());
+                return Ok(true);
             }
         }
         let Some(file) = &self.file else {
@@ -606,7 +601,9 @@ impl Recording {
                 self.path
             )));
         };
-        read_exact_at(file, buf, offset).map_err(|e| read_error(&self.path, file, self.bytes(), e))
+        read_exact_at(file, buf, offset)
+            .map(|()| false)
+            .map_err(|e| read_error(&self.path, file, self.bytes(), e))
     }
 }
 

@@ -25,7 +25,6 @@ from typing import Any
 import numpy as np
 
 from iqtrain._native import NativeDataset, NativeStream, digest_files
-from iqtrain.data.sigmf_meta import BYTES_PER_SAMPLE as _BYTES_PER_SAMPLE
 from iqtrain.data.sigmf_meta import SUPPORTED_DATATYPES, Recording, read_recording
 from iqtrain.errors import ConfigError, CursorMismatchError, DataError, WindowTooLongError
 
@@ -129,7 +128,7 @@ def _sampled_digest(path: Path, nbytes: int) -> bytes:
 def _fingerprint_piece(rec: Recording, meta_bytes: bytes) -> bytes:
     """What recording ``rec`` adds to its dataset's fingerprint (docs/design.md 1.3), in order:
     its metadata's name and bytes, the data length and the sampled digest (reads the data)."""
-    nbytes = rec.num_samples * _BYTES_PER_SAMPLE[rec.datatype]
+    nbytes = rec.data_bytes
     piece = [
         rec.meta_path.name.encode() + b"\0",
         len(meta_bytes).to_bytes(8, "little") + meta_bytes,
@@ -163,7 +162,7 @@ def _read_recordings(metas: list[Path]) -> Iterator[tuple[Recording, bytes | OSE
 
 def _sha512_problem(rec: Recording) -> str | None:
     """Why ``rec``'s data does not match its ``core:sha512``, or None when it does."""
-    expected = rec.num_samples * _BYTES_PER_SAMPLE[rec.datatype]
+    expected = rec.data_bytes
     h = hashlib.sha512()
     got = 0
     view = memoryview(bytearray(1 << 22))
@@ -353,7 +352,7 @@ class IQDataset:
         opened, or changes while being read, or cannot be read is a DataError naming it.
         """
         paths = [os.fspath(r.data_path) for r in self.recordings]
-        lengths = [r.num_samples * _BYTES_PER_SAMPLE[r.datatype] for r in self.recordings]
+        lengths = [r.data_bytes for r in self.recordings]
         return dict(zip(paths, digest_files(paths, lengths), strict=True))
 
     def verify_content(self) -> list[str]:

@@ -8,8 +8,9 @@ Two identities (docs/design.md section 1):
   and SHA-256 of every ``.sigmf-meta`` (its captures and datatype decide what a window reads),
   recorded in every checkpoint's state.json ``data``.
 
-Here: computing them (:func:`compute_digests`, in the background for a fresh run:
-:class:`DataIdentity`), the comparison a resume makes before the child exists
+Here: computing them (:func:`compute_digests` in one process; shared by the ranks of a job,
+each reading its 1/W: :func:`compute_share` and :func:`merge_shares`, in the background for a
+fresh run: :class:`DataIdentity`), the comparison a resume makes before the child exists
 (:func:`check_parent_data`, exit 2 naming the recording), and ``iqtrain verify --data``
 (:func:`verify_data`), which re-reads every recording a checkpoint recorded. Imports no torch.
 """
@@ -26,7 +27,7 @@ from pathlib import Path
 from iqtrain._native import digest_merge, digest_pieces, digest_plan
 from iqtrain.checkpoint.state import CheckpointState
 from iqtrain.data.dataset import IQDataset
-from iqtrain.data.sigmf_meta import BYTES_PER_SAMPLE, meta_sha256
+from iqtrain.data.sigmf_meta import meta_sha256
 from iqtrain.distributed.world import RankExit, World
 from iqtrain.errors import EXIT_FAILURE, CursorMismatchError, DataError
 
@@ -87,11 +88,7 @@ class DataIdentity:
         checked: bool = False,
     ):
         self.fingerprints = {"train": train.fingerprint, "val": val.fingerprint}
-        self._lengths = [
-            (rec, rec.num_samples * BYTES_PER_SAMPLE[rec.datatype])
-            for ds in (train, val)
-            for rec in ds.recordings
-        ]
+        self._lengths = [(rec, rec.data_bytes) for ds in (train, val) for rec in ds.recordings]
         self._datasets = (train, val)
         self._world = world
         self._digests = digests
@@ -151,7 +148,7 @@ class DataIdentity:
                     raise self._error
                 raise DataError(f"rank {rank}: {message}")
             if world is None or world.is_main:
-                shares = [share for _, share in gathered if share is not None]
+                shares = [share for _, share in gathered if share is not None]  # none failed
                 self._digests = merge_shares(*self._datasets, shares)
         if self._world is not None and not self._world.is_main:
             return None
@@ -262,10 +259,7 @@ def _pieces(train: IQDataset, val: IQDataset) -> list[_Piece]:
     out = []
     for group, ds in (("train", train), ("val", val)):
         for rec in ds.recordings:
-            path, length = (
-                os.fspath(rec.data_path),
-                rec.num_samples * BYTES_PER_SAMPLE[rec.datatype],
-            )
+            path, length = os.fspath(rec.data_path), rec.data_bytes
             out += [_Piece(group, path, length, o, n) for o, n in digest_plan(length, PIECE)]
     return out
 
@@ -356,7 +350,8 @@ def merge_shares(train: IQDataset, val: IQDataset, shares: list[DigestShare]) ->
         per_file.setdefault((p.group, p.path, p.length), []).append(values[i])
     out: Digests = {"train": {}, "val": {}}
     for (group, path, length), vals in per_file.items():
-        out[group][path] = digest_merge(length, vals, PIECE)
+        # A one-piece file's value is its BLAKE3 already.
+        out[group][path] = vals[0].hex() if len(vals) == 1 else digest_merge(length, vals, PIECE)
     for key, ds in (("train", train), ("val", val)):
         out[f"{key}_meta"] = {str(r.meta_path): r.meta_sha256 for r in ds.recordings}
     return out

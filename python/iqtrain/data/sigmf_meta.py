@@ -57,6 +57,11 @@ class Recording:
     meta_sha256: str = ""
 
     @property
+    def data_bytes(self) -> int:
+        """The data file's length in bytes (what the dataset opened)."""
+        return self.num_samples * BYTES_PER_SAMPLE[self.datatype]
+
+    @property
     def segments(self) -> list[tuple[int, int]]:
         """``(first sample, samples)`` of each run windowed on its own (see :class:`IQDataset`)."""
         starts = list(self.capture_starts) or [0]

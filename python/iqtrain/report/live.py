@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from iqtrain.config.sections import LoggingConfig, WandbConfig
-from iqtrain.console import note
+from iqtrain.console import failure, note
 from iqtrain.errors import ConfigError
 from iqtrain.evidence.lock import read_attempt_info
 from iqtrain.report.tensorboard import (
@@ -293,7 +293,7 @@ class LiveLog:
                 try:
                     self._show(*item)
                 except Exception as exc:  # nothing but close may end this thread
-                    note(f"logging: a record was not shown: {_reason(exc)}")
+                    note(f"logging: a record was not shown: {failure(exc)}")
 
     def _show(self, wall: float, record: dict[str, Any]) -> None:
         if not self.views:
@@ -317,15 +317,8 @@ class LiveLog:
         try:
             view.close(ok)
         except Exception as exc:
-            note(f"{view.key}: {_reason(exc)} (when closing it)")
-
-
-def _reason(exc: BaseException) -> str:
-    if isinstance(exc, OSError) and exc.strerror:
-        where = f"{exc.filename}: " if exc.filename else ""
-        return f"{where}{exc.strerror}"
-    return f"{type(exc).__name__}: {exc}" if not isinstance(exc, ConfigError) else str(exc)
+            note(f"{view.key}: {failure(exc)} (when closing it)")
 
 
 def _off(key: str, exc: BaseException) -> None:
-    note(f"{key}: {_reason(exc)}; live logging there is off for the rest of this attempt")
+    note(f"{key}: {failure(exc)}; live logging there is off for the rest of this attempt")

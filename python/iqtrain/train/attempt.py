@@ -159,8 +159,6 @@ class _Opened:
     stepper: TrainStep
     train: IQDataset
     val: IQDataset
-    #: When this rank began reading its share (a resume), for attempt.json's ``data_check``.
-    check_started: float | None = None
 
 
 def _preflight(config: Config, ref: ParentRef | None, world: World) -> _Opened:
@@ -198,7 +196,7 @@ def _checked(
     config: Config,
     ref: ParentRef | None,
     opened: _Opened,
-    shares: list[DigestShare | None],
+    shares: list[DigestShare],
     world: World,
 ) -> _Ready:
     """The rest of the preflight, once the shares are in (every rank, no collective inside):
@@ -209,7 +207,7 @@ def _checked(
     digests = None
     if parent is not None:
         if world.is_main:
-            digests = merge_shares(train, val, [s for s in shares if s is not None])
+            digests = merge_shares(train, val, shares)
         check_parent_data(parent.state, train, val, digests)
     plan, start_step = _plan(config, parent)
     for key, ds in (("data.train", train), ("data.val", val)) if world.is_main else ():
@@ -360,17 +358,21 @@ def _agreed_preflight(config: Config, parent: ParentRef | None, world: World) ->
         error = exc
     agree(world, error, same=same)
     assert opened is not None  # agree raised otherwise
-    shares = agree(world, *_read_share(opened, world)) if opened.parent is not None else []
+    shares: list[Any] = []
+    started = time.monotonic()
+    if opened.parent is not None:
+        error, share = _read_share(opened, world)
+        shares = agree(world, error, payload=share)
     try:
         ready = _checked(config, parent, opened, shares, world)
     except IQTrainError as exc:
         error = exc
     agree(world, error)
-    if opened.check_started is not None:  # a resume: who read what, rank 0's wall time
+    if opened.parent is not None:  # a resume: who read what, rank 0's wall time
         ready.data_check = {
             "bytes": [s.bytes for s in shares],
             "rank_seconds": [round(s.seconds, 3) for s in shares],
-            "seconds": round(time.monotonic() - opened.check_started, 3),
+            "seconds": round(time.monotonic() - started, 3),
         }
     ready.parts.stepper.data_parallel()
     if ready.parent is not None and ready.parent.sharded is not None:
@@ -378,16 +380,15 @@ def _agreed_preflight(config: Config, parent: ParentRef | None, world: World) ->
     return ready
 
 
-def _read_share(opened: _Opened, world: World) -> tuple[IQTrainError | None, None, Any]:
+def _read_share(opened: _Opened, world: World) -> tuple[IQTrainError | None, DigestShare | None]:
     """A resume's long read: this rank's 1/W of every data byte (:func:`compute_share`, with
-    progress notes on rank 0), as ``agree``'s ``(error, same, payload)``."""
-    opened.check_started = time.monotonic()
+    progress notes on rank 0), as ``(error, share)``."""
     progress = note if world.is_main else None
     try:
         share = compute_share(opened.train, opened.val, world.rank, world.world_size, progress)
     except IQTrainError as exc:
-        return exc, None, None
-    return None, None, share
+        return exc, None
+    return None, share
 
 
 def _agreed_hold(world: World) -> None:

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from iqtrain.console import note
+from iqtrain.console import failure, note
 
 __all__ = ["PROFILE_DIR", "StepProfiler"]
 
@@ -94,7 +94,7 @@ class StepProfiler:
         except Exception as exc:  # a profile is never worth a failed run
             self.steps = None
             self._stop_memory_history()
-            note(f"training.profile_steps: cannot profile: {_reason(exc)}")
+            note(f"training.profile_steps: cannot profile: {failure(exc)}")
             return
         self._prof, self._first, self._done = prof, step, step - 1
 
@@ -118,7 +118,7 @@ class StepProfiler:
                 torch.cuda.memory._dump_snapshot(os.fspath(memory))
                 written.append(memory)
         except Exception as exc:
-            note(f"training.profile_steps: cannot write the profile of {name}: {_reason(exc)}")
+            note(f"training.profile_steps: cannot write the profile of {name}: {failure(exc)}")
         else:
             note(f"profile of {name.replace('_', ' ')}: {', '.join(map(os.fspath, written))}")
         finally:
@@ -130,9 +130,3 @@ class StepProfiler:
                 torch.cuda.memory._record_memory_history(enabled=None)
             except Exception as exc:
                 note(f"training.profile_steps: cannot stop the CUDA memory history: {exc}")
-
-
-def _reason(exc: BaseException) -> str:
-    if isinstance(exc, OSError) and exc.strerror:
-        return f"{exc.filename}: {exc.strerror}" if exc.filename else exc.strerror
-    return f"{type(exc).__name__}: {exc}"

@@ -7,21 +7,13 @@ import json
 import sys
 
 import pytest
-from helpers import RECORDS, train_record, write_attempt, write_lineage
+from helpers import RECORDS, tensorboard_scalars, train_record, write_attempt, write_lineage
 
 from iqtrain.cli.main import main
 from iqtrain.errors import CheckpointError, ConfigError
 from iqtrain.report.tensorboard import EVENT_PREFIX, export_tensorboard
 
 PROBE = {"kind": "probe", "step": 3, "accuracy": 0.75, "chance": 0.25, "classes": 4}
-
-
-def _read(directory):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(directory), size_guidance={"scalars": 0})
-    acc.Reload()
-    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
 
 def _f32(x):
@@ -39,7 +31,7 @@ def test_every_number_becomes_a_scalar_at_its_step(tmp_path):
     att = write_attempt(tmp_path / "run", records=records)
     where, count = export_tensorboard(att, tmp_path / "tb")
     assert where == tmp_path / "tb" / "run" / "0001"
-    scalars = _read(where)
+    scalars = tensorboard_scalars(where)
     assert set(scalars) == {
         *(f"train/{k}" for k in ("loss", "lr", "grad_norm", "step_time_s", "samples_per_s")),
         "train/tflops",
@@ -74,7 +66,11 @@ def test_wall_times_add_up_the_recorded_compute_time(tmp_path):
 def test_a_resumed_attempt_exports_its_whole_lineage(tmp_path):
     atts = write_lineage(tmp_path / "run", steps=(2,))
     where, _ = export_tensorboard(atts[-1], tmp_path / "tb")
-    assert where.name == "0002" and [s for s, _ in _read(where)["train/loss"]] == [1, 2, 3]
+    assert where.name == "0002" and [s for s, _ in tensorboard_scalars(where)["train/loss"]] == [
+        1,
+        2,
+        3,
+    ]
 
 
 def test_exporting_again_replaces_and_never_duplicates(tmp_path):
@@ -83,17 +79,17 @@ def test_exporting_again_replaces_and_never_duplicates(tmp_path):
     again, second = export_tensorboard(att, tmp_path / "tb")
     assert again == where and second == first
     assert [p.name.startswith(EVENT_PREFIX) for p in where.iterdir()] == [True]
-    assert _read(where)["train/loss"] == [(1, 1.0), (2, 0.5), (3, _f32(1 / 3))]
+    assert tensorboard_scalars(where)["train/loss"] == [(1, 1.0), (2, 0.5), (3, _f32(1 / 3))]
     with (att / "metrics.jsonl").open("a") as f:
         f.write(json.dumps(train_record(4)) + "\n")
     (where / f"{EVENT_PREFIX}0.other-host").write_bytes(b"")  # an older export's file name
     export_tensorboard(att, tmp_path / "tb")
     assert len(list(where.iterdir())) == 1
-    assert [s for s, _ in _read(where)["train/loss"]] == [1, 2, 3, 4]
+    assert [s for s, _ in tensorboard_scalars(where)["train/loss"]] == [1, 2, 3, 4]
     assert sorted(p.name for p in where.parent.iterdir()) == ["0001"]  # no temporary left
     other = write_attempt(tmp_path / "other")  # another run's 0001 does not collide
     assert export_tensorboard(other, tmp_path / "tb")[0] == tmp_path / "tb" / "other" / "0001"
-    assert len(_read(where)["train/loss"]) == 4
+    assert len(tensorboard_scalars(where)["train/loss"]) == 4
 
 
 def test_a_directory_holding_other_files_is_refused_untouched(tmp_path):
