@@ -185,6 +185,51 @@ def test_torch_dataloader_peer(benchmark, bench_summary, recordings):
     del it
 
 
+SMALL_FILES = 2048  # 8 windows each: 64 KiB of ci16, below map_min_bytes (pread)
+SMALL_HELD = 64  # descriptors the pooled dataset may hold: 1 in 32 files
+
+
+@pytest.fixture(scope="module")
+def small_files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("small")
+    rng = np.random.default_rng(3)
+    meta = {
+        "global": {"core:datatype": "ci16_le", "core:version": "1.2.0"},
+        "captures": [{"core:sample_start": 0}],
+        "annotations": [],
+    }
+    for i in range(SMALL_FILES):
+        rng.integers(-2000, 2000, size=(8, WINDOW, 2)).astype(np.int16).tofile(
+            d / f"s{i:04d}.sigmf-data"
+        )
+        (d / f"s{i:04d}.sigmf-meta").write_text(json.dumps(meta))
+    return str(d / "*.sigmf-meta")
+
+
+@pytest.mark.parametrize("held", ["all", "pooled"])
+def test_many_small_files(benchmark, bench_summary, small_files, held):
+    """The cost of the open-file pool (docs/design.md 2.3): 2048 small recordings read in
+    shuffled order with every file open, against a dataset that may hold 64 of them (nearly
+    every row opens its file again: stat, open, fstat, and a close)."""
+    cap = None if held == "all" else SMALL_HELD
+    ds = IQDataset(small_files, window=WINDOW, max_open_files=cap)
+    assert ds._native.open_files[1] == (SMALL_FILES if cap is None else cap)
+    stream = TrainStream(ds, batch_size=BATCH, seed=0, prefetch=2)
+    for _ in range(8):
+        next(stream)
+    out = benchmark(stream.next)
+    np.testing.assert_array_equal(out, ds.windows(stream.last_ids()))
+    _medians[f"small/{held}"] = median(benchmark)
+    if all(_medians.get(f"small/{k}") is not None for k in ("all", "pooled")):
+        rate = {
+            k: _batch_bytes("ci16_le") / _medians[f"small/{k}"] / 1e9 for k in ("all", "pooled")
+        }
+        bench_summary(
+            f"loader {SMALL_FILES} small files: all open {rate['all']:.2f} GB/s, {SMALL_HELD} held "
+            f"{rate['pooled']:.2f} GB/s ({rate['pooled'] / rate['all']:.2f}x)"
+        )
+
+
 def test_open_billion_window_dataset(benchmark, tmp_path):
     # Opening is O(recordings): a sparse 2 GB ci8 file of 10^9 one-sample windows.
     with open(tmp_path / "big.sigmf-data", "wb") as f:

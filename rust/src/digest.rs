@@ -32,7 +32,8 @@ pub fn digest_file(path: &str, expected_len: Option<u64>) -> Result<blake3::Hash
 
 /// Opens `path` and checks its length against `expected_len` (when given).
 fn open_checked(path: &str, expected_len: Option<u64>) -> Result<(std::fs::File, u64)> {
-    let (file, len) = open_regular(path)?;
+    let (file, meta) = open_regular(path)?;
+    let len = meta.len();
     if let Some(expected) = expected_len.filter(|&e| e != len) {
         return Err(Error::LengthChanged {
             file: path.to_owned(),

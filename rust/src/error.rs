@@ -22,6 +22,10 @@ pub enum Error {
         expected: u64,
         found: u64,
     },
+    /// A data file opened again by path (its descriptor had been closed to stay within
+    /// `max_open_files`) is not the file the dataset opened: another file took its path.
+    #[error("{file}: data file was replaced while being read (another file now has its path)")]
+    Replaced { file: String },
     /// The recordings are readable but together yield no window at all.
     #[error("dataset: no window of {window} samples fits in any of the {recordings} recordings (longest: {longest} samples)")]
     NoWindows {

@@ -6,6 +6,7 @@
 pub mod aligned;
 pub mod digest;
 pub mod error;
+pub mod files;
 pub mod mapped;
 pub mod permutation;
 pub mod recordings;

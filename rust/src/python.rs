@@ -23,9 +23,10 @@ impl From<Error> for PyErr {
     fn from(e: Error) -> PyErr {
         let msg = e.to_string();
         match e {
-            Error::Data { .. } | Error::LengthChanged { .. } | Error::NoWindows { .. } => {
-                DataError::new_err(msg)
-            }
+            Error::Data { .. }
+            | Error::LengthChanged { .. }
+            | Error::Replaced { .. }
+            | Error::NoWindows { .. } => DataError::new_err(msg),
             Error::CursorMismatch(_) => CursorMismatchError::new_err(msg),
             Error::Config { .. } => ConfigError::new_err(msg),
             Error::Index { .. } => PyIndexError::new_err(msg),
@@ -286,9 +287,15 @@ impl NativeDataset {
     /// `captures[r]`: recording `r`'s capture starts (`core:sample_start`, metadata order);
     /// omitted or empty means one segment covering the file. `map_min_bytes`: data files of at
     /// least this many bytes are read from a guarded memory map (default 256 KiB; 2**64 - 1
-    /// maps nothing).
+    /// maps nothing). `max_open_files`: at most this many data files are open at once (default:
+    /// every recording with a window); the rest are opened again, by path, when read.
     #[new]
-    #[pyo3(signature = (data_paths, kinds, window, stride, captures = None, map_min_bytes = None))]
+    // The Python constructor's keyword arguments, one per option.
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (
+        data_paths, kinds, window, stride, captures = None, map_min_bytes = None,
+        max_open_files = None
+    ))]
     fn new(
         py: Python<'_>,
         data_paths: Vec<String>,
@@ -297,15 +304,18 @@ impl NativeDataset {
         stride: i128,
         captures: Option<Vec<Vec<i128>>>,
         map_min_bytes: Option<i128>,
+        max_open_files: Option<i128>,
     ) -> PyResult<Self> {
         let window = positive("window", window)?;
         let stride = positive("stride", stride)?;
-        let policy = match map_min_bytes {
-            None => ReadPolicy::default(),
-            Some(v) => ReadPolicy {
-                map_min_bytes: uint("map_min_bytes", v)?,
-            },
-        };
+        let mut policy = ReadPolicy::default();
+        if let Some(v) = map_min_bytes {
+            policy.map_min_bytes = uint("map_min_bytes", v)?;
+        }
+        if let Some(v) = max_open_files {
+            let v = positive("max_open_files", v)?;
+            policy.max_open_files = usize::try_from(v).unwrap_or(usize::MAX);
+        }
         let captures = match captures {
             None => vec![Vec::new(); data_paths.len()],
             Some(c) => capture_starts(&data_paths, c)?,
@@ -344,6 +354,11 @@ impl NativeDataset {
             .iter()
             .filter(|r| r.is_mapped())
             .count()
+    }
+    /// `(open now, at most)`: the data files this dataset holds open, and its cap.
+    #[getter]
+    fn open_files(&self) -> (usize, usize) {
+        self.ds.open_files()
     }
     #[getter]
     fn recording_windows(&self) -> Vec<u64> {

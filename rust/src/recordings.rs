@@ -20,26 +20,36 @@
 //! guarded copy is absorbed and the row re-read with `pread`, which comes up short; the lengths
 //! of the mapped files a gather touched are checked after it (a truncation inside a window's
 //! last page raises no fault).
+//!
+//! A dataset holds at most [`ReadPolicy::max_open_files`] descriptors ([`crate::files`]): more
+//! recordings than that are opened again by path when read, and must still be the file opened
+//! at dataset open.
 
 use std::cell::Cell;
 use std::fs::File;
 use std::io;
 use std::ops::Range;
+use std::sync::Arc;
 
 use crate::error::{Error, Result};
+use crate::files::{FileId, FilePool};
 use crate::mapped::{Mapping, DEFAULT_MAP_MIN_BYTES, MAX_MAPPED};
 
 /// How rows are read: data files of at least `map_min_bytes` are mapped (at most
-/// [`MAX_MAPPED`] of them), the rest read with `pread`. `u64::MAX` maps nothing.
+/// [`MAX_MAPPED`] of them), the rest read with `pread`. `u64::MAX` maps nothing. At most
+/// `max_open_files` data files are open at once (`usize::MAX`: every recording with a window
+/// stays open).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ReadPolicy {
     pub map_min_bytes: u64,
+    pub max_open_files: usize,
 }
 
 impl Default for ReadPolicy {
     fn default() -> Self {
         ReadPolicy {
             map_min_bytes: DEFAULT_MAP_MIN_BYTES,
+            max_open_files: usize::MAX,
         }
     }
 }
@@ -122,7 +132,8 @@ impl Storage {
     }
 }
 
-/// One recording: an open data file (while any window reads from it) and its segments.
+/// One recording: its data file (open in the dataset's pool while any window reads from it) and
+/// its segments.
 pub struct Recording {
     pub path: String,
     pub kind: Kind,
@@ -130,8 +141,8 @@ pub struct Recording {
     pub windows: u64,
     /// This recording's entries in [`Dataset::segments`].
     pub segments: Range<usize>,
-    /// `None` when no window reads from the file, so unusable recordings hold no descriptor.
-    file: Option<File>,
+    /// The data file's device and inode at open: a file opened again must be this one.
+    id: Option<FileId>,
     /// The guarded mapping rows are copied from, when the policy maps this file.
     map: Option<Mapping>,
     /// The mapped file's status-change and modification times at open (seconds, nanoseconds):
@@ -214,6 +225,8 @@ pub fn capture_segments(path: &str, starts: &[u64], samples: u64) -> Result<Vec<
 /// An ordered set of recordings cut into fixed windows, segment by segment.
 pub struct Dataset {
     recordings: Vec<Recording>,
+    /// The open data files (at most `ReadPolicy::max_open_files`).
+    files: FilePool,
     segments: Vec<Segment>,
     window: u64,
     stride: u64,
@@ -306,9 +319,10 @@ impl Dataset {
         prefix.push(0u64);
         let mut total = 0u64;
         let mut mapped = 0usize;
+        let files = FilePool::new(paths.len(), policy.max_open_files)?;
         for (r, ((p, kind), starts)) in paths.iter().zip(parsed).zip(captures).enumerate() {
             let path = p.as_ref();
-            let (file, samples) = open_data(path, kind)?;
+            let (file, meta, samples) = open_data(path, kind)?;
             let first = segments.len();
             let mut windows = 0u64;
             for (start, len) in capture_segments(path, starts.as_ref(), samples)? {
@@ -330,17 +344,18 @@ impl Dataset {
                 .then(|| Mapping::new(&file, bytes))
                 .flatten();
             mapped += usize::from(map.is_some());
-            let stamp = map
-                .as_ref()
-                .and_then(|_| file.metadata().ok())
-                .and_then(|m| stamp(&m));
+            let stamp = map.as_ref().and_then(|_| stamp(&meta));
+            if windows > 0 {
+                // Unusable recordings hold no descriptor; the rest while the pool has room.
+                files.offer(r, file)?;
+            }
             recordings.push(Recording {
                 path: path.to_owned(),
                 kind,
                 samples,
                 windows,
                 segments: first..segments.len(),
-                file: (windows > 0).then_some(file),
+                id: FileId::of(&meta),
                 map,
                 stamp,
             });
@@ -354,6 +369,7 @@ impl Dataset {
         }
         Ok(Dataset {
             recordings,
+            files,
             segments,
             window,
             stride,
@@ -441,7 +457,7 @@ impl Dataset {
         let raw = self.window as usize * sb;
         let mapped = if raw == out.len() {
             // Same element width as the storage: read straight into the row, fix up in place.
-            let mapped = rec.read_at(out, offset)?;
+            let mapped = self.read_at(r, out, offset)?;
             convert_in_place(rec.kind, self.storage, out)?;
             mapped
         } else {
@@ -457,7 +473,7 @@ impl Dataset {
                 // Cache-line aligned like the batch rows (see stream::AlignedVec for why).
                 let at = scratch.as_ptr().align_offset(64).min(64);
                 let src = &mut scratch[at..at + raw];
-                let res = rec.read_at(src, offset).and_then(|mapped| {
+                let res = self.read_at(r, src, offset).and_then(|mapped| {
                     widen(rec.kind, self.storage, src, out)?;
                     Ok(mapped)
                 });
@@ -503,7 +519,7 @@ impl Dataset {
         let mut touched: Vec<usize> = rows.iter().filter(|r| r.1).map(|r| r.0).collect();
         touched.sort_unstable();
         touched.dedup();
-        touched.retain(|&r| self.recordings[r].changed());
+        touched.retain(|&r| self.changed(r));
         if touched.is_empty() {
             return Ok(());
         }
@@ -516,8 +532,8 @@ impl Dataset {
     }
 }
 
-/// Opens a regular file for reading and returns it with its length in bytes.
-pub(crate) fn open_regular(path: &str) -> Result<(File, u64)> {
+/// Opens a regular file for reading and returns it with its status.
+pub(crate) fn open_regular(path: &str) -> Result<(File, std::fs::Metadata)> {
     // stat before open: opening a FIFO (or a device) for reading can block forever.
     let kind = std::fs::metadata(path)
         .map_err(|e| Error::data(path, "data file", format!("cannot be inspected ({e})")))?;
@@ -532,13 +548,13 @@ pub(crate) fn open_regular(path: &str) -> Result<(File, u64)> {
     if !meta.is_file() {
         return Err(Error::data(path, "data file", "is not a regular file"));
     }
-    Ok((file, meta.len()))
+    Ok((file, meta))
 }
 
-/// Opens a data file and returns it with its length in samples of `kind`.
-fn open_data(path: &str, kind: Kind) -> Result<(File, u64)> {
-    let (file, len) = open_regular(path)?;
-    let sb = kind.sample_bytes() as u64;
+/// Opens a data file and returns it with its status and its length in samples of `kind`.
+fn open_data(path: &str, kind: Kind) -> Result<(File, std::fs::Metadata, u64)> {
+    let (file, meta) = open_regular(path)?;
+    let (len, sb) = (meta.len(), kind.sample_bytes() as u64);
     if len % sb != 0 {
         return Err(Error::data(
             path,
@@ -549,7 +565,7 @@ fn open_data(path: &str, kind: Kind) -> Result<(File, u64)> {
             ),
         ));
     }
-    Ok((file, len / sb))
+    Ok((file, meta, len / sb))
 }
 
 impl Recording {
@@ -563,22 +579,55 @@ impl Recording {
         self.map.as_ref().is_some_and(|m| !m.poisoned())
     }
 
+    /// Opens the file again by path (its descriptor was evicted from the pool): it must be the
+    /// file opened at dataset open, else [`Error::Replaced`].
+    fn reopen(&self) -> Result<File> {
+        if self.windows == 0 {
+            return Err(Error::Internal(format!(
+                "{}: read from a recording that has no windows",
+                self.path
+            )));
+        }
+        let (file, meta) = open_regular(&self.path)?;
+        if FileId::of(&meta) != self.id {
+            return Err(Error::Replaced {
+                file: self.path.clone(),
+            });
+        }
+        Ok(file)
+    }
+}
+
+impl Dataset {
+    /// Recording `r`'s open data file (opened again when the pool had evicted it).
+    fn file(&self, r: usize) -> Result<Arc<File>> {
+        let rec = &self.recordings[r];
+        self.files.get(r, || rec.reopen())
+    }
+
+    /// Descriptors held now, and the most the dataset holds.
+    pub fn open_files(&self) -> (usize, usize) {
+        (self.files.open_files(), self.files.cap())
+    }
+
     /// For a mapped file: true when the file is now shorter than the mapping, or its status
     /// changed since open (a cut the file was then regrown past: zeros where the data was, at
     /// the old length). The mapping is then poisoned (every later read of it uses `pread`, which
     /// sees the file as it is). One `fstat`. Unmapped files: false (their `pread`s see a
     /// truncation themselves).
-    fn changed(&self) -> bool {
-        let (Some(map), Some(file)) = (&self.map, &self.file) else {
+    fn changed(&self, r: usize) -> bool {
+        let rec = &self.recordings[r];
+        let Some(map) = &rec.map else {
             return false;
         };
         if map.poisoned() {
             return true; // rows read while it was sound are read again
         }
-        // An unreadable status is treated as a change: the re-read reports what is wrong.
-        let changed = match file.metadata() {
-            Ok(m) => m.len() < self.bytes() || stamp(&m) != self.stamp,
-            Err(_) => true,
+        // An unreadable status (or a file that cannot be opened again) is treated as a change:
+        // the re-read reports what is wrong.
+        let changed = match self.file(r).map(|f| f.metadata()) {
+            Ok(Ok(m)) => m.len() < rec.bytes() || stamp(&m) != rec.stamp,
+            _ => true,
         };
         if changed {
             map.poison();
@@ -586,24 +635,20 @@ impl Recording {
         changed
     }
 
-    /// Reads exactly `buf.len()` bytes at `offset`: from the mapping while it is sound (true),
-    /// else (or when the copy faulted) with `pread` (false), where a short read is
-    /// `LengthChanged`.
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<bool> {
-        if let Some(map) = &self.map {
+    /// Reads exactly `buf.len()` bytes of recording `r` at `offset`: from the mapping while it
+    /// is sound (true), else (or when the copy faulted) with `pread` (false), where a short read
+    /// is `LengthChanged`.
+    fn read_at(&self, r: usize, buf: &mut [u8], offset: u64) -> Result<bool> {
+        let rec = &self.recordings[r];
+        if let Some(map) = &rec.map {
             if map.copy_to(offset, buf) {
                 return Ok(true);
             }
         }
-        let Some(file) = &self.file else {
-            return Err(Error::Internal(format!(
-                "{}: read from a recording that has no windows",
-                self.path
-            )));
-        };
-        read_exact_at(file, buf, offset)
+        let file = self.file(r)?;
+        read_exact_at(&file, buf, offset)
             .map(|()| false)
-            .map_err(|e| read_error(&self.path, file, self.bytes(), e))
+            .map_err(|e| read_error(&rec.path, &file, rec.bytes(), e))
     }
 }
 
@@ -1070,7 +1115,10 @@ mod tests {
             &[[0u64]],
             window,
             window,
-            ReadPolicy { map_min_bytes: 0 },
+            ReadPolicy {
+                map_min_bytes: 0,
+                ..ReadPolicy::default()
+            },
         )
         .unwrap();
         assert!(ds.recordings()[0].is_mapped());
@@ -1089,7 +1137,10 @@ mod tests {
         ] {
             let caps = vec![[0u64]; paths.len()];
             let open = |min| {
-                let policy = ReadPolicy { map_min_bytes: min };
+                let policy = ReadPolicy {
+                    map_min_bytes: min,
+                    ..ReadPolicy::default()
+                };
                 Dataset::open_with(&paths, &kinds, &caps, 100, 37, policy).unwrap()
             };
             let (mapped, plain) = (open(0), open(u64::MAX));
@@ -1169,6 +1220,7 @@ mod tests {
             1024,
             ReadPolicy {
                 map_min_bytes: u64::MAX,
+                ..ReadPolicy::default()
             },
         )
         .unwrap();
@@ -1179,5 +1231,99 @@ mod tests {
             !ds.recordings()[0].is_mapped(),
             "its status changed: pread from now on"
         );
+    }
+
+    fn open_pooled(paths: &[&str], map_min_bytes: u64, max_open_files: usize) -> Dataset {
+        let caps = vec![[0u64]; paths.len()];
+        let policy = ReadPolicy {
+            map_min_bytes,
+            max_open_files,
+        };
+        Dataset::open_with(paths, &vec!["ci8"; paths.len()], &caps, 64, 64, policy).unwrap()
+    }
+
+    #[test]
+    fn a_pool_smaller_than_the_dataset_reads_every_row_as_the_open_one_does() {
+        let t = TempDir::new("pool-same");
+        let data: Vec<Vec<u8>> = (0..9).map(|i| ramp(128 * 10 + i * 128)).collect();
+        let paths: Vec<String> = (0..9).map(|i| t.file(&format!("r{i}"), &data[i])).collect();
+        let paths: Vec<&str> = paths.iter().map(|p| p.as_str()).collect();
+        let all = open_pooled(&paths, u64::MAX, usize::MAX);
+        assert_eq!(all.open_files().0, 9);
+        // pread only, mapped only, and r4..r8 mapped (3584 bytes or more), 2 descriptors.
+        for min in [u64::MAX, 0, 3584] {
+            let pooled = open_pooled(&paths, min, 2);
+            assert_eq!(
+                pooled.open_files(),
+                (2, 2),
+                "kept at open while there was room"
+            );
+            let n = all.num_windows();
+            // Shuffled, several times round: every row evicts and reopens.
+            let ids: Vec<u64> = (0..3 * n).map(|k| (k * 7 + 3) % n).collect();
+            let mut a = vec![0u8; ids.len() * all.row_bytes()];
+            let mut b = a.clone();
+            all.gather(&ids, &mut a).unwrap();
+            pooled.gather(&ids, &mut b).unwrap();
+            assert_eq!(a, b, "map_min_bytes {min}");
+            assert!(pooled.open_files().0 <= 2);
+        }
+    }
+
+    #[test]
+    fn a_file_replaced_or_deleted_while_out_of_the_pool_is_an_error_naming_it() {
+        let t = TempDir::new("pool-replaced");
+        let paths: Vec<String> = (0..3)
+            .map(|i| t.file(&format!("r{i}"), &ramp(256)))
+            .collect();
+        let paths: Vec<&str> = paths.iter().map(|p| p.as_str()).collect();
+        for min in [u64::MAX, 0] {
+            let ds = open_pooled(&paths, min, 1);
+            let mut row = vec![0u8; ds.row_bytes()];
+            ds.fill_row(0, &mut row).unwrap(); // r0 holds the one descriptor (it was kept)
+                                               // r1 is replaced the way rsync and most writers replace a file: a new file renamed
+                                               // over it (the same bytes, another inode).
+            let tmp = t.file("r1.tmp", &ramp(256));
+            std::fs::rename(&tmp, paths[1]).unwrap();
+            let e = ds.fill_row(4, &mut row).err().unwrap();
+            assert!(
+                matches!(&e, Error::Replaced { file } if file == paths[1]),
+                "map_min_bytes {min}: {e}"
+            );
+            // r2 deleted: opening it again fails, naming it.
+            std::fs::remove_file(paths[2]).unwrap();
+            let e = ds.fill_row(8, &mut row).err().unwrap();
+            assert!(e.to_string().starts_with(paths[2]), "{e}");
+            assert!(e.to_string().contains("cannot be inspected"), "{e}");
+            // The file that was never replaced still reads.
+            ds.fill_row(1, &mut row).unwrap();
+            std::fs::write(paths[2], ramp(256)).unwrap();
+            std::fs::write(paths[1], ramp(256)).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_file_truncated_while_out_of_the_pool_is_length_changed() {
+        let t = TempDir::new("pool-truncated");
+        let paths: Vec<String> = (0..2)
+            .map(|i| t.file(&format!("r{i}"), &ramp(256)))
+            .collect();
+        let paths: Vec<&str> = paths.iter().map(|p| p.as_str()).collect();
+        let ds = open_pooled(&paths, u64::MAX, 1);
+        let mut row = vec![0u8; ds.row_bytes()];
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(paths[1])
+            .unwrap();
+        f.set_len(100).unwrap();
+        let e = ds.fill_row(7, &mut row).err().unwrap();
+        assert!(
+            matches!(&e, Error::LengthChanged { file, expected: 512, found: 100 } if file == paths[1]),
+            "{e}"
+        );
+        f.set_len(0).unwrap();
+        drop(f);
+        std::fs::write(paths[1], ramp(256)).unwrap(); // restored in place: the same inode
+        ds.fill_row(7, &mut row).unwrap();
     }
 }

@@ -197,38 +197,45 @@ def _nr_open() -> int | None:
         return None
 
 
-def _reserve_open_files(n: int) -> None:
-    """Raise the soft open-file limit, up to the hard limit, to fit ``n`` more descriptors.
+def _open_file_budget(n: int) -> int:
+    """How many of ``n`` data files a dataset opening now may hold open (docs/design.md 2.3).
 
-    Every recording that yields a window stays open for positioned reads (a memory map needed
-    none after opening), and 1024, a common default soft limit, is a plausible recording count.
+    Raises the soft open-file limit, up to the hard limit, to fit all ``n`` beside the
+    descriptors in use and 64 more for the rest of the process. Where the limit allows, that is
+    every file (each stays open for positioned reads). Where it does not (100,000 recordings
+    against a hard limit of 20,000), the dataset holds half the descriptors still free, at
+    least 16, and opens the others again when it reads them: half, so a second dataset (the
+    validation set) and the rest of the process still find some.
     """
     try:
         import resource
-    except ImportError:  # not POSIX: nothing to raise
-        return
+    except ImportError:  # not POSIX: no limit to consult
+        return n
     try:
         in_use = len(os.listdir("/proc/self/fd"))
     except OSError:
         in_use = 64
-    want = in_use + n + 64  # headroom for the rest of the process
+    want = in_use + n + 64
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY or want <= soft:
-        return
+        return n
     if hard != resource.RLIM_INFINITY and want > hard:
         # A process allowed to (root, CAP_SYS_RESOURCE) raises the hard limit too, up to the
-        # kernel's per-process ceiling: 100,000 small recordings need 100,000 descriptors, and a
-        # hard limit of 20,000 (this machine's) refused them. Others stay at the hard limit.
+        # kernel's per-process ceiling, so that every file stays open; others stay at the hard
+        # limit and share it.
         ceiling = _nr_open()
         with contextlib.suppress(ValueError, OSError):
             top = min(want, ceiling) if ceiling else want
             resource.setrlimit(resource.RLIMIT_NOFILE, (top, top))
-            return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     target = want if hard == resource.RLIM_INFINITY else min(want, hard)
     if target > soft:
-        # On failure, opening fails later naming the file ("Too many open files").
         with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY or want <= soft:
+        return n
+    return max(16, (soft - in_use - 64) // 2)
 
 
 class IQDataset:
@@ -251,6 +258,11 @@ class IQDataset:
     ``map_min_bytes``: data files of at least this many bytes are read from a guarded memory map
     (a truncation is still a ``DataError``, never a SIGBUS: docs/design.md 2.3); smaller ones with
     positioned reads. ``None`` is the native default (256 KiB); ``2**64 - 1`` maps nothing.
+
+    ``max_open_files``: at most this many data files are open at once; the others are opened
+    again, by path, when read, and must still be the file opened here (another file renamed
+    over one is a ``DataError`` naming it). ``None``: every file where the open-file limit
+    allows (it is raised up to the hard limit), else half the descriptors still free.
     """
 
     def __init__(
@@ -260,6 +272,7 @@ class IQDataset:
         window: int,
         stride: int | None = None,
         map_min_bytes: int | None = None,
+        max_open_files: int | None = None,
     ) -> None:
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:
             raise ConfigError(f"window: must be a positive integer, got {window!r}")
@@ -283,7 +296,8 @@ class IQDataset:
                 f"{self.recordings[0].meta_path.parent}: every recording is shorter than the "
                 f"window ({window} samples; longest capture segment: {longest})"
             )
-        _reserve_open_files(len(self.recordings))
+        if max_open_files is None:
+            max_open_files = _open_file_budget(len(self.recordings))
         self._native = NativeDataset(
             [os.fspath(r.data_path) for r in self.recordings],
             [SUPPORTED_DATATYPES[r.datatype] for r in self.recordings],
@@ -291,6 +305,7 @@ class IQDataset:
             stride,
             [list(r.capture_starts) for r in self.recordings],
             map_min_bytes,
+            max_open_files,
         )
         self.skipped: list[tuple[str, int]] = [
             (os.fspath(r.data_path), r.num_samples)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -710,28 +711,66 @@ def test_a_sigbus_outside_the_loader_keeps_its_default_or_previous_handler(
         assert proc.stderr.count("Fatal Python error: Bus error") == 1, proc.stderr[-2000:]
 
 
-def test_many_recordings_fit_a_low_open_file_limit(tmp_path):
-    # Every usable recording keeps a descriptor open for positioned reads; opening raises the
-    # soft limit (up to the hard one) instead of failing at a low default.
-    for i in range(150):
-        _vector_recording(tmp_path / "rec", f"r{i:03d}", 64)
+def _distinct_recordings(directory, n):
+    """``n`` ci8 recordings of 32 samples, each with bytes of its own (r000, r001, ...)."""
+    for i in range(n):
+        meta = _vector_recording(directory, f"r{i:03d}", 64)
+        meta.with_suffix(".sigmf-data").write_bytes(
+            ((np.arange(64) + 7 * i) % 251).astype(np.uint8)
+        )
+
+
+@pytest.mark.parametrize("hard", ["raisable", "fixed"])
+def test_many_recordings_fit_a_low_open_file_limit(tmp_path, hard):
+    # Every usable recording keeps a descriptor open for positioned reads where the limit
+    # allows: opening raises the soft limit up to the hard one. Where the hard limit is too low
+    # as well (100,000 recordings), the dataset holds some and reopens the rest when read; the
+    # bytes are the same either way.
+    _distinct_recordings(tmp_path / "rec", 150)
+    pattern = str(tmp_path / "rec" / "*.sigmf-meta")
     code = (
-        "import resource, sys\n"
+        "import hashlib, resource, sys\n"
         "from iqtrain.data.dataset import IQDataset\n"
         "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+        "hard = 100 if sys.argv[2] == 'fixed' else hard\n"
         "resource.setrlimit(resource.RLIMIT_NOFILE, (100, hard))\n"
         "ds = IQDataset(sys.argv[1], window=4)\n"
         "assert ds.num_windows == 150 * 8, ds.num_windows\n"
-        "print(ds.windows(list(range(0, 1200, 8))).shape)\n"
+        "ids = [(k * 37) % 1200 for k in range(2400)]\n"
+        "print(hashlib.sha256(ds.windows(ids).tobytes()).hexdigest())\n"
+        "print(*ds._native.open_files)\n"
     )
     proc = subprocess.run(
-        [sys.executable, "-c", code, str(tmp_path / "rec" / "*.sigmf-meta")],
-        capture_output=True,
-        text=True,
-        timeout=120,
+        [sys.executable, "-c", code, pattern, hard], capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.strip() == "(150, 4, 2)"
+    digest, held = proc.stdout.split("\n")[:2]
+    ids = [(k * 37) % 1200 for k in range(2400)]
+    want = hashlib.sha256(IQDataset(pattern, window=4).windows(ids).tobytes()).hexdigest()
+    assert digest == want
+    now, cap = map(int, held.split())
+    if hard == "raisable":
+        assert cap == 150 and now == 150
+    else:
+        assert 16 <= cap < 50 and now <= cap  # half of what 100 leaves free
+
+
+def test_a_file_replaced_while_its_descriptor_was_closed_is_a_data_error(tmp_path):
+    _distinct_recordings(tmp_path, 4)
+    ds = IQDataset(str(tmp_path / "*.sigmf-meta"), window=4, max_open_files=1)
+    assert ds._native.open_files == (1, 1)
+    ds.windows([0, 8, 16, 24])  # each reopened in turn
+    data = tmp_path / "r002.sigmf-data"
+    fresh = tmp_path / "r002.new"
+    fresh.write_bytes(data.read_bytes())
+    os.replace(fresh, data)  # the same bytes, another file
+    with pytest.raises(
+        DataError, match=r"r002\.sigmf-data: data file was replaced while being read"
+    ):
+        ds.windows([16])
+    ds.windows([0, 8, 24])
+    with pytest.raises(ConfigError, match="max_open_files: must be"):
+        IQDataset(str(tmp_path / "*.sigmf-meta"), window=4, max_open_files=0)
 
 
 # --- assembly into caller-owned ring buffers -------------------------------------------------
@@ -995,17 +1034,34 @@ def test_the_hard_open_file_limit_is_raised_where_the_process_may(monkeypatch):
 
     calls = []
     allowed = {"hard": True}
+    limits = {"now": (100, 200)}
 
-    def setrlimit(which, limits):
-        calls.append(limits)
-        if limits[1] > 200 and not allowed["hard"]:
+    def setrlimit(which, new):
+        calls.append(new)
+        if new[1] > 200 and not allowed["hard"]:
             raise ValueError("not allowed to raise maximum limit")
+        limits["now"] = new
 
-    monkeypatch.setattr(resource, "getrlimit", lambda which: (100, 200))
+    monkeypatch.setattr(resource, "getrlimit", lambda which: limits["now"])
     monkeypatch.setattr(resource, "setrlimit", setrlimit)
     monkeypatch.setattr(dataset, "_nr_open", lambda: 5000)
-    for hard, want in ((True, [(5000, 5000)]), (False, [(5000, 5000), (200, 200)])):
+    monkeypatch.setattr(dataset.os, "listdir", lambda path: ["fd"] * 20)
+    # More than even the ceiling: the most there is, and half of what is then free.
+    for hard, want, budget in (
+        (True, [(5000, 5000)], (5000 - 20 - 64) // 2),
+        (False, [(5000, 5000), (200, 200)], (200 - 20 - 64) // 2),
+    ):
         allowed["hard"] = hard
+        limits["now"] = (100, 200)
         calls.clear()
-        dataset._reserve_open_files(10_000)  # more than even the ceiling: the most there is
+        assert dataset._open_file_budget(10_000) == budget
         assert calls == want
+    # Everything fits once the soft limit is raised: every file, and no more asked for.
+    limits["now"] = (100, 200)
+    calls.clear()
+    assert dataset._open_file_budget(50) == 50
+    assert calls == [(20 + 50 + 64, 200)]
+    # A limit so low that half the free descriptors is less than 16: 16, and the open says
+    # which file found no descriptor when there is none.
+    limits["now"] = (90, 90)
+    assert dataset._open_file_budget(1000) == 16
