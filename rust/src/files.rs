@@ -2,30 +2,35 @@
 //!
 //! Positioned reads need a descriptor, and a process may hold only so many (`RLIMIT_NOFILE`;
 //! 1024 is a common soft limit, 20,000 the hard limit of the shared VM), while an archive may
-//! hold 100,000 recordings. When every recording fits, every file opened at dataset open stays
-//! open for the dataset's life (the pool never evicts). When they do not, the pool keeps `cap`
-//! files open and evicts by the clock (second-chance) rule: a file read since the hand last
-//! passed keeps its descriptor once more. A file that is not open is opened again by path on
-//! its next read, and must be the file that was opened at dataset open (the same device and
-//! inode): a file replaced under the run (renamed over, deleted and written again) is
-//! [`Error::Replaced`], never read; a deleted one fails to open, naming it. Either ends a run
-//! like a truncation does.
+//! hold 100,000 recordings. When the cap covers every recording, every file opened at dataset
+//! open stays open for the dataset's life and reads borrow it without a lock (as before the
+//! pool). When it does not, the pool keeps `cap` files open and evicts by the clock
+//! (second-chance) rule: a file read since the hand last passed keeps its descriptor once more.
+//! A file that is not open is opened again by path on its next read, and must be the file that
+//! was opened at dataset open (the same device, inode and birth time, [`FileId`]): a file
+//! replaced under the run (renamed over, or deleted and written again, even where the
+//! filesystem reuses the inode number) is [`Error::Replaced`], never read; a deleted one fails
+//! to open, naming it. Either ends a run like a truncation does.
 //!
 //! A reader holds an `Arc<File>`, so evicting a file another thread is reading closes it only
 //! when that read ends: at most `cap` plus the number of reading threads are open at once.
 
 use std::fs::File;
+use std::ops::Deref;
 use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
 
 const NONE: u32 = u32::MAX;
 
-/// The identity of a data file when its dataset opened it: device and inode (Unix).
+/// The identity of a data file when its dataset opened it: device, inode, and the birth time
+/// where the filesystem records one (ext4, xfs, btrfs, tmpfs), else the status-change time (an
+/// inode number is reused once its file is deleted; a time set at creation is not).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FileId {
     dev: u64,
     ino: u64,
+    born: (i64, i64),
 }
 
 impl FileId {
@@ -34,15 +39,41 @@ impl FileId {
         #[cfg(unix)]
         {
             use std::os::unix::fs::MetadataExt;
+            let born = match meta
+                .created()
+                .ok()
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            {
+                Some(d) => (d.as_secs() as i64, i64::from(d.subsec_nanos())),
+                None => (meta.ctime(), meta.ctime_nsec()),
+            };
             Some(FileId {
                 dev: meta.dev(),
                 ino: meta.ino(),
+                born,
             })
         }
         #[cfg(not(unix))]
         {
             let _ = meta;
             None
+        }
+    }
+}
+
+/// A data file as a read sees it: borrowed from a pool that holds every file, or shared with
+/// a pool that may evict it meanwhile.
+pub enum Held<'a> {
+    Borrowed(&'a File),
+    Shared(Arc<File>),
+}
+
+impl Deref for Held<'_> {
+    type Target = File;
+    fn deref(&self) -> &File {
+        match self {
+            Held::Borrowed(f) => f,
+            Held::Shared(f) => f,
         }
     }
 }
@@ -61,10 +92,16 @@ struct Clock {
     hand: usize,
 }
 
+enum Mode {
+    /// `cap >= n`: the files offered at open, read without a lock.
+    All(Vec<Option<File>>),
+    Clock(Mutex<Clock>),
+}
+
 /// At most `cap` open files of `n` recordings; see the module documentation.
 pub struct FilePool {
     cap: usize,
-    clock: Mutex<Clock>,
+    mode: Mode,
 }
 
 impl FilePool {
@@ -79,48 +116,80 @@ impl FilePool {
                 format!("{n} recordings is more than a dataset can hold"),
             ));
         }
-        Ok(FilePool {
-            cap,
-            clock: Mutex::new(Clock {
+        let mode = if cap >= n {
+            Mode::All((0..n).map(|_| None).collect())
+        } else {
+            Mode::Clock(Mutex::new(Clock {
                 slot_of: vec![NONE; n],
-                slots: Vec::with_capacity(cap.min(n)),
+                slots: Vec::with_capacity(cap),
                 hand: 0,
-            }),
-        })
+            }))
+        };
+        Ok(FilePool { cap, mode })
     }
 
     pub fn cap(&self) -> usize {
         self.cap
     }
 
-    /// How many files are open now.
+    /// Whether every recording's file stays open (no eviction, no reopening).
+    pub fn holds_all(&self) -> bool {
+        matches!(self.mode, Mode::All(_))
+    }
+
+    /// How many files are open now (held by the pool).
     pub fn open_files(&self) -> usize {
-        self.lock().map_or(0, |c| c.slots.len())
+        match &self.mode {
+            Mode::All(files) => files.iter().filter(|f| f.is_some()).count(),
+            Mode::Clock(m) => m.lock().map_or(0, |c| c.slots.len()),
+        }
     }
 
     /// Keeps `file`, just opened for recording `r` at dataset open, while there is room;
     /// otherwise it is closed (and opened again when read).
-    pub fn offer(&self, r: usize, file: File) -> Result<()> {
-        let mut clock = self.lock()?;
-        if clock.slots.len() < self.cap && clock.slot_of[r] == NONE {
-            clock.insert(r, Arc::new(file));
+    pub fn offer(&mut self, r: usize, file: File) {
+        match &mut self.mode {
+            Mode::All(files) => files[r] = Some(file),
+            Mode::Clock(m) => {
+                // Nothing else holds the pool yet (it is being built): no lock to wait for.
+                let clock = m.get_mut().unwrap_or_else(|e| e.into_inner());
+                if clock.slots.len() < self.cap && clock.slot_of[r] == NONE {
+                    clock.insert(r, Arc::new(file));
+                }
+            }
         }
-        Ok(())
+    }
+
+    /// Recording `r`'s file if the pool holds it now (marking it read), without opening it.
+    pub fn peek(&self, r: usize) -> Result<Option<Held<'_>>> {
+        Ok(match &self.mode {
+            Mode::All(files) => files[r].as_ref().map(Held::Borrowed),
+            Mode::Clock(m) => lock(m)?.touch(r).map(Held::Shared),
+        })
     }
 
     /// Recording `r`'s open file, opened by `reopen` when the pool does not hold it (then kept,
     /// evicting another when the pool is full). `reopen` runs without the pool's lock held.
-    pub fn get(&self, r: usize, reopen: impl FnOnce() -> Result<File>) -> Result<Arc<File>> {
-        if let Some(f) = self.lock()?.touch(r) {
-            return Ok(f);
+    pub fn get(&self, r: usize, reopen: impl FnOnce() -> Result<File>) -> Result<Held<'_>> {
+        let m = match &self.mode {
+            Mode::All(files) => {
+                return match files[r].as_ref() {
+                    Some(f) => Ok(Held::Borrowed(f)),
+                    None => Ok(Held::Shared(Arc::new(reopen()?))),
+                }
+            }
+            Mode::Clock(m) => m,
+        };
+        if let Some(f) = lock(m)?.touch(r) {
+            return Ok(Held::Shared(f));
         }
         let file = Arc::new(reopen()?);
         let evicted;
         {
-            let mut clock = self.lock()?;
+            let mut clock = lock(m)?;
             // Another thread may have opened it meanwhile: keep one descriptor, theirs.
             if let Some(f) = clock.touch(r) {
-                return Ok(f);
+                return Ok(Held::Shared(f));
             }
             evicted = if clock.slots.len() < self.cap {
                 clock.insert(r, file.clone());
@@ -130,14 +199,13 @@ impl FilePool {
             };
         }
         drop(evicted); // the close, outside the lock
-        Ok(file)
+        Ok(Held::Shared(file))
     }
+}
 
-    fn lock(&self) -> Result<std::sync::MutexGuard<'_, Clock>> {
-        self.clock
-            .lock()
-            .map_err(|_| Error::Internal("open-file pool poisoned by an earlier failure".into()))
-    }
+fn lock(m: &Mutex<Clock>) -> Result<std::sync::MutexGuard<'_, Clock>> {
+    m.lock()
+        .map_err(|_| Error::Internal("open-file pool poisoned by an earlier failure".into()))
 }
 
 impl Clock {
@@ -151,7 +219,7 @@ impl Clock {
     }
 
     fn insert(&mut self, r: usize, file: Arc<File>) {
-        self.slot_of[r] = self.slots.len() as u32; // < cap <= n < u32::MAX
+        self.slot_of[r] = self.slots.len() as u32; // < cap < n < u32::MAX
         self.slots.push(Slot {
             recording: r as u32,
             file,
@@ -199,9 +267,9 @@ mod tests {
     fn holds_at_most_cap_and_reads_every_file() {
         let t = TempDir::new("pool");
         let paths = files(&t, 7);
-        let pool = FilePool::new(7, 3).unwrap();
+        let mut pool = FilePool::new(7, 3).unwrap();
         for (r, p) in paths.iter().enumerate() {
-            pool.offer(r, File::open(p).unwrap()).unwrap();
+            pool.offer(r, File::open(p).unwrap());
         }
         assert_eq!(pool.open_files(), 3);
         let mut opened = 0;
@@ -249,6 +317,28 @@ mod tests {
         get(1);
         assert_eq!(opens.get(), 5, "1 was evicted");
         assert_eq!(pool.open_files(), 2);
+    }
+
+    #[test]
+    fn a_pool_that_holds_every_file_lends_them_and_never_reopens() {
+        let t = TempDir::new("pool");
+        let paths = files(&t, 3);
+        let mut pool = FilePool::new(3, 3).unwrap();
+        assert!(pool.holds_all());
+        pool.offer(0, File::open(&paths[0]).unwrap());
+        pool.offer(2, File::open(&paths[2]).unwrap());
+        assert_eq!(pool.open_files(), 2);
+        for r in [0, 2, 0, 2] {
+            let f = pool.get(r, || panic!("reopened {r}")).unwrap();
+            assert!(matches!(f, Held::Borrowed(_)));
+            assert_eq!(first_byte(&f), r as u8);
+        }
+        // Not offered (a recording without windows): opened for the read, not kept.
+        let f = pool.get(1, || Ok(File::open(&paths[1]).unwrap())).unwrap();
+        assert_eq!(first_byte(&f), 1);
+        assert!(pool.peek(1).unwrap().is_none());
+        assert_eq!(pool.open_files(), 2);
+        assert!(!FilePool::new(4, 3).unwrap().holds_all());
     }
 
     #[test]

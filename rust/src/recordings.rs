@@ -29,10 +29,9 @@ use std::cell::Cell;
 use std::fs::File;
 use std::io;
 use std::ops::Range;
-use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::files::{FileId, FilePool};
+use crate::files::{FileId, FilePool, Held};
 use crate::mapped::{Mapping, DEFAULT_MAP_MIN_BYTES, MAX_MAPPED};
 
 /// How rows are read: data files of at least `map_min_bytes` are mapped (at most
@@ -319,7 +318,7 @@ impl Dataset {
         prefix.push(0u64);
         let mut total = 0u64;
         let mut mapped = 0usize;
-        let files = FilePool::new(paths.len(), policy.max_open_files)?;
+        let mut files = FilePool::new(paths.len(), policy.max_open_files)?;
         for (r, ((p, kind), starts)) in paths.iter().zip(parsed).zip(captures).enumerate() {
             let path = p.as_ref();
             let (file, meta, samples) = open_data(path, kind)?;
@@ -345,9 +344,10 @@ impl Dataset {
                 .flatten();
             mapped += usize::from(map.is_some());
             let stamp = map.as_ref().and_then(|_| stamp(&meta));
-            if windows > 0 {
-                // Unusable recordings hold no descriptor; the rest while the pool has room.
-                files.offer(r, file)?;
+            // Unusable recordings hold no descriptor, nor (when the pool cannot hold every
+            // file) do mapped ones, whose rows need none; the rest while the pool has room.
+            if windows > 0 && (map.is_none() || files.holds_all()) {
+                files.offer(r, file);
             }
             recordings.push(Recording {
                 path: path.to_owned(),
@@ -540,8 +540,17 @@ pub(crate) fn open_regular(path: &str) -> Result<(File, std::fs::Metadata)> {
     if !kind.is_file() {
         return Err(Error::data(path, "data file", "is not a regular file"));
     }
-    let file = File::open(path)
-        .map_err(|e| Error::data(path, "data file", format!("cannot be opened ({e})")))?;
+    let file = File::open(path).map_err(|e| {
+        let msg = if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) {
+            format!(
+                "cannot be opened: no file descriptor is left ({e}); raise the open-file \
+                 limit (ulimit -n) or lower max_open_files"
+            )
+        } else {
+            format!("cannot be opened ({e})")
+        };
+        Error::data(path, "data file", msg)
+    })?;
     let meta = file
         .metadata()
         .map_err(|e| Error::data(path, "data file", format!("cannot be inspected ({e})")))?;
@@ -600,7 +609,7 @@ impl Recording {
 
 impl Dataset {
     /// Recording `r`'s open data file (opened again when the pool had evicted it).
-    fn file(&self, r: usize) -> Result<Arc<File>> {
+    fn file(&self, r: usize) -> Result<Held<'_>> {
         let rec = &self.recordings[r];
         self.files.get(r, || rec.reopen())
     }
@@ -613,8 +622,10 @@ impl Dataset {
     /// For a mapped file: true when the file is now shorter than the mapping, or its status
     /// changed since open (a cut the file was then regrown past: zeros where the data was, at
     /// the old length). The mapping is then poisoned (every later read of it uses `pread`, which
-    /// sees the file as it is). One `fstat`. Unmapped files: false (their `pread`s see a
-    /// truncation themselves).
+    /// sees the file as it is). One `fstat` of the descriptor the pool holds, or, when it
+    /// holds none, one `stat` of the path, which must then still name the mapped file (the
+    /// mapping keeps its inode alive, so the identity cannot be reused). Unmapped files: false
+    /// (their `pread`s see a truncation themselves).
     fn changed(&self, r: usize) -> bool {
         let rec = &self.recordings[r];
         let Some(map) = &rec.map else {
@@ -623,11 +634,15 @@ impl Dataset {
         if map.poisoned() {
             return true; // rows read while it was sound are read again
         }
-        // An unreadable status (or a file that cannot be opened again) is treated as a change:
-        // the re-read reports what is wrong.
-        let changed = match self.file(r).map(|f| f.metadata()) {
-            Ok(Ok(m)) => m.len() < rec.bytes() || stamp(&m) != rec.stamp,
-            _ => true,
+        let meta = match self.files.peek(r) {
+            Ok(Some(f)) => f.metadata(),
+            Ok(None) => std::fs::metadata(&rec.path),
+            Err(_) => return true,
+        };
+        // An unreadable status is treated as a change: the re-read reports what is wrong.
+        let changed = match meta {
+            Ok(m) => FileId::of(&m) != rec.id || m.len() < rec.bytes() || stamp(&m) != rec.stamp,
+            Err(_) => true,
         };
         if changed {
             map.poison();
@@ -1253,11 +1268,13 @@ mod tests {
         // pread only, mapped only, and r4..r8 mapped (3584 bytes or more), 2 descriptors.
         for min in [u64::MAX, 0, 3584] {
             let pooled = open_pooled(&paths, min, 2);
-            assert_eq!(
-                pooled.open_files(),
-                (2, 2),
-                "kept at open while there was room"
-            );
+            // Kept at open while there was room, mapped files not (their rows need none).
+            let unmapped = pooled
+                .recordings()
+                .iter()
+                .filter(|r| !r.is_mapped())
+                .count();
+            assert_eq!(pooled.open_files(), (unmapped.min(2), 2));
             let n = all.num_windows();
             // Shuffled, several times round: every row evicts and reopens.
             let ids: Vec<u64> = (0..3 * n).map(|k| (k * 7 + 3) % n).collect();
@@ -1295,6 +1312,14 @@ mod tests {
             let e = ds.fill_row(8, &mut row).err().unwrap();
             assert!(e.to_string().starts_with(paths[2]), "{e}");
             assert!(e.to_string().contains("cannot be inspected"), "{e}");
+            // ... and written again: a new file, though ext4 may give it the freed inode number
+            // (a pread file's evicted descriptor no longer holds it): its birth time tells.
+            std::fs::write(paths[2], ramp(256)).unwrap();
+            let e = ds.fill_row(8, &mut row).err().unwrap();
+            assert!(
+                matches!(&e, Error::Replaced { file } if file == paths[2]),
+                "map_min_bytes {min}: {e}"
+            );
             // The file that was never replaced still reads.
             ds.fill_row(1, &mut row).unwrap();
             std::fs::write(paths[2], ramp(256)).unwrap();

@@ -203,7 +203,7 @@ def _open_file_budget(n: int) -> int:
     Raises the soft open-file limit, up to the hard limit, to fit all ``n`` beside the
     descriptors in use and 64 more for the rest of the process. Where the limit allows, that is
     every file (each stays open for positioned reads). Where it does not (100,000 recordings
-    against a hard limit of 20,000), the dataset holds half the descriptors still free, at
+    against a hard limit of 20,000), the dataset holds half of what is free beyond those 64, at
     least 16, and opens the others again when it reads them: half, so a second dataset (the
     validation set) and the rest of the process still find some.
     """
@@ -211,10 +211,11 @@ def _open_file_budget(n: int) -> int:
         import resource
     except ImportError:  # not POSIX: no limit to consult
         return n
-    try:
-        in_use = len(os.listdir("/proc/self/fd"))
-    except OSError:
-        in_use = 64
+    in_use = 64
+    for fds in ("/proc/self/fd", "/dev/fd"):
+        with contextlib.suppress(OSError):
+            in_use = len(os.listdir(fds))
+            break
     want = in_use + n + 64
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY or want <= soft:
@@ -261,8 +262,9 @@ class IQDataset:
 
     ``max_open_files``: at most this many data files are open at once; the others are opened
     again, by path, when read, and must still be the file opened here (another file renamed
-    over one is a ``DataError`` naming it). ``None``: every file where the open-file limit
-    allows (it is raised up to the hard limit), else half the descriptors still free.
+    over one, or one deleted and written again, is a ``DataError`` naming it). The open-file
+    limit is raised (up to the hard limit) to fit every file; where it cannot, at most half of
+    what is then free beyond 64 descriptors (at least 16), whatever this asks for.
     """
 
     def __init__(
@@ -296,8 +298,17 @@ class IQDataset:
                 f"{self.recordings[0].meta_path.parent}: every recording is shorter than the "
                 f"window ({window} samples; longest capture segment: {longest})"
             )
-        if max_open_files is None:
-            max_open_files = _open_file_budget(len(self.recordings))
+        budget = _open_file_budget(len(self.recordings))
+        if max_open_files is not None:
+            if (
+                isinstance(max_open_files, bool)
+                or not isinstance(max_open_files, int)
+                or max_open_files < 1
+            ):
+                raise ConfigError(
+                    f"max_open_files: must be a positive integer, got {max_open_files!r}"
+                )
+            budget = min(budget, max_open_files)
         self._native = NativeDataset(
             [os.fspath(r.data_path) for r in self.recordings],
             [SUPPORTED_DATATYPES[r.datatype] for r in self.recordings],
@@ -305,7 +316,7 @@ class IQDataset:
             stride,
             [list(r.capture_starts) for r in self.recordings],
             map_min_bytes,
-            max_open_files,
+            budget,
         )
         self.skipped: list[tuple[str, int]] = [
             (os.fspath(r.data_path), r.num_samples)
