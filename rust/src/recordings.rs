@@ -1248,6 +1248,13 @@ mod tests {
         );
     }
 
+    /// `n` ci8 recordings `r0, r1, ...` of 256 samples (4 windows of 64).
+    fn ramp_files(t: &TempDir, n: usize) -> Vec<String> {
+        (0..n)
+            .map(|i| t.file(&format!("r{i}"), &ramp(256)))
+            .collect()
+    }
+
     fn open_pooled(paths: &[&str], map_min_bytes: u64, max_open_files: usize) -> Dataset {
         let caps = vec![[0u64]; paths.len()];
         let policy = ReadPolicy {
@@ -1290,10 +1297,8 @@ mod tests {
     #[test]
     fn a_file_replaced_or_deleted_while_out_of_the_pool_is_an_error_naming_it() {
         let t = TempDir::new("pool-replaced");
-        let paths: Vec<String> = (0..3)
-            .map(|i| t.file(&format!("r{i}"), &ramp(256)))
-            .collect();
-        let paths: Vec<&str> = paths.iter().map(|p| p.as_str()).collect();
+        let files = ramp_files(&t, 3);
+        let paths: Vec<&str> = files.iter().map(|p| p.as_str()).collect();
         for min in [u64::MAX, 0] {
             let ds = open_pooled(&paths, min, 1);
             let mut row = vec![0u8; ds.row_bytes()];
@@ -1330,10 +1335,8 @@ mod tests {
     #[test]
     fn a_file_truncated_while_out_of_the_pool_is_length_changed() {
         let t = TempDir::new("pool-truncated");
-        let paths: Vec<String> = (0..2)
-            .map(|i| t.file(&format!("r{i}"), &ramp(256)))
-            .collect();
-        let paths: Vec<&str> = paths.iter().map(|p| p.as_str()).collect();
+        let files = ramp_files(&t, 2);
+        let paths: Vec<&str> = files.iter().map(|p| p.as_str()).collect();
         let ds = open_pooled(&paths, u64::MAX, 1);
         let mut row = vec![0u8; ds.row_bytes()];
         let f = std::fs::OpenOptions::new()

@@ -281,6 +281,12 @@ class IQDataset:
         stride = window if stride is None else stride
         if isinstance(stride, bool) or not isinstance(stride, int) or stride < 1:
             raise ConfigError(f"stride: must be a positive integer, got {stride!r}")
+        if max_open_files is not None and (
+            isinstance(max_open_files, bool)
+            or not isinstance(max_open_files, int)
+            or max_open_files < 1
+        ):
+            raise ConfigError(f"max_open_files: must be a positive integer, got {max_open_files!r}")
         metas, self.links = _expand(paths)
         self.recordings: list[Recording] = []
         h = hashlib.sha256(b"iqtrain-dataset-v1\0")
@@ -300,14 +306,6 @@ class IQDataset:
             )
         budget = _open_file_budget(len(self.recordings))
         if max_open_files is not None:
-            if (
-                isinstance(max_open_files, bool)
-                or not isinstance(max_open_files, int)
-                or max_open_files < 1
-            ):
-                raise ConfigError(
-                    f"max_open_files: must be a positive integer, got {max_open_files!r}"
-                )
             budget = min(budget, max_open_files)
         self._native = NativeDataset(
             [os.fspath(r.data_path) for r in self.recordings],
