@@ -27,11 +27,12 @@ struct CacheLine([u8; 64]);
 /// A zero-initialised array of `len` plain elements that starts on a 64-byte boundary.
 ///
 /// Why: bulk copies run as `rep movsb` (glibc memcpy, and the kernel's copy behind `pread`),
-/// which on the AMD EPYC VM measured here runs 3-5x slower when the destination is not cache-line
-/// aligned like the page-aligned source. A plain `Vec` of 1-2 MiB comes from `mmap` via malloc
-/// at 16 bytes past a page boundary: 256 random 8 KiB rows took 1.22 ms (memcpy from a map) /
-/// 1.54 ms (`pread`) into such a buffer, 0.26 ms / 0.50 ms into a 64-byte aligned one; a
-/// sequential 1 MiB `read` loop over cached files ran at 2.7 GB/s vs 12 GB/s aligned.
+/// which on the AMD EPYC VM measured here runs 3-5x slower when the destination lies a few bytes
+/// past the page-aligned source modulo 4 KiB (see [`copy_bytes`], which sidesteps it for
+/// copies from a mapping). A plain `Vec` of 1-2 MiB comes from `mmap` via malloc at 16 bytes
+/// past a page boundary: 256 random 8 KiB rows took 1.22 ms (memcpy from a map) / 1.54 ms
+/// (`pread`) into such a buffer, 0.26 ms / 0.50 ms into a 64-byte aligned one; a sequential
+/// 1 MiB `read` loop over cached files ran at 2.7 GB/s vs 12 GB/s aligned.
 pub struct AlignedVec<T> {
     lines: Vec<CacheLine>,
     len: usize,
@@ -116,6 +117,38 @@ impl<T: Plain + std::fmt::Debug> std::fmt::Debug for AlignedVec<T> {
     }
 }
 
+/// Bytes copied per `memcpy` call when [`copy_bytes`] avoids `rep movsb`: below glibc's
+/// `rep_movsb_threshold` (2 KiB at its smallest, with SSE2), so glibc copies with vector loops.
+const PIECE: usize = 1024;
+
+/// Copies `len` bytes from `src` to `dst`, at `memcpy` speed whatever the two addresses are.
+///
+/// Why: glibc's memcpy copies blocks of a few KiB and more with `rep movsb`, which on the AMD
+/// EPYC VM measured here runs 4-5x slower when the destination lies 1 to 31 bytes past the
+/// source modulo 4 KiB (an 8 KiB row from a page-aligned mapping into a `malloc`ed batch at 16
+/// bytes past a page: 1.1-1.3 ms a batch of 256 against 0.22-0.30 ms at any other distance;
+/// docs/design.md section 2.3.1). Such copies go in 1 KiB pieces instead, as fast as the
+/// aligned copy; every other copy is one `memcpy`.
+///
+/// # Safety
+/// As `ptr::copy_nonoverlapping`: `src` readable and `dst` writable for `len` bytes, the two
+/// ranges disjoint.
+pub(crate) unsafe fn copy_bytes(src: *const u8, dst: *mut u8, len: usize) {
+    let skew = (dst as usize).wrapping_sub(src as usize) % 4096;
+    if len <= PIECE || skew == 0 || skew >= 64 {
+        // SAFETY: the caller's guarantee.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
+        return;
+    }
+    let mut at = 0;
+    while at < len {
+        let n = PIECE.min(len - at);
+        // SAFETY: [at, at + n) lies within both ranges of the caller's guarantee.
+        unsafe { std::ptr::copy_nonoverlapping(src.add(at), dst.add(at), n) };
+        at += n;
+    }
+}
+
 pub(crate) fn bytes_mut<T: Plain>(v: &mut [T]) -> &mut [u8] {
     // SAFETY: T is Plain (no padding, every bit pattern valid); u8 has alignment 1.
     unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, std::mem::size_of_val(v)) }
@@ -140,5 +173,42 @@ mod tests {
             AlignedVec::<f32>::zeroed(usize::MAX / 2),
             Err(Error::Alloc { .. })
         ));
+    }
+
+    #[test]
+    fn copy_bytes_copies_exactly_at_every_skew_and_length() {
+        let src: Vec<u8> = (0..3 * 4096 + 7).map(|i| (i * 31 % 251) as u8).collect();
+        let mut dst = AlignedVec::<u8>::zeroed(4 * 4096 + 128).unwrap();
+        // Lengths around the piece size; destinations at skews in and out of the piecewise range.
+        for len in [
+            0,
+            1,
+            PIECE - 1,
+            PIECE,
+            PIECE + 1,
+            2 * PIECE + 5,
+            8192,
+            src.len() - 64,
+        ] {
+            for skew in [0usize, 1, 16, 31, 32, 63, 64, 100] {
+                let s = &src[..len];
+                dst.iter_mut().for_each(|b| *b = 0xAA);
+                let base = dst.as_mut_ptr();
+                // The destination's offset from `base` gives it `skew` past the source mod 4 KiB.
+                let off =
+                    (skew + 4096 - (base as usize).wrapping_sub(s.as_ptr() as usize) % 4096) % 4096;
+                // SAFETY: off + len <= dst.len(); src and dst are distinct allocations.
+                unsafe { copy_bytes(s.as_ptr(), base.add(off), len) };
+                assert_eq!(&dst[off..off + len], s, "len {len} skew {skew}");
+                assert!(
+                    dst[..off].iter().all(|&b| b == 0xAA),
+                    "before: len {len} skew {skew}"
+                );
+                assert!(
+                    dst[off + len..].iter().all(|&b| b == 0xAA),
+                    "after: len {len} skew {skew}"
+                );
+            }
+        }
     }
 }

@@ -284,7 +284,7 @@ mod sys {
         // The handler runs on this thread: a compiler fence orders the guard against the copy.
         compiler_fence(Ordering::SeqCst);
         // Raw pointers, never a slice of the mapping: its bytes may change under us.
-        ptr::copy_nonoverlapping(src, out.as_mut_ptr(), out.len());
+        crate::aligned::copy_bytes(src, out.as_mut_ptr(), out.len());
         compiler_fence(Ordering::SeqCst);
         GUARD.with(|g| {
             g.start.set(0);

@@ -985,6 +985,36 @@ def test_ring_in_every_storage_dtype_and_replacing_the_ring(make_recording, data
     np.testing.assert_array_equal(first[old], want[0])  # the replaced ring is never written
 
 
+def _skewed(shape, dtype, skew):
+    """A C-contiguous array starting ``skew`` bytes past a page boundary."""
+    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    raw = np.empty(nbytes + 4096, np.uint8)
+    at = (skew - raw.ctypes.data) % 4096
+    return raw[at : at + nbytes].view(dtype).reshape(shape)
+
+
+@pytest.mark.parametrize("skew", [0, 2, 16, 30, 64, 100])  # int16: even addresses
+def test_mapped_rows_into_a_destination_at_any_distance_from_the_page(make_recording, skew):
+    # Rows of 8 KiB from a mapping into buffers `skew` bytes past a page: where glibc's rep movsb
+    # is slow the rows go in pieces (aligned.rs copy_bytes); the bytes are the same.
+    meta, _ = make_recording(40 * 2048, "ci16_le")
+    ds = IQDataset([meta], window=2048, map_min_bytes=0)
+    assert ds._native.mapped_recordings == 1
+    ids = np.array([39, 0, 17, 5, 22], dtype=np.uint64)
+    out = _skewed((5, 2048, 2), np.int16, skew)
+    ds._native.gather(ids, out)
+    np.testing.assert_array_equal(out, ds.windows(ids))
+    ref = TrainStream(ds, batch_size=5, seed=3, prefetch=0)
+    want = [next(ref).copy() for _ in range(4)]
+    stream = TrainStream(ds, batch_size=5, seed=3, prefetch=1)
+    ring = [_skewed((5, 2048, 2), np.int16, skew) for _ in range(3)]
+    stream.use_ring(ring)
+    for batch in want:
+        slot = stream.next_slot()
+        np.testing.assert_array_equal(ring[slot], batch)
+        stream.release(slot)
+
+
 # --- opening many recordings: the order, the fingerprint and the first error ----------------
 
 
