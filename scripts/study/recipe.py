@@ -18,6 +18,15 @@ under the same conditions (the machine is shared: a later run may take longer in
 never more steps); ``--out/calibration.json`` keeps the times. The schedule scales with the
 steps (warmup 5%, decay 30%, as the quickstart).
 
+The other way round (``--pretrain-on TRAIN VAL``): every candidate pretrains on these labelled
+or unlabelled recordings instead (e.g. TorchSig's, generated with another seed), and ``--select``
+/ ``--report`` are then ``iqtrain synth`` recordings, probed ``--by iqtrain:snr_db``::
+
+    python scripts/study/recipe.py --pretrain-on '/work/study_data/torchsig_pre/*.sigmf-meta' \
+        '/work/study_data/torchsig_preval/*.sigmf-meta' --by iqtrain:snr_db \
+        --select '/work/study_data/synth_select/*.sigmf-meta' --only cat64-p16-d192x4 \
+        --out study_ts/
+
 Held-out discipline: candidates are compared on ``--select`` only (seed 1 of the TorchSig
 generator). ``--report`` (seed 2) is probed once, for the recipe chosen from the select table
 (``--choose``), and is never used to choose anything. Each run's probe JSON is kept in ``--out``,
@@ -81,6 +90,10 @@ def _checked(proc: subprocess.CompletedProcess, what: str) -> subprocess.Complet
     return proc
 
 
+#: ``--pretrain-on``'s data sets (``data.train`` and ``data.val``), or none: the quickstart's.
+PRETRAIN_ON: list[str] = []
+
+
 def _sets(name: str, run_dir: Path, steps: int, evals: int) -> list[str]:
     warmup, decay = max(1, steps // 20), max(1, (3 * steps) // 10)
     every = max(1, steps // evals)
@@ -88,7 +101,7 @@ def _sets(name: str, run_dir: Path, steps: int, evals: int) -> list[str]:
     out += [f"schedule.warmup_steps={warmup}", f"schedule.decay_steps={decay}"]
     out += [f"training.eval_every={every}", f"training.checkpoint_every={steps}"]
     out += ["probe.every=0", "training.keep_last=1"]
-    return out + CANDIDATES[name]
+    return out + CANDIDATES[name] + PRETRAIN_ON
 
 
 def _attempt(run_dir: Path) -> Path:
@@ -133,7 +146,7 @@ def pretrain(name: str, out: Path, budget_s: float, step_s: float) -> tuple[Path
     train_s = sum(r["step_time_s"] for r in _records(attempt, "train"))
     info = {
         "name": name,
-        "sets": CANDIDATES[name],
+        "sets": CANDIDATES[name] + PRETRAIN_ON,
         "calibrated_step_s": step_s,
         "steps": steps,
         "train_s": train_s,
@@ -146,9 +159,8 @@ def pretrain(name: str, out: Path, budget_s: float, step_s: float) -> tuple[Path
     return attempt, info
 
 
-def probe(attempt: Path, data: str, out_json: Path) -> dict:
-    args = ["probe", str(attempt), "--data", data, "--json", "--layer", "all"]
-    args += ["--by", "torchsig:snr_db"]
+def probe(attempt: Path, data: str, out_json: Path, by: str) -> dict:
+    args = ["probe", str(attempt), "--data", data, "--json", "--layer", "all", "--by", by]
     proc = _checked(_iqtrain(*args), f"probe of {attempt}")
     doc = json.loads(proc.stdout.strip().splitlines()[-1])
     out_json.write_text(json.dumps(doc, indent=1))
@@ -180,7 +192,17 @@ def main() -> int:
     p.add_argument("--budget-s", type=float, default=600.0)
     p.add_argument("--only", nargs="+", choices=sorted(CANDIDATES), default=list(CANDIDATES))
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--by", default="torchsig:snr_db", help="the probe's per-SNR annotation key")
+    p.add_argument(
+        "--pretrain-on",
+        nargs=2,
+        metavar=("TRAIN", "VAL"),
+        help="pretrain on these recordings (globs) instead of the quickstart's synthetic data",
+    )
     args = p.parse_args()
+    if args.pretrain_on:
+        train, val = (json.dumps([g]) for g in args.pretrain_on)
+        PRETRAIN_ON[:] = [f"data.train={train}", f"data.val={val}"]
     args.out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("OMP_NUM_THREADS", "2")
     table = args.out / "table.md"
@@ -189,7 +211,7 @@ def main() -> int:
     times = calibrations(names, args.out)
     for name in names:
         attempt, info = pretrain(name, args.out, args.budget_s, times[name])
-        doc = probe(attempt, args.select, args.out / f"{name}.select.json")
+        doc = probe(attempt, args.select, args.out / f"{name}.select.json", args.by)
         (args.out / f"{name}.run.json").write_text(json.dumps(info, indent=1))
         rows.append(_row(info, doc) + " select")
         table.write_text("\n".join(rows) + "\n")
@@ -197,7 +219,7 @@ def main() -> int:
     if args.choose and args.report:
         attempt = _attempt(args.out / "runs" / args.choose)
         info = json.loads((args.out / f"{args.choose}.run.json").read_text())
-        doc = probe(attempt, args.report, args.out / f"{args.choose}.report.json")
+        doc = probe(attempt, args.report, args.out / f"{args.choose}.report.json", args.by)
         rows.append(_row(info, doc) + " **report**")
         table.write_text("\n".join(rows) + "\n")
         print(rows[-1], flush=True)
