@@ -27,9 +27,9 @@ struct CacheLine([u8; 64]);
 /// A zero-initialised array of `len` plain elements that starts on a 64-byte boundary.
 ///
 /// Why: bulk copies run as `rep movsb` (glibc memcpy, and the kernel's copy behind `pread`),
-/// which on the AMD EPYC VM measured here runs 3-5x slower when the destination lies a few bytes
-/// past the page-aligned source modulo 4 KiB (see [`copy_bytes`], which sidesteps it for
-/// copies from a mapping). A plain `Vec` of 1-2 MiB comes from `mmap` via malloc at 16 bytes
+/// which on the AMD EPYC VM measured here runs 3-5x slower when the destination lies 1 to 31
+/// bytes past the page-aligned source modulo 4 KiB (copies from a mapping sidestep it: see
+/// `copy_bytes` in this module). A plain `Vec` of 1-2 MiB comes from `mmap` via malloc at 16 bytes
 /// past a page boundary: 256 random 8 KiB rows took 1.22 ms (memcpy from a map) / 1.54 ms
 /// (`pread`) into such a buffer, 0.26 ms / 0.50 ms into a 64-byte aligned one; a sequential
 /// 1 MiB `read` loop over cached files ran at 2.7 GB/s vs 12 GB/s aligned.
@@ -117,25 +117,36 @@ impl<T: Plain + std::fmt::Debug> std::fmt::Debug for AlignedVec<T> {
     }
 }
 
-/// Bytes copied per `memcpy` call when [`copy_bytes`] avoids `rep movsb`: below glibc's
-/// `rep_movsb_threshold` (2 KiB at its smallest, with SSE2), so glibc copies with vector loops.
+/// Bytes copied per `memcpy` call when `copy_bytes` avoids `rep movsb`: below glibc's default
+/// `rep_movsb_threshold` (2048 bytes with SSE2, 2112 with FSRM as here, 8 KiB and more with
+/// AVX2/AVX-512), so glibc copies them with vector loops. A `GLIBC_TUNABLES` threshold set below
+/// 1 KiB would send the pieces back to `rep movsb` (and its slow distance).
 const PIECE: usize = 1024;
 
-/// Copies `len` bytes from `src` to `dst`, at `memcpy` speed whatever the two addresses are.
+/// True when `copy_bytes` copies in pieces: x86-64 with glibc, more than one piece, and the
+/// destination 1 to 31 bytes past the source modulo 4 KiB.
 ///
-/// Why: glibc's memcpy copies blocks of a few KiB and more with `rep movsb`, which on the AMD
-/// EPYC VM measured here runs 4-5x slower when the destination lies 1 to 31 bytes past the
-/// source modulo 4 KiB (an 8 KiB row from a page-aligned mapping into a `malloc`ed batch at 16
-/// bytes past a page: 1.1-1.3 ms a batch of 256 against 0.22-0.30 ms at any other distance;
-/// docs/design.md section 2.3.1). Such copies go in 1 KiB pieces instead, as fast as the
-/// aligned copy; every other copy is one `memcpy`.
+/// Why: glibc's memcpy copies blocks above its threshold with `rep movsb`, which on the AMD EPYC
+/// VM measured here runs 4-5x slower at those distances. 256 rows of 8 KiB from a page-aligned
+/// mapping into a batch at distance 1, 8 or 16 took 1.1-1.3 ms; at 0, 32, 48, 63, 64, 65, 96,
+/// 128, 256, 1024, 2048, 4032, 4080 and 4095 they took 0.22-0.30 ms (docs/design.md section
+/// 2.3.1). A `malloc`ed 2 MiB numpy batch starts 16 bytes past a page. Elsewhere (another
+/// architecture, or musl, whose memcpy does not use `rep movsb` this way) one `memcpy` is kept.
+pub(crate) fn piecewise(src: *const u8, dst: *const u8, len: usize) -> bool {
+    let skew = (dst as usize).wrapping_sub(src as usize) % 4096;
+    cfg!(all(target_arch = "x86_64", target_env = "gnu")) && len > PIECE && (1..32).contains(&skew)
+}
+
+/// Copies `len` bytes from `src` to `dst`: one `memcpy`, or 1 KiB pieces where `piecewise` says
+/// one `memcpy` would be slow. Measured for rows copied from a file mapping: a ring of numpy
+/// buffers 16 bytes past a page took 0.243 ms a batch against 0.648 ms in one `memcpy` a row
+/// (64-byte aligned torch buffers: 0.185-0.200 ms).
 ///
 /// # Safety
 /// As `ptr::copy_nonoverlapping`: `src` readable and `dst` writable for `len` bytes, the two
 /// ranges disjoint.
 pub(crate) unsafe fn copy_bytes(src: *const u8, dst: *mut u8, len: usize) {
-    let skew = (dst as usize).wrapping_sub(src as usize) % 4096;
-    if len <= PIECE || skew == 0 || skew >= 64 {
+    if !piecewise(src, dst, len) {
         // SAFETY: the caller's guarantee.
         unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
         return;
@@ -176,6 +187,25 @@ mod tests {
     }
 
     #[test]
+    fn pieces_only_at_the_slow_distances_and_above_one_piece() {
+        let src = 0x10_0000 as *const u8;
+        let at = |skew: usize| (0x20_0000 + skew) as *const u8;
+        let x86_gnu = cfg!(all(target_arch = "x86_64", target_env = "gnu"));
+        for skew in [1, 16, 31] {
+            assert_eq!(piecewise(src, at(skew), 8192), x86_gnu, "skew {skew}");
+            assert_eq!(piecewise(src, at(skew), PIECE + 1), x86_gnu, "skew {skew}");
+            assert!(!piecewise(src, at(skew), PIECE), "one piece: skew {skew}");
+            // The destination's distance past the source: the other way round (4065-4095 past
+            // it, modulo 4 KiB) was measured at full speed.
+            assert!(!piecewise(at(skew), src, 8192), "reverse: skew {skew}");
+        }
+        for skew in [0, 32, 63, 64, 4095] {
+            assert!(!piecewise(src, at(skew), 8192), "skew {skew}");
+        }
+        assert_eq!(piecewise(src, at(4096 + 16), 8192), x86_gnu);
+    }
+
+    #[test]
     fn copy_bytes_copies_exactly_at_every_skew_and_length() {
         let src: Vec<u8> = (0..3 * 4096 + 7).map(|i| (i * 31 % 251) as u8).collect();
         let mut dst = AlignedVec::<u8>::zeroed(4 * 4096 + 128).unwrap();
@@ -190,7 +220,7 @@ mod tests {
             8192,
             src.len() - 64,
         ] {
-            for skew in [0usize, 1, 16, 31, 32, 63, 64, 100] {
+            for skew in [0usize, 1, 16, 31, 32, 63, 64, 100, 4095] {
                 let s = &src[..len];
                 dst.iter_mut().for_each(|b| *b = 0xAA);
                 let base = dst.as_mut_ptr();

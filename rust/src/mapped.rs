@@ -438,4 +438,37 @@ mod tests {
         assert!(m2.copy_to(0, &mut out));
         assert_eq!(out, vec![7u8; 4096]);
     }
+
+    #[test]
+    fn a_fault_inside_a_piecewise_copy_poisons_too() {
+        // A destination 16 bytes past the page-aligned source: the copy goes in 1 KiB pieces
+        // (aligned.rs copy_bytes), and a fault in a later piece is absorbed the same way.
+        let t = TempDir::new("mapped-fault-pieces");
+        let bytes: Vec<u8> = (0..8 * 4096).map(|i| (i % 251) as u8).collect();
+        let p = t.file("a", &bytes);
+        let f = File::open(&p).unwrap();
+        let m = Mapping::new(&f, bytes.len() as u64).expect("mapping");
+        let mut buf = crate::aligned::AlignedVec::<u8>::zeroed(4 * 4096).unwrap();
+        let at = (16 + 4096 - buf.as_ptr() as usize % 4096) % 4096;
+        let out = &mut buf[at..at + 2 * 4096];
+        assert_eq!(out.as_ptr() as usize % 4096, 16);
+        let x86_gnu = cfg!(all(target_arch = "x86_64", target_env = "gnu"));
+        let src = m.base.wrapping_add(4 * 4096); // only the address is used
+        assert_eq!(
+            crate::aligned::piecewise(src, out.as_ptr(), out.len()),
+            x86_gnu
+        );
+        assert!(m.copy_to(4 * 4096, out));
+        assert_eq!(out, &bytes[4 * 4096..6 * 4096]);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .set_len(5 * 4096)
+            .unwrap();
+        // The first 4 KiB (four pieces) are still there; the fault comes in the fifth.
+        assert!(!m.copy_to(4 * 4096, out));
+        assert!(m.poisoned());
+        assert_eq!(&out[..4096], &bytes[4 * 4096..5 * 4096]);
+    }
 }

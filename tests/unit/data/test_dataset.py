@@ -985,34 +985,44 @@ def test_ring_in_every_storage_dtype_and_replacing_the_ring(make_recording, data
     np.testing.assert_array_equal(first[old], want[0])  # the replaced ring is never written
 
 
-def _skewed(shape, dtype, skew):
-    """A C-contiguous array starting ``skew`` bytes past a page boundary."""
+def _skewed(shape, dtype, skew, spare=256):
+    """A C-contiguous array starting ``skew`` bytes past a page boundary, and the ``spare``
+    bytes after it (filled with 0xA5) to check that nothing is written past its end."""
     nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-    raw = np.empty(nbytes + 4096, np.uint8)
+    raw = np.full(nbytes + 4096 + spare, 0xA5, np.uint8)
     at = (skew - raw.ctypes.data) % 4096
-    return raw[at : at + nbytes].view(dtype).reshape(shape)
+    return raw[at : at + nbytes].view(dtype).reshape(shape), raw[at + nbytes : at + nbytes + spare]
 
 
-@pytest.mark.parametrize("skew", [0, 2, 16, 30, 64, 100])  # int16: even addresses
-def test_mapped_rows_into_a_destination_at_any_distance_from_the_page(make_recording, skew):
-    # Rows of 8 KiB from a mapping into buffers `skew` bytes past a page: where glibc's rep movsb
-    # is slow the rows go in pieces (aligned.rs copy_bytes); the bytes are the same.
-    meta, _ = make_recording(40 * 2048, "ci16_le")
-    ds = IQDataset([meta], window=2048, map_min_bytes=0)
+@pytest.mark.parametrize(
+    ("window", "skew"),
+    # int16 rows, so even distances. Windows of 2048: 8 KiB rows at page-aligned file offsets,
+    # so `skew` is the distance past the source (0 and >= 32: one memcpy; 2-30: pieces).
+    # Windows of 1000: 4000-byte rows (the last piece short) at offsets that vary by row; the
+    # first row (window 0, row 0) is at `skew` past its source, so skew 16 takes pieces.
+    [(2048, s) for s in (0, 2, 16, 30, 32, 62, 64)] + [(1000, s) for s in (0, 16, 48)],
+)
+def test_mapped_rows_into_a_destination_at_any_distance_from_the_page(make_recording, window, skew):
+    # Where glibc's rep movsb is slow, rows go in 1 KiB pieces (aligned.rs copy_bytes): the bytes
+    # are the recording's, and nothing is written past the buffer.
+    meta, iq = make_recording(40 * window, "ci16_le")
+    ds = IQDataset([meta], window=window, map_min_bytes=0)
     assert ds._native.mapped_recordings == 1
-    ids = np.array([39, 0, 17, 5, 22], dtype=np.uint64)
-    out = _skewed((5, 2048, 2), np.int16, skew)
+    ids = np.array([0, 39, 17, 5, 22], dtype=np.uint64)
+    want = np.stack([iq[i * window : (i + 1) * window] for i in ids.astype(int)])
+    out, after = _skewed(want.shape, np.int16, skew)
     ds._native.gather(ids, out)
-    np.testing.assert_array_equal(out, ds.windows(ids))
-    ref = TrainStream(ds, batch_size=5, seed=3, prefetch=0)
-    want = [next(ref).copy() for _ in range(4)]
+    np.testing.assert_array_equal(out, want)
+    assert (after == 0xA5).all()
     stream = TrainStream(ds, batch_size=5, seed=3, prefetch=1)
-    ring = [_skewed((5, 2048, 2), np.int16, skew) for _ in range(3)]
-    stream.use_ring(ring)
-    for batch in want:
+    ring = [_skewed(want.shape, np.int16, skew) for _ in range(3)]
+    stream.use_ring([buf for buf, _ in ring])
+    for _ in range(4):
         slot = stream.next_slot()
-        np.testing.assert_array_equal(ring[slot], batch)
+        rows = [iq[i * window : (i + 1) * window] for i in stream.last_ids().astype(int)]
+        np.testing.assert_array_equal(ring[slot][0], np.stack(rows))
         stream.release(slot)
+    assert all((spare == 0xA5).all() for _, spare in ring)
 
 
 # --- opening many recordings: the order, the fingerprint and the first error ----------------
