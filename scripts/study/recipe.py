@@ -60,6 +60,14 @@ CANDIDATES: dict[str, list[str]] = {
         "data.patch_len=16",
         "data.seq_patches=32",
     ],
+    # The chosen recipe with twice the bins (finer steps over the same +-4 range).
+    "cat128-p16-d192x4": [
+        "model.objective=categorical",
+        "model.bins=128",
+        "model.bin_range=4.0",
+        "data.patch_len=16",
+        "data.seq_patches=32",
+    ],
     # The chosen recipe on 8x the recordings (256): the same model and steps, more
     # distinct bursts (the quickstart's 16384 windows are seen twice in its 1095 steps).
     "cat64-p16-d192x4-r256": [
