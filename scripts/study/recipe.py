@@ -137,6 +137,13 @@ def calibrations(names: list[str], out: Path) -> dict[str, float]:
     known = json.loads(path.read_text()) if path.exists() else {}
     for name in names:
         if name not in known:
+            # A shared machine makes every step slower, so the budget would buy fewer steps than
+            # the idle machine's 10 minutes (the first table's calibration ran at about 3x the
+            # idle step time: README "The recipe study").
+            load = os.getloadavg()[0]
+            if load > 0.5:
+                print(f"warning: calibrating {name} at load {load:.2f}", file=sys.stderr)
+            known[f"{name}.load_1min"] = round(load, 2)
             known[name] = calibrate(name, out)
             path.write_text(json.dumps(known, indent=1))
             print(f"calibrated {name}: {known[name]:.3f} s/step", flush=True)
