@@ -22,10 +22,17 @@ The other way round (``--pretrain-on TRAIN VAL``): every candidate pretrains on 
 or unlabelled recordings instead (e.g. TorchSig's, generated with another seed), and ``--select``
 / ``--report`` are then ``iqtrain synth`` recordings, probed ``--by iqtrain:snr_db``::
 
-    python scripts/study/recipe.py --pretrain-on '/work/study_data/torchsig_pre/*.sigmf-meta' \
-        '/work/study_data/torchsig_preval/*.sigmf-meta' --by iqtrain:snr_db \
-        --select '/work/study_data/synth_select/*.sigmf-meta' --only cat64-p16-d192x4 \
+    python scripts/study/recipe.py --pretrain-on '/work/study_data/torchsig_pre/*.sigmf-meta' \\
+        '/work/study_data/torchsig_preval/*.sigmf-meta' --by iqtrain:snr_db \\
+        --select '/work/study_data/synth_select/*.sigmf-meta' --only cat64-p16-d192x4 \\
         --out study_ts/
+
+On a GPU, the same study at a longer budget (every run, calibration included, gets the
+``--set`` overrides after its candidate's own)::
+
+    python scripts/study/recipe.py --select '/work/study_data/torchsig_select/*.sigmf-meta' \\
+        --set training.device=cuda --set training.precision=bf16 --set training.compile=true \\
+        --budget-s 3600 --only cat64-p16-d192x4 --out study_gpu/
 
 Held-out discipline: candidates are compared on ``--select`` only (seed 1 of the TorchSig
 generator). ``--report`` (seed 2) is probed once, for the recipe chosen from the select table
@@ -100,6 +107,8 @@ def _checked(proc: subprocess.CompletedProcess, what: str) -> subprocess.Complet
 
 #: ``--pretrain-on``'s data sets (``data.train`` and ``data.val``), or none: the quickstart's.
 PRETRAIN_ON: list[str] = []
+#: ``--set`` overrides for every run, after the candidate's own (e.g. a GPU study's device).
+EXTRA: list[str] = []
 
 
 def _sets(name: str, run_dir: Path, steps: int, evals: int) -> list[str]:
@@ -109,7 +118,7 @@ def _sets(name: str, run_dir: Path, steps: int, evals: int) -> list[str]:
     out += [f"schedule.warmup_steps={warmup}", f"schedule.decay_steps={decay}"]
     out += [f"training.eval_every={every}", f"training.checkpoint_every={steps}"]
     out += ["probe.every=0", "training.keep_last=1"]
-    return out + CANDIDATES[name] + PRETRAIN_ON
+    return out + CANDIDATES[name] + PRETRAIN_ON + EXTRA
 
 
 def _attempt(run_dir: Path) -> Path:
@@ -161,7 +170,7 @@ def pretrain(name: str, out: Path, budget_s: float, step_s: float) -> tuple[Path
     train_s = sum(r["step_time_s"] for r in _records(attempt, "train"))
     info = {
         "name": name,
-        "sets": CANDIDATES[name] + PRETRAIN_ON,
+        "sets": CANDIDATES[name] + PRETRAIN_ON + EXTRA,
         "calibrated_step_s": step_s,
         "steps": steps,
         "train_s": train_s,
@@ -214,7 +223,16 @@ def main() -> int:
         metavar=("TRAIN", "VAL"),
         help="pretrain on these recordings (globs) instead of the quickstart's synthetic data",
     )
+    p.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an override for every run (calibration included), as iqtrain run --set",
+    )
     args = p.parse_args()
+    EXTRA[:] = args.sets
     if args.pretrain_on:
         train, val = (json.dumps([g]) for g in args.pretrain_on)
         PRETRAIN_ON[:] = [f"data.train={train}", f"data.val={val}"]
