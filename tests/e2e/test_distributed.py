@@ -404,7 +404,9 @@ def test_a_refusal_before_the_ranks_join_is_exit_2_on_every_rank_printed_once(tm
     # rank 0 prints. Without that one worker died of torchrun's SIGTERM (-15) or of a gloo
     # thread's abort at exit (-6) in some runs, and every rank printed the line.
     if how == "cuda without a GPU" and torch.cuda.is_available():
-        pytest.skip("checks the refusal of training.device = 'cuda' where there is no GPU")
+        pytest.skip(
+            "needs a machine without CUDA (it checks that training.device = 'cuda' is refused)"
+        )
     cfg = write_config(tmp_path / "c.toml", tmp_path / "run", tmp_path / "cache")
     args = {
         "misspelled key": ("run", cfg, "--set", "training.max_stepz=3"),
