@@ -1,8 +1,9 @@
 """A side study of docs/design.md section 10.5: does a contrastive next-patch term beside the
 categorical objective give the trunk features the probe can use? A prototype, not an iqtrain
 objective: it trains outside the trainer (no checkpoints, no evidence) with the quickstart's
-model, data shape, optimizer and warmup-stable-decay shape, so its rows compare with the study's
-categorical rows at the same number of steps.
+model, data shape, optimizer and warmup-stable-decay schedule (``examples/quickstart.toml``;
+warmup 5% and decay 30% of the steps, as ``recipe.py`` scales them), so its rows compare with
+the study's categorical rows at the same number of steps.
 
 The contrastive term is InfoNCE (CPC, van den Oord et al. 2018) on the next patch: from the
 final hidden state at position t, a linear map predicts an embedding of patch t + k; a small MLP
@@ -34,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from iqtrain.config.sections import DataConfig, ModelConfig
+from iqtrain.config.schema import Config, load_config
 from iqtrain.data.dataset import IQDataset
 from iqtrain.eval.probe import (
     classical_score,
@@ -46,9 +47,11 @@ from iqtrain.eval.probe import (
 from iqtrain.model.objectives import objective_loss
 from iqtrain.model.prepare import prepare_iq_input_reference
 from iqtrain.model.transformer import NextPatchModel
+from iqtrain.train.optim import split_parameters
+from iqtrain.train.schedule import Plan, lr_at
 
+QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart.toml"
 FOLDS, SEED = 5, 0  # the probe's defaults
-LR, MIN_LR, WARMUP, DECAY = 2e-3, 2e-4, 0.05, 0.30  # the quickstart's, as fractions of the steps
 
 
 class NextPatchContrast(nn.Module):
@@ -90,29 +93,34 @@ def shifted(raw: np.ndarray, shift: float, rng: np.random.Generator) -> np.ndarr
     return np.stack([x.real, x.imag], axis=-1).astype(np.float32)
 
 
-def lr_at(step: int, steps: int) -> float:
-    warm, decay = max(1, int(WARMUP * steps)), int(DECAY * steps)
-    if step < warm:
-        return LR * (step + 1) / warm
-    if step < steps - decay:
-        return LR
-    return LR + (MIN_LR - LR) * (step - (steps - decay)) / decay
+def quickstart(steps: int) -> Config:
+    """The quickstart's config, its schedule scaled to ``steps`` as ``recipe.py`` scales it."""
+    return load_config(
+        QUICKSTART,
+        [
+            f"training.max_steps={steps}",
+            f"schedule.warmup_steps={max(1, steps // 20)}",
+            f"schedule.decay_steps={max(1, (3 * steps) // 10)}",
+        ],
+    )
 
 
-def train(
-    args: argparse.Namespace, cfg: ModelConfig, data: DataConfig
-) -> tuple[NextPatchModel, dict]:
+def train(args: argparse.Namespace, config: Config) -> tuple[NextPatchModel, dict]:
+    cfg, data, oc = config.model, config.data, config.optimizer
+    plan = Plan.from_config(config.schedule, args.steps, oc.lr, oc.min_lr)
     torch.manual_seed(SEED)
     model = NextPatchModel(cfg)
     contrast = NextPatchContrast(cfg.dim, 2 * cfg.patch_len, args.embed, args.temperature)
-    named = list(model.named_parameters()) + list(contrast.named_parameters())
-    # AdamW groups as the trainer's (train/optim.py): no decay on vectors or the patch embedding.
-    decay = [p for n, p in named if p.ndim >= 2 and not n.startswith("patch_embed")]
-    rest = [p for n, p in named if not (p.ndim >= 2 and not n.startswith("patch_embed"))]
+    # AdamW groups as the trainer's: no decay on vectors or the patch embedding.
+    (decay, rest), (c_decay, c_rest) = split_parameters(model), split_parameters(contrast)
     opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
-        lr=LR,
-        betas=(0.9, 0.95),
+        [
+            {"params": [p for _, p in decay + c_decay], "weight_decay": oc.weight_decay},
+            {"params": [p for _, p in rest + c_rest], "weight_decay": 0.0},
+        ],
+        lr=oc.lr,
+        betas=oc.betas,
+        eps=oc.eps,
     )
     ds = IQDataset(args.train, window=data.patch_len * data.seq_patches)
     rng = np.random.default_rng(SEED)
@@ -122,7 +130,12 @@ def train(
         raw = ds.windows(rng.integers(0, ds.num_windows, data.batch_size))
         if args.shift > 0:
             raw = shifted(raw, args.shift, rng)
-        patches, _ = prepare_iq_input_reference(torch.from_numpy(raw), data.patch_len)
+        patches, _ = prepare_iq_input_reference(
+            torch.from_numpy(raw),
+            data.patch_len,
+            norm=data.norm,
+            prefix_patches=data.prefix_patches,
+        )
         hidden = model.hidden_states(patches)
         loss, *_ = objective_loss(model.head(hidden), patches, cfg, squared_error=False)
         log["categorical"].append(loss.item())
@@ -132,9 +145,9 @@ def train(
             loss = loss + args.weight * nce
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), oc.grad_clip)
         for group in opt.param_groups:
-            group["lr"] = lr_at(step, args.steps)
+            group["lr"] = lr_at(step, plan)
         opt.step()
     seconds = time.perf_counter() - start
     tail = {k: float(np.mean(v[-100:])) for k, v in log.items() if v}
@@ -158,10 +171,9 @@ def main() -> int:
     p.add_argument("--shift", type=float, default=0.0)
     args = p.parse_args()
     torch.set_num_threads(2)
-    # The quickstart's model and data shape (examples/quickstart.toml).
-    cfg = ModelConfig(dim=192, layers=4, heads=6, objective="categorical", bins=64, patch_len=16)
-    data = DataConfig(patch_len=16, seq_patches=32, batch_size=32, norm="window")
-    model, info = train(args, cfg, data)
+    config = quickstart(args.steps)
+    cfg, data = config.model, config.data
+    model, info = train(args, config)
     labelled = labelled_windows(args.select, data.patch_len * data.seq_patches)
 
     def accuracy(features: Tensor) -> float:
