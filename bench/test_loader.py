@@ -6,9 +6,11 @@ cache (128 MiB of ci16; 64 MiB of ci8, 256 MiB of cf32), for each of ci16_le, ci
 Peers of each kind: (a) a memcpy of the same batch bytes (a cache-hot ceiling: 2 MiB source),
 (b) numpy fancy-index gather from a memmap, (c) the same TrainStream reading with pread only
 (``map_min_bytes=2**64-1``, the reader before the guarded map). For ci16 also (d) a torch
-DataLoader with 2 workers over the same memmap. Targets (ci16): >= 1.5x numpy gather and >= 0.4x
-memcpy; for ci8 and cf32 no loss (>= 1x the pread reader). Ratios are printed in the run's
-summary; the measured figures (three idle runs) are in docs/design.md section 2.3.1.
+DataLoader with 2 workers over the same memmap, and (e) the ceiling: a batch's bytes of
+consecutive rows copied out of the same mapping by torch on all its threads. Targets (ci16):
+>= 1.5x numpy gather and >= 0.4x memcpy; for ci8 and cf32 no loss (>= 1x the pread reader).
+Ratios are printed in the run's summary; the measured figures (three idle runs) are in
+docs/design.md section 2.3.1.
 
     pytest bench/test_loader.py --benchmark-only
 """
@@ -136,6 +138,31 @@ def test_memcpy_peer(benchmark, bench_summary, kind):
     benchmark(np.copyto, dst, src)
     np.testing.assert_array_equal(dst, src)
     _medians[f"{kind}/memcpy"] = median(benchmark)
+    _report(bench_summary)
+
+
+def test_mapped_copy_ceiling_peer(benchmark, bench_summary, recordings):
+    # Not a target: the fastest the batch's bytes can leave the same mapping on this machine's
+    # threads. The same number of bytes as a batch, but consecutive rows (no gather), copied by
+    # torch's copy_ on all its intra-op threads (2 here) into a torch tensor. The memcpy peer
+    # copies a 2 MiB source that stays in cache; this one reads DRAM, as any loader must.
+    shape = (NUM_WINDOWS, WINDOW, 2)
+    # Copy-on-write ("c"): writable for torch.from_numpy, and reading copies nothing.
+    mm = np.memmap(recordings["ci16_le"][1], dtype=np.int16, mode="c", shape=shape)
+    src = torch.from_numpy(np.asarray(mm))
+    out = torch.empty((BATCH, WINDOW, 2), dtype=torch.int16)
+    state = {"k": 0}
+
+    def copy():
+        at = (state["k"] % (NUM_WINDOWS // BATCH)) * BATCH
+        state["k"] += 1
+        out.copy_(src[at : at + BATCH])
+
+    for _ in range(NUM_WINDOWS // BATCH):
+        copy()  # every page of the mapping touched once
+    benchmark(copy)
+    _medians["mapped_copy"] = median(benchmark)
+    _medians["mapped_copy_threads"] = float(torch.get_num_threads())
     _report(bench_summary)
 
 
@@ -268,7 +295,7 @@ def _report(add) -> None:
     # Called by each peer test; prints once every median of the run is in.
     per_kind = ("trainstream_mmap", "trainstream_pread", "numpy_gather", "memcpy")
     needed = [f"{k}/{what}" for k in KINDS for what in per_kind]
-    needed += ["ring_torch", "ring_numpy", "dataloader"]
+    needed += ["ring_torch", "ring_numpy", "dataloader", "mapped_copy"]
     if any(_medians.get(k) is None for k in needed) or _medians.get("reported"):
         return
     _medians["reported"] = 1.0
@@ -281,7 +308,7 @@ def _report(add) -> None:
             key = f"{kind}/{what}"
             ms, rate = _medians[key] * 1e3, gbps(key, kind)
             add(f"loader {key:>26}: {ms:7.3f} ms/batch  {rate:6.2f} GB/s")
-    for key in ("ring_torch", "ring_numpy", "dataloader"):
+    for key in ("ring_torch", "ring_numpy", "dataloader", "mapped_copy"):
         add(f"loader {key:>26}: {_medians[key] * 1e3:7.3f} ms/batch  {gbps(key):6.2f} GB/s")
     for kind in KINDS:
         tn = gbps(f"{kind}/trainstream_mmap", kind)
@@ -292,5 +319,11 @@ def _report(add) -> None:
             add(f"loader {kind} TrainStream / {name}: {tn / gbps(f'{kind}/{key}', kind):.2f}x{aim}")
     tn = gbps("ci16_le/trainstream_mmap")
     add(f"loader ci16_le TrainStream / DataLoader:   {tn / gbps('dataloader'):.2f}x")
+    threads = int(_medians["mapped_copy_threads"])
+    add(
+        f"loader ci16_le TrainStream / {threads}-thread copy of consecutive rows from the mapping"
+        f" (the ceiling): {tn / gbps('mapped_copy'):.2f}x; that copy / memcpy:"
+        f" {gbps('mapped_copy') / gbps('ci16_le/memcpy'):.2f}x"
+    )
     for k in ("ring_torch", "ring_numpy"):
         add(f"loader {k} / TrainStream.next: {gbps(k) / tn:.2f}x (same bytes, caller buffers)")

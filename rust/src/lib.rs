@@ -7,6 +7,7 @@ pub mod aligned;
 pub mod digest;
 pub mod error;
 pub mod files;
+pub mod job;
 pub mod mapped;
 pub mod permutation;
 pub mod recordings;

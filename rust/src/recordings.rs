@@ -442,7 +442,7 @@ impl Dataset {
 
     /// One row, without the length check of mapped files; returns its recording's index and
     /// whether the bytes came from the mapping (the rows that check is for).
-    fn decode_row(&self, id: u64, out: &mut [u8]) -> Result<(usize, bool)> {
+    fn decode_row(&self, id: u64, out: &mut [u8]) -> Result<RowSource> {
         let (r, start) = self.locate(id)?;
         if out.len() != self.row_bytes() {
             return Err(Error::config(
@@ -484,53 +484,84 @@ impl Dataset {
         Ok((r, mapped))
     }
 
-    /// Fills `out` (`ids.len()` rows) in parallel; ids are validated first so a bad id leaves
-    /// `out` untouched.
-    pub fn gather(&self, ids: &[u64], out: &mut [u8]) -> Result<()> {
-        use rayon::prelude::*;
+    /// Checks every id, and that `out` holds exactly `ids.len()` rows: a batch that fails here
+    /// leaves `out` untouched.
+    pub(crate) fn check_batch(&self, ids: &[u64], out_len: usize) -> Result<()> {
         for &id in ids {
             self.check_id(id)?;
         }
         let rb = self.row_bytes();
-        let expected = ids.len().checked_mul(rb);
-        if expected != Some(out.len()) {
+        if ids.len().checked_mul(rb) != Some(out_len) {
             return Err(Error::config(
                 "out",
                 format!(
-                    "has {} bytes, expected {} rows of {rb} bytes",
-                    out.len(),
+                    "has {out_len} bytes, expected {} rows of {rb} bytes",
                     ids.len()
                 ),
             ));
         }
-        if rb == 0 {
-            return Ok(());
+        Ok(())
+    }
+
+    /// Decodes `ids` into consecutive rows of `out` (checked by `check_batch`), recording each
+    /// row's source in `sources`: the part of a gather any thread may do for a run of rows.
+    pub(crate) fn decode_rows(
+        &self,
+        ids: &[u64],
+        out: &mut [u8],
+        sources: &mut [RowSource],
+    ) -> Result<()> {
+        let rb = self.row_bytes();
+        for ((row, &id), src) in out.chunks_exact_mut(rb).zip(ids).zip(sources) {
+            *src = self.decode_row(id, row)?;
         }
-        // A few rows per task amortises rayon's scheduling against ~µs row reads. Each row's
-        // recording, and whether it was copied from the mapping, come back for the check below.
-        let rows: Vec<(usize, bool)> = out
-            .par_chunks_mut(rb)
-            .zip(ids.par_iter())
-            .with_min_len(4)
-            .map(|(row, &id)| self.decode_row(id, row))
-            .collect::<Result<_>>()?;
-        // A mapped file cut inside a window's last page raised no fault: check each file the
-        // batch copied rows from once, and re-read those rows of any that changed (with pread).
-        let mut touched: Vec<usize> = rows.iter().filter(|r| r.1).map(|r| r.0).collect();
+        Ok(())
+    }
+
+    /// The end of every gather, once all its rows are decoded: a mapped file cut inside a
+    /// window's last page raised no fault, so each file the batch copied rows from is checked
+    /// once, and the rows of any that changed are read again (with `pread`).
+    pub(crate) fn recheck(&self, ids: &[u64], out: &mut [u8], sources: &[RowSource]) -> Result<()> {
+        let mut touched: Vec<usize> = sources.iter().filter(|r| r.1).map(|r| r.0).collect();
         touched.sort_unstable();
         touched.dedup();
         touched.retain(|&r| self.changed(r));
         if touched.is_empty() {
             return Ok(());
         }
-        for ((row, &id), (r, mapped)) in out.chunks_mut(rb).zip(ids).zip(rows) {
+        let rb = self.row_bytes();
+        for ((row, &id), &(r, mapped)) in out.chunks_exact_mut(rb).zip(ids).zip(sources) {
             if mapped && touched.binary_search(&r).is_ok() {
                 self.decode_row(id, row)?;
             }
         }
         Ok(())
     }
+
+    /// Fills `out` (`ids.len()` rows) in parallel on rayon's pool; ids are validated first so a
+    /// bad id leaves `out` untouched.
+    pub fn gather(&self, ids: &[u64], out: &mut [u8]) -> Result<()> {
+        use rayon::prelude::*;
+        self.check_batch(ids, out.len())?;
+        let rb = self.row_bytes();
+        if rb == 0 {
+            return Ok(());
+        }
+        // A few rows per task amortises rayon's scheduling against ~µs row reads. Each row's
+        // recording, and whether it was copied from the mapping, come back for the check below.
+        let sources: Vec<RowSource> = out
+            .par_chunks_mut(rb)
+            .zip(ids.par_iter())
+            .with_min_len(4)
+            .map(|(row, &id)| self.decode_row(id, row))
+            .collect::<Result<_>>()?;
+        self.recheck(ids, out, &sources)
+    }
 }
+
+/// Where a gathered row's bytes came from: its recording's index, and whether they were copied
+/// from the mapping (the rows `Dataset::recheck` is for).
+pub(crate) type RowSource = (usize, bool);
 
 /// Opens a regular file for reading and returns it with its status.
 pub(crate) fn open_regular(path: &str) -> Result<(File, std::fs::Metadata)> {

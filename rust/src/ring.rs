@@ -7,36 +7,45 @@
 //!
 //! ```text
 //!   Free --claim--> Filling --finish--> Ready --pop_ready--> Held --release--> Free
-//!   (ring)          (one writer)        (ring)               (caller)
+//!   (ring)          (one job)           (ring)               (caller)
+//!                      `----------------hand_over-----------^
 //! ```
 //!
-//! Only a `Filling` slot is ever written, by exactly one thread (the prefetch thread, or the
-//! consumer itself without prefetch), and a slot reaches `Filling` only from `Free`: initially
-//! or after the caller's explicit `release`. So the caller may read a `Held` slot for as long as
-//! it likes (with grad_accum, until the step that read it is done), and nothing the caller still
-//! reads is ever overwritten. [`Slots`] is that state machine, pure and single-threaded; [`Ring`]
-//! adds the prefetch thread. Batch contents come from `(dataset, spec, position)` alone: which
-//! slot a batch lands in, and when, never changes its bytes.
+//! Only a `Filling` slot is ever written: by the one job assembling its batch (`job.rs`: the
+//! prefetch thread, the consumer while it waits for that batch, and rayon helpers, each on rows
+//! claimed from one counter, so every row has one writer; or by the consumer alone without
+//! prefetch). A slot reaches `Filling` only from `Free` (initially or after the caller's
+//! explicit `release`), and leaves it only once every row of its job is written: queued as
+//! `Ready` by the prefetch thread, or handed straight to a consumer that completed the job
+//! itself (`hand_over`; it waited for exactly that batch, and later ones may be queued already).
+//! So the caller may read a `Held` slot for as long as it likes (with grad_accum, until the step
+//! that read it is done), and nothing the caller still reads is ever overwritten. [`Slots`] is
+//! that state machine, pure and single-threaded; [`Ring`] adds the prefetch thread. Batch
+//! contents come from `(dataset, spec, position)` alone: which slot a batch lands in, and when,
+//! never changes its bytes.
 
 use std::any::Any;
 use std::collections::VecDeque;
 use std::ptr::NonNull;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 use crate::error::{Error, Result};
+use crate::job::{self, spin_until, Job};
 use crate::recordings::Dataset;
 use crate::stream::{assemble_into, StreamSpec};
 
-/// The address and byte length of one caller-owned batch buffer.
+/// The address and byte length of one batch buffer (caller-owned in a ring, pooled in a job).
 #[derive(Clone, Copy, Debug)]
 pub struct RawBuf {
     ptr: NonNull<u8>,
     len: usize,
 }
 
-// SAFETY: a RawBuf is only an address; writing through it is unsafe (`as_mut_slice`) and the
-// Ring's slot states decide which single thread may do so at any time.
+// SAFETY: a RawBuf is only an address; writing through it is unsafe (`as_mut_slice`), and the
+// Ring's slot states and a Job's chunk claims (`job.rs`) decide which thread may write which
+// bytes at any time.
 unsafe impl Send for RawBuf {}
 // SAFETY: as above; a shared RawBuf gives no access to the memory by itself.
 unsafe impl Sync for RawBuf {}
@@ -64,10 +73,15 @@ impl RawBuf {
         (a, a + self.len)
     }
 
+    /// The start address; writing through it is up to the caller (see `as_mut_slice`).
+    pub(crate) fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
     /// # Safety
     /// The memory must be valid for writes of `len` bytes and nothing else may access it for
     /// the lifetime of the returned slice.
-    unsafe fn as_mut_slice<'a>(self) -> &'a mut [u8] {
+    pub(crate) unsafe fn as_mut_slice<'a>(self) -> &'a mut [u8] {
         // SAFETY: the caller's guarantee above; len <= isize::MAX was checked in new().
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
@@ -78,7 +92,7 @@ impl RawBuf {
 pub enum SlotState {
     /// Released: the ring may fill it next.
     Free,
-    /// Being written by exactly one thread.
+    /// Being written by its batch's job (each row by exactly one thread).
     Filling,
     /// Holds the next batch(es), not yet returned to the caller.
     Ready,
@@ -176,6 +190,29 @@ impl Slots {
         Ok(())
     }
 
+    /// Hands the batch at `pos` in `slot` straight to the caller, who completed it itself (it
+    /// waited for exactly that batch, so every earlier one has been taken, while later ones may
+    /// already be queued): its slot is now held, or, for a failed batch, free (refilled first).
+    pub fn hand_over(&mut self, slot: usize, pos: u64, result: Result<Vec<u64>>) -> Result<Filled> {
+        if self.state(slot) != Some(SlotState::Filling) {
+            return Err(Error::Internal(format!(
+                "ring slot {slot} handed over but not filling"
+            )));
+        }
+        let result = match result {
+            Ok(ids) => {
+                self.state[slot] = SlotState::Held;
+                Ok((slot, ids))
+            }
+            Err(e) => {
+                self.state[slot] = SlotState::Free;
+                self.free.push_front(slot);
+                Err(e)
+            }
+        };
+        Ok(Filled { pos, result })
+    }
+
     /// The oldest queued batch; its slot is now held by the caller.
     pub fn pop_ready(&mut self) -> Option<Filled> {
         let f = self.ready.pop_front()?;
@@ -228,6 +265,9 @@ impl Slots {
 
 struct Inner {
     slots: Slots,
+    /// The batch the prefetch thread is assembling, and its slot: a consumer waiting for that
+    /// batch claims its remaining rows (`job.rs`) instead of sleeping.
+    current: Option<(usize, Arc<Job>)>,
     /// Set to stop the prefetch thread at its next claim.
     stop: bool,
     /// False once the prefetch thread has exited (normally or not).
@@ -265,8 +305,9 @@ impl Drop for ExitGuard {
 /// Caller-owned batch buffers with a background thread filling released ones in stream order.
 ///
 /// Safety invariant: every buffer stays valid for writes (its memory is kept alive by
-/// `keepalive`, dropped only after the prefetch thread has been joined), and a buffer is written
-/// only while its slot is `Filling`, which the state machine grants to one thread at a time and
+/// `keepalive`, dropped only after the prefetch thread has been joined, and that thread waits for
+/// every row of its job to be written before it moves on or exits), and a buffer is written only
+/// while its slot is `Filling`, which the state machine grants to one batch's job at a time and
 /// only for slots the caller has not been handed (or has released).
 pub struct Ring {
     shared: Arc<Shared>,
@@ -332,6 +373,7 @@ impl Ring {
             shared: Arc::new(Shared {
                 inner: Mutex::new(Inner {
                     slots: Slots::new(bufs.len()),
+                    current: None,
                     stop: false,
                     running: false,
                 }),
@@ -381,25 +423,7 @@ impl Ring {
         if self.worker.is_none() {
             self.spawn(ds.clone(), *spec, pos)?;
         }
-        let filled = {
-            let mut g = self.shared.lock();
-            let f = loop {
-                if let Some(f) = g.slots.pop_ready() {
-                    break f;
-                }
-                if !g.running {
-                    drop(g);
-                    self.reset();
-                    return Err(Error::Thread("stopped unexpectedly".into()));
-                }
-                if g.slots.all_held() {
-                    return Err(self.all_held());
-                }
-                g = self.shared.wait(g);
-            };
-            self.shared.changed.notify_all(); // one fewer batch ahead: the thread may fill more
-            f
-        };
+        let filled = self.wait_or_help(ds, pos)?;
         match filled.result {
             Ok((slot, ids)) if filled.pos == pos => Ok((slot, ids)),
             Ok((slot, _)) => {
@@ -408,9 +432,67 @@ impl Ring {
                 Err(Error::Thread("delivered a batch out of order".into()))
             }
             Err(e) => {
-                // The thread has exited after the failure; the next call restarts at `pos`.
+                // The thread has exited after a failure it completed; one the consumer completed
+                // stops it here. The next call restarts at `pos`.
                 self.reset();
                 Err(e)
+            }
+        }
+    }
+
+    /// The next queued batch. While the batch at `pos` is being assembled, this thread claims
+    /// its remaining rows, and completes it (finishes its slot) if it is the one to finish;
+    /// otherwise it spins briefly and then sleeps until the prefetch thread queues something.
+    fn wait_or_help(&mut self, ds: &Dataset, pos: u64) -> Result<Filled> {
+        let mut since = Instant::now();
+        let mut g = self.shared.lock();
+        loop {
+            if let Some(f) = g.slots.pop_ready() {
+                self.shared.changed.notify_all(); // one fewer batch ahead: the thread may fill more
+                return Ok(f);
+            }
+            if !g.running {
+                drop(g);
+                self.reset();
+                return Err(Error::Thread("stopped unexpectedly".into()));
+            }
+            if g.slots.all_held() {
+                return Err(self.all_held());
+            }
+            let helping = g.current.clone().filter(|(_, j)| j.pos == pos);
+            if let Some((slot, job)) = helping {
+                drop(g);
+                job.work(ds);
+                job.wait_finished();
+                if job.win() {
+                    // Straight to this caller, not through the queue: the prefetch thread may
+                    // have queued later batches meanwhile.
+                    let result = job.complete(ds).map(|()| job.ids.clone());
+                    let mut g = self.shared.lock();
+                    if g.current
+                        .as_ref()
+                        .is_some_and(|(_, j)| Arc::ptr_eq(j, &job))
+                    {
+                        g.current = None;
+                    }
+                    let filled = g.slots.hand_over(slot, pos, result);
+                    job.publish();
+                    drop(g);
+                    self.shared.changed.notify_all(); // a failed batch freed its slot
+                    return filled;
+                } else {
+                    // The prefetch thread completes it: microseconds away.
+                    spin_until(|| job.is_published());
+                }
+                since = Instant::now();
+                g = self.shared.lock();
+            } else if since.elapsed() <= job::SPIN {
+                // The thread is between batches, or publishing one: microseconds away.
+                drop(g);
+                std::thread::yield_now();
+                g = self.shared.lock();
+            } else {
+                g = self.shared.wait(g);
             }
         }
     }
@@ -457,6 +539,7 @@ impl Ring {
         let mut g = self.shared.lock();
         g.stop = false;
         g.running = false;
+        g.current = None;
         g.slots.discard();
     }
 
@@ -465,9 +548,10 @@ impl Ring {
         let shared = self.shared.clone();
         let bufs = self.bufs.clone();
         let depth = self.prefetch;
+        let helpers = job::helpers();
         let handle = std::thread::Builder::new()
             .name("iqtrain-ring".into())
-            .spawn(move || fill_loop(shared, bufs, ds, spec, start, depth));
+            .spawn(move || fill_loop(shared, bufs, ds, spec, start, depth, helpers));
         match handle {
             Ok(h) => {
                 self.worker = Some(h);
@@ -490,6 +574,7 @@ fn fill_loop(
     spec: StreamSpec,
     start: u64,
     depth: usize,
+    helpers: usize,
 ) {
     let _exit = ExitGuard(shared.clone());
     let mut pos = start;
@@ -507,18 +592,41 @@ fn fill_loop(
             }
         };
         // SAFETY: the slot is Filling, claimed by this thread: the caller released it (or never
-        // had it) and gets it back only after finish(); the consumer does not write slots while
-        // this thread runs (prefetch > 0); the memory outlives this thread (Ring joins it before
-        // dropping its keepalive).
-        let out = unsafe { bufs[slot].as_mut_slice() };
-        let result = assemble_into(&ds, &spec, pos, out);
-        let failed = result.is_err();
-        let recorded = shared.lock().slots.finish(slot, pos, result);
-        shared.changed.notify_all();
-        if failed || recorded.is_err() {
-            return;
+        // had it) and gets it back only once the job has completed; until then only the job's
+        // claimants write it, each its own rows. This thread waits for every chunk
+        // (wait_finished) before it claims another slot or exits, and the ring joins it before
+        // dropping `keepalive`, so no claimant outlives the buffers.
+        let job = spec
+            .batch_ids(pos)
+            .and_then(|ids| unsafe { Job::into_raw(&ds, pos, ids, bufs[slot]) });
+        let job = match job {
+            Ok(j) => Arc::new(j),
+            Err(e) => {
+                let _ = shared.lock().slots.finish(slot, pos, Err(e));
+                shared.changed.notify_all();
+                return;
+            }
+        };
+        shared.lock().current = Some((slot, job.clone()));
+        shared.changed.notify_all(); // a consumer asleep waiting for this batch may help
+        job.spawn_helpers(&ds, helpers);
+        job.work(&ds);
+        job.wait_finished();
+        if job.win() {
+            let result = job.complete(&ds).map(|()| job.ids.clone());
+            let failed = result.is_err();
+            let recorded = {
+                let mut g = shared.lock();
+                g.current = None;
+                g.slots.finish(slot, pos, result)
+            };
+            job.publish();
+            shared.changed.notify_all();
+            if failed || recorded.is_err() {
+                return;
+            }
         }
-        // assemble_into() checked that pos + B fits.
+        // Otherwise the consumer completed it (and on an error resets this ring).
         pos += spec.batch_size;
     }
 }
@@ -598,6 +706,33 @@ mod tests {
             3,
             "every slot but the held one is free again"
         );
+    }
+
+    #[test]
+    fn a_batch_its_consumer_completed_goes_to_it_past_later_queued_ones() {
+        let mut s = Slots::new(4);
+        let a = s.claim(3).unwrap(); // batch 0: the consumer helps, and completes it
+        let b = s.claim(3).unwrap(); // batch 8: the prefetch thread finishes it first
+        s.finish(b, 8, ids(8)).unwrap();
+        let f = s.hand_over(a, 0, ids(0)).unwrap();
+        assert_eq!((f.pos, f.result.unwrap()), (0, (a, vec![0])));
+        assert_eq!(s.state(a), Some(SlotState::Held));
+        assert_eq!(
+            s.pop_ready().unwrap().pos,
+            8,
+            "the queue still holds batch 8, next"
+        );
+        // A failed batch frees its slot, refilled first; a slot not filling is a bug, reported.
+        let c = s.claim(4).unwrap();
+        assert!(s
+            .hand_over(c, 16, Err(Error::Thread("x".into())))
+            .unwrap()
+            .result
+            .is_err());
+        assert_eq!(s.state(c), Some(SlotState::Free));
+        assert_eq!(s.claim(4), Some(c));
+        assert!(matches!(s.hand_over(a, 0, ids(0)), Err(Error::Internal(_))));
+        assert!(s.pop_ready().is_none());
     }
 
     #[test]

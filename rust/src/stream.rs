@@ -8,13 +8,15 @@
 //! unseen sample.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver};
+use std::sync::mpsc::{sync_channel, Receiver, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 pub(crate) use crate::aligned::bytes_mut;
 pub use crate::aligned::{AlignedVec, Plain};
 use crate::error::{Error, Result};
+use crate::job::{self, Job};
 use crate::permutation::Permutation;
 use crate::recordings::{Dataset, Storage};
 use crate::ring::{RawBuf, Ring};
@@ -243,10 +245,49 @@ pub fn assemble(ds: &Dataset, spec: &StreamSpec, pos: u64, pool: &BufferPool) ->
     Ok(Batch { pos, ids, data })
 }
 
-/// Background thread assembling batches `start, start+B, ...` into a bounded channel.
+/// Starts the job of the batch at `pos` in a pooled buffer.
+fn start_job(ds: &Dataset, spec: &StreamSpec, pos: u64, pool: &BufferPool) -> Result<Job> {
+    let ids = spec.batch_ids(pos)?;
+    let elems = ids
+        .len()
+        .checked_mul(ds.row_elems())
+        .ok_or_else(|| Error::config("batch_size", "batch buffer exceeds the address space"))?;
+    Job::pooled(ds, pos, ids, pool.take(ds.storage(), elems)?)
+}
+
+/// The winner's end of a pooled job: the batch, or its error (the buffer back in the pool).
+fn complete_pooled(ds: &Dataset, job: &Job, pool: &BufferPool) -> Result<Batch> {
+    let result = job.complete(ds);
+    let data = job
+        .take_buffer()
+        .ok_or_else(|| Error::Internal("batch buffer taken twice".into()))?;
+    match result {
+        Ok(()) => Ok(Batch {
+            pos: job.pos,
+            ids: job.ids.clone(),
+            data,
+        }),
+        Err(e) => {
+            pool.give(data);
+            Err(e)
+        }
+    }
+}
+
+/// The batch a prefetch thread is assembling, for a waiting consumer to help with.
+type Current = Arc<Mutex<Option<Arc<Job>>>>;
+
+fn set_current(current: &Current, job: Option<Arc<Job>>) {
+    // Holds only an Option<Arc>: a panic elsewhere cannot leave it inconsistent.
+    *current.lock().unwrap_or_else(|e| e.into_inner()) = job;
+}
+
+/// Background thread assembling batches `start, start+B, ...` into a bounded channel. The
+/// consumer, when no batch is ready, helps with the one being assembled (`job.rs`).
 struct Worker {
     rx: Option<Receiver<Result<Batch>>>,
     stop: Arc<AtomicBool>,
+    current: Current,
     handle: Option<JoinHandle<()>>,
 }
 
@@ -261,19 +302,38 @@ impl Worker {
         // Capacity depth-1 plus the batch blocked in send() = `depth` batches ready.
         let (tx, rx) = sync_channel::<Result<Batch>>(depth.saturating_sub(1));
         let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
+        let current: Current = Arc::new(Mutex::new(None));
+        let (flag, shown) = (stop.clone(), current.clone());
+        let helpers = job::helpers();
         let handle = std::thread::Builder::new()
             .name("iqtrain-prefetch".into())
             .spawn(move || {
                 let mut pos = start;
                 while !flag.load(Ordering::Relaxed) {
-                    let item = assemble(&ds, &spec, pos, &pool);
+                    let item = match start_job(&ds, &spec, pos, &pool) {
+                        Ok(job) => {
+                            let job = Arc::new(job);
+                            set_current(&shown, Some(job.clone()));
+                            job.spawn_helpers(&ds, helpers);
+                            job.work(&ds);
+                            job.wait_finished();
+                            set_current(&shown, None);
+                            if !job.win() {
+                                // The consumer completed it and took it (or its error, and
+                                // drops this thread).
+                                pos += spec.batch_size;
+                                continue;
+                            }
+                            complete_pooled(&ds, &job, &pool)
+                        }
+                        Err(e) => Err(e),
+                    };
                     let failed = item.is_err();
                     // A dropped receiver (seek/drop) ends the thread.
                     if tx.send(item).is_err() || failed {
                         break;
                     }
-                    // assemble() checked that pos + B fits.
+                    // start_job() checked that pos + B fits.
                     pos += spec.batch_size;
                 }
             })
@@ -281,14 +341,42 @@ impl Worker {
         Ok(Worker {
             rx: Some(rx),
             stop,
+            current,
             handle: Some(handle),
         })
     }
 
-    fn recv(&self) -> Result<Batch> {
-        match self.rx.as_ref().map(|rx| rx.recv()) {
-            Some(Ok(item)) => item,
-            _ => Err(Error::Thread("stopped unexpectedly".into())),
+    /// The batch at `pos`: a ready one, else the one being assembled, with this thread claiming
+    /// its remaining rows (and completing it when it finishes first).
+    fn next(&self, ds: &Dataset, pool: &BufferPool, pos: u64) -> Result<Batch> {
+        let stopped = || Error::Thread("stopped unexpectedly".into());
+        let rx = self.rx.as_ref().ok_or_else(stopped)?;
+        let mut since = Instant::now();
+        loop {
+            match rx.try_recv() {
+                Ok(item) => return item,
+                Err(TryRecvError::Disconnected) => return Err(stopped()),
+                Err(TryRecvError::Empty) => {}
+            }
+            let job = self
+                .current
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            if let Some(job) = job.filter(|j| j.pos == pos) {
+                job.work(ds);
+                job.wait_finished();
+                if job.win() {
+                    return complete_pooled(ds, &job, pool);
+                }
+                // The prefetch thread completes it: its send is microseconds away.
+                since = Instant::now();
+            } else if since.elapsed() > job::SPIN {
+                // Nothing to help with for a while (the thread is blocked, or not started yet):
+                // sleep until the batch arrives.
+                return rx.recv().unwrap_or_else(|_| Err(stopped()));
+            }
+            std::thread::yield_now();
         }
     }
 }
@@ -450,7 +538,7 @@ impl Stream {
                     self.pool.clone(),
                 )?,
             };
-            let batch = match worker.recv() {
+            let batch = match worker.next(&self.ds, &self.pool, self.pos) {
                 Ok(b) if b.pos == self.pos => b,
                 // Dropping the worker restarts it from this position on the next call.
                 Ok(_) => return Err(Error::Thread("delivered a batch out of order".into())),
@@ -711,6 +799,63 @@ mod tests {
                 (&want[k].0[..], &want[k].1),
                 "depth {depth}"
             );
+        }
+    }
+
+    /// Many batches with the consumer always waiting (it claims rows of the batch being
+    /// assembled, and completes it when it finishes first): pooled and ring batches equal the
+    /// synchronous ones, from mapped files and with pread, with and without rayon helpers.
+    #[test]
+    fn cooperative_assembly_equals_synchronous_assembly() {
+        let t = TempDir::new("coop");
+        let paths: Vec<String> = (0..3)
+            .map(|r| {
+                let bytes: Vec<u8> = (0..40_000u32).map(|k| (k * 13 + r * 7) as u8).collect();
+                t.file(&format!("r{r}.sigmf-data"), &bytes)
+            })
+            .collect();
+        let caps = vec![[0u64]; 3];
+        for map_min_bytes in [0, u64::MAX] {
+            let policy = crate::recordings::ReadPolicy {
+                map_min_bytes,
+                ..Default::default()
+            };
+            let ds = Dataset::open_with(&paths, &["ci16_le"; 3], &caps, 64, 48, policy);
+            let ds = Arc::new(ds.unwrap());
+            let mut reference = Stream::new(ds.clone(), 24, 5, 0, 1, 0).unwrap();
+            let want = take(&mut reference, 150);
+            // A 4-thread pool makes job::helpers() 2 for streams started inside it.
+            for threads in [None, Some(4)] {
+                let run = || {
+                    for depth in [1usize, 2, 3] {
+                        let mut s = Stream::new(ds.clone(), 24, 5, 0, 1, depth).unwrap();
+                        for (k, (ids, buf)) in take(&mut s, 150).iter().zip(&want).enumerate() {
+                            assert_eq!((&ids.0, &ids.1), (&buf.0, &buf.1), "k={k} d={depth}");
+                        }
+                        let mut s = Stream::new(ds.clone(), 24, 5, 0, 1, depth).unwrap();
+                        let (mem, raw) = ring_bufs(&s, depth + 1);
+                        // SAFETY: `mem` outlives `s` (dropped after it).
+                        unsafe { s.use_ring(raw, Box::new(())).unwrap() };
+                        for (k, (ids, buf)) in want.iter().enumerate() {
+                            let slot = s.next_slot().unwrap();
+                            let Buffer::I16(w) = buf else { panic!("dtype") };
+                            assert_eq!(s.last_ids(), &ids[..], "ring k={k} d={depth}");
+                            assert_eq!(as_i16(&mem[slot]), &w[..], "ring k={k} d={depth}");
+                            s.release(slot).unwrap();
+                        }
+                        drop(s);
+                        drop(mem);
+                    }
+                };
+                match threads {
+                    None => run(),
+                    Some(n) => rayon::ThreadPoolBuilder::new()
+                        .num_threads(n)
+                        .build()
+                        .unwrap()
+                        .install(run),
+                }
+            }
         }
     }
 
