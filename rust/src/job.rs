@@ -13,17 +13,19 @@
 //! 1. `claim`: `next.fetch_add(1)` hands out chunk indices; an index past the last chunk means
 //!    nothing is left. Each chunk is claimed exactly once, so each row has exactly one writer.
 //! 2. A claimant decodes its chunk's rows into the batch buffer, records the rows' sources, and
-//!    then counts the chunk in `done` (`Release`). A failed row records its error (the one of the
-//!    lowest chunk is kept, so which error a batch reports never depends on threads) and the
-//!    remaining chunks are counted without being read.
-//! 3. Exactly one of the two owners (the prefetch thread and the consumer) wins `complete`
-//!    (`won.swap`), after seeing every chunk counted (`Acquire`): every write to the buffer has
-//!    happened then, and no thread writes to it again. The winner runs the per-file check
-//!    (`Dataset::recheck`) and publishes the batch; helpers never complete a job.
+//!    then counts the chunk in `done` (`Release`). A failed chunk lowers `first_failed` to its
+//!    index and keeps its error if it is the lowest so far; a chunk claimed later is skipped
+//!    (counted, not read) only when a lower chunk has failed. So the lowest failing chunk is
+//!    always read, and the error a batch reports never depends on which thread read what.
+//! 3. `complete` waits until every chunk is counted (`Acquire`: every write to the buffer has
+//!    happened, and no claimant writes it again), and then exactly one of the two owners (the
+//!    prefetch thread and the consumer) wins it (`won.swap`). The winner runs the per-file check
+//!    (`Dataset::recheck`), gets the outcome and the pooled buffer, and publishes the batch; the
+//!    other gets nothing. Helpers never complete a job.
 //!
 //! So the buffer is written only by claimants of distinct chunks before the job completes, and by
-//! the winner (the re-read of a changed file's rows) after it; the owner of a buffer (the pool's
-//! `Buffer` here, a ring slot in `Filling` state) keeps it until the job completes.
+//! the winner (the re-read of a changed file's rows) inside `complete`; the pooled `Buffer` leaves
+//! the job only through its winner, and a ring slot stays `Filling` until then.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -63,7 +65,8 @@ pub struct Job {
     pub pos: u64,
     pub ids: Vec<u64>,
     out: RawBuf,
-    /// The pooled buffer `out` points into (None for a ring slot, owned by the ring).
+    /// The pooled buffer `out` points into (None for a ring slot, owned by the ring); taken only
+    /// by the winner of `complete`.
     owned: Mutex<Option<Buffer>>,
     row_bytes: usize,
     chunks: usize,
@@ -71,47 +74,45 @@ pub struct Job {
     done: AtomicUsize,
     /// Each row's source, set by the claimant of its chunk before that chunk is counted done.
     sources: Vec<AtomicUsize>,
-    failed: AtomicBool,
+    /// The lowest chunk that failed so far (`usize::MAX`: none).
+    first_failed: AtomicUsize,
     error: Mutex<Option<(usize, Error)>>,
     won: AtomicBool,
-    /// Set by the winner once the batch is published (a ring slot finished); a consumer that lost
-    /// `complete` to the prefetch thread polls it instead of sleeping.
-    published: AtomicBool,
 }
+
+/// What the winner of `Job::complete` gets: the batch's outcome, and its pooled buffer (None for a
+/// ring job).
+pub type Completed = (Result<()>, Option<Buffer>);
 
 impl Job {
     /// A job filling the pooled `buffer` with the batch of `ids` at `pos`. The ids and the buffer
-    /// length are checked here, so a failing batch leaves the buffer untouched.
+    /// length are checked here, before any row is written (a caller that wants the buffer back
+    /// on a bad batch checks first, with `Dataset::check_batch`).
     pub fn pooled(ds: &Dataset, pos: u64, ids: Vec<u64>, mut buffer: Buffer) -> Result<Job> {
         let bytes = buffer.as_bytes_mut();
         let out = RawBuf::new(bytes.as_mut_ptr(), bytes.len())?;
-        Job::new(ds, pos, ids, out, Some(buffer))
+        ds.check_batch(&ids, out.len())?;
+        Ok(Job::new(ds, pos, ids, out, Some(buffer)))
     }
 
-    /// A job filling the ring buffer `out`.
+    /// A job filling the ring buffer `out`; the ids and the buffer length are checked first.
     ///
     /// # Safety
-    /// `out` must stay valid for writes, and nobody but this job's claimants and its winner may
-    /// access it, until the job has completed (`complete` returned).
+    /// `out` must stay valid for writes, and nobody but this job's claimants and the winner of
+    /// `complete` may access it, until `complete` has returned to its winner.
     pub unsafe fn into_raw(ds: &Dataset, pos: u64, ids: Vec<u64>, out: RawBuf) -> Result<Job> {
-        Job::new(ds, pos, ids, out, None)
+        ds.check_batch(&ids, out.len())?;
+        Ok(Job::new(ds, pos, ids, out, None))
     }
 
-    fn new(
-        ds: &Dataset,
-        pos: u64,
-        ids: Vec<u64>,
-        out: RawBuf,
-        owned: Option<Buffer>,
-    ) -> Result<Job> {
-        ds.check_batch(&ids, out.len())?;
+    fn new(ds: &Dataset, pos: u64, ids: Vec<u64>, out: RawBuf, owned: Option<Buffer>) -> Job {
         let rows = ids.len();
         let chunks = if ds.row_bytes() == 0 {
             0
         } else {
             rows.div_ceil(CHUNK_ROWS)
         };
-        Ok(Job {
+        Job {
             pos,
             out,
             owned: Mutex::new(owned),
@@ -120,21 +121,16 @@ impl Job {
             next: AtomicUsize::new(0),
             done: AtomicUsize::new(0),
             sources: (0..rows).map(|_| AtomicUsize::new(0)).collect(),
-            failed: AtomicBool::new(false),
+            first_failed: AtomicUsize::new(usize::MAX),
             error: Mutex::new(None),
             won: AtomicBool::new(false),
-            published: AtomicBool::new(false),
             ids,
-        })
-    }
-
-    /// Chunks in this job.
-    pub fn chunks(&self) -> usize {
-        self.chunks
+        }
     }
 
     /// Claims and decodes chunks until none is left; returns how many this call did. Any thread
-    /// may call it, any number of times, at any point of the job's life.
+    /// may call it, any number of times, at any point of the job's life: once every chunk is
+    /// claimed it writes nothing.
     pub fn work(&self, ds: &Dataset) -> usize {
         let mut did = 0;
         loop {
@@ -142,19 +138,23 @@ impl Job {
             if c >= self.chunks {
                 return did;
             }
-            // Counted done however the chunk ends, even by a panic (then as failed), so waiters
-            // never hang and a half-written chunk is never published.
-            let counted = Counted {
-                job: self,
-                chunk: c,
-            };
-            if !self.failed.load(Ordering::Relaxed) {
-                if let Err(e) = self.decode_chunk(ds, c) {
-                    self.fail(c, e);
-                }
-            }
-            drop(counted);
+            self.run_chunk(ds, c);
             did += 1;
+        }
+    }
+
+    /// Reads chunk `c`, claimed by this thread, unless a lower chunk has failed.
+    fn run_chunk(&self, ds: &Dataset, c: usize) {
+        // Counted done however the chunk ends, even by a panic (then as failed), so waiters
+        // never hang and a half-written chunk is never published.
+        let _counted = Counted {
+            job: self,
+            chunk: c,
+        };
+        if c < self.first_failed.load(Ordering::Relaxed) {
+            if let Err(e) = self.decode_chunk(ds, c) {
+                self.fail(c, e);
+            }
         }
     }
 
@@ -178,40 +178,40 @@ impl Job {
     }
 
     fn fail(&self, chunk: usize, e: Error) {
-        self.failed.store(true, Ordering::Relaxed);
+        self.first_failed.fetch_min(chunk, Ordering::Relaxed);
         let mut g = self.error.lock().unwrap_or_else(|p| p.into_inner());
         if g.as_ref().is_none_or(|(c, _)| chunk < *c) {
             *g = Some((chunk, e));
         }
     }
 
-    /// Every chunk has been claimed and decoded (or skipped after a failure).
-    pub fn finished(&self) -> bool {
+    /// Every chunk has been claimed and decoded (or skipped after a lower chunk failed).
+    fn finished(&self) -> bool {
         self.done.load(Ordering::Acquire) >= self.chunks
     }
 
+    /// True once an owner has won `complete`: nothing is left to claim, and a thread waiting
+    /// for the batch only waits for the winner to publish it.
+    pub fn is_won(&self) -> bool {
+        self.won.load(Ordering::Acquire)
+    }
+
     /// Waits for the chunks other threads still have in flight (spinning, then sleeping in
-    /// short steps). Only called once `work` has returned, so every chunk is claimed and each
-    /// claimant is a copy of at most `CHUNK_ROWS` rows away from counting it.
-    pub fn wait_finished(&self) {
+    /// short steps), then returns the outcome to exactly one caller, the winner: the per-file
+    /// check of the rows copied from mappings (and the re-read of a changed file's rows), the
+    /// batch's error if any, and the pooled buffer. Every other caller gets None. Call after
+    /// `work` has returned, so that every chunk is claimed and each claimant is a copy of at
+    /// most `CHUNK_ROWS` rows away from counting it.
+    pub fn complete(&self, ds: &Dataset) -> Option<Completed> {
         while !spin_until(|| self.finished()) {
             std::thread::sleep(Duration::from_micros(50));
         }
-    }
-
-    /// True for exactly one caller: the one that completes the job. Call after `wait_finished`.
-    pub fn win(&self) -> bool {
-        !self.won.swap(true, Ordering::AcqRel)
-    }
-
-    /// The winner's part: the per-file check of the rows copied from mappings (and the re-read
-    /// of a changed file's rows), then the batch's outcome. Call once, after `win`.
-    pub fn complete(&self, ds: &Dataset) -> Result<()> {
-        if !self.finished() {
-            return Err(Error::Internal("batch completed before its rows".into()));
+        if self.won.swap(true, Ordering::AcqRel) {
+            return None;
         }
+        let buffer = self.owned.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some((_, e)) = self.error.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            return Err(e);
+            return Some((Err(e), buffer));
         }
         let sources: Vec<RowSource> = self
             .sources
@@ -221,28 +221,17 @@ impl Job {
                 (v >> 1, v & 1 == 1)
             })
             .collect();
-        // SAFETY: every chunk is done (checked above, Acquire), so no claimant writes `out` any
-        // more, and only the winner gets here.
+        // SAFETY: every chunk is done (Acquire above), so no claimant writes `out` any more;
+        // only the winner gets here, once; the buffer stays valid until this returns (a pooled
+        // one is owned by this call now, a ring slot stays Filling until its winner finishes it).
         let out = unsafe { self.out.as_mut_slice() };
-        ds.recheck(&self.ids, out, &sources)
+        Some((ds.recheck(&self.ids, out, &sources), buffer))
     }
 
-    /// The pooled buffer, once the job has completed (None for a ring job, or taken already).
-    pub fn take_buffer(&self) -> Option<Buffer> {
-        self.owned.lock().unwrap_or_else(|p| p.into_inner()).take()
-    }
-
-    pub fn publish(&self) {
-        self.published.store(true, Ordering::Release);
-    }
-
-    pub fn is_published(&self) -> bool {
-        self.published.load(Ordering::Acquire)
-    }
-
-    /// Starts `n` helpers on rayon's pool, each claiming chunks of this job until none is left.
-    /// They hold the job and the dataset, never complete the job, and a helper that starts
-    /// after the last claim does nothing.
+    /// Starts `n` helpers on rayon's global pool, each claiming chunks of this job until none is
+    /// left. They hold the job and the dataset, never complete the job, and a helper that
+    /// starts after the last claim does nothing. (A panic in a helper aborts the process, as any
+    /// panic in a `rayon::spawn` job does; the rows' code returns errors rather than panic.)
     pub fn spawn_helpers(self: &Arc<Self>, ds: &Arc<Dataset>, n: usize) {
         for _ in 0..n.min(self.chunks.saturating_sub(1)) {
             let (job, ds) = (self.clone(), ds.clone());
@@ -253,8 +242,10 @@ impl Job {
     }
 }
 
-/// How many rayon helpers a prefetching stream starts per batch: the pool's threads beyond the
-/// two that the prefetch thread and a waiting consumer already are (none on a 2-core machine).
+/// How many rayon helpers a prefetching stream starts per batch by default: the global pool's
+/// threads beyond the two that the prefetch thread and a waiting consumer already are (none on
+/// a 2-core machine). Called on the prefetch thread, which is in no pool, so it counts the pool
+/// the helpers run in.
 pub fn helpers() -> usize {
     rayon::current_num_threads().saturating_sub(2)
 }
@@ -302,14 +293,16 @@ mod tests {
         Job::pooled(ds, 7, ids.to_vec(), buffer).unwrap()
     }
 
-    fn bytes(b: &mut Buffer) -> Vec<u8> {
-        b.as_bytes_mut().to_vec()
-    }
-
     fn gathered(ds: &Dataset, ids: &[u64]) -> Vec<u8> {
         let mut want = vec![0u8; ids.len() * ds.row_bytes()];
         ds.gather(ids, &mut want).unwrap();
         want
+    }
+
+    /// The winner's batch bytes, or its error.
+    fn outcome(done: Completed) -> Result<Vec<u8>> {
+        let (result, buffer) = done;
+        result.map(|()| buffer.unwrap().as_bytes_mut().to_vec())
     }
 
     #[test]
@@ -321,28 +314,30 @@ mod tests {
             let want = gathered(&ds, &ids);
             for _ in 0..20 {
                 let job = Arc::new(pooled(&ds, &ids));
-                assert_eq!(job.chunks(), 26); // 103 rows in chunks of 4, the last of 3
+                assert_eq!(job.chunks, 26); // 103 rows in chunks of 4, the last of 3
                 job.spawn_helpers(&ds, 2);
-                let (did, wins): (Vec<usize>, Vec<bool>) = std::thread::scope(|s| {
+                let (did, done): (Vec<usize>, Vec<Option<Completed>>) = std::thread::scope(|s| {
                     let hs: Vec<_> = (0..3)
                         .map(|_| {
                             s.spawn(|| {
                                 let did = job.work(&ds);
-                                job.wait_finished();
-                                (did, job.win())
+                                (did, job.complete(&ds))
                             })
                         })
                         .collect();
                     hs.into_iter().map(|h| h.join().unwrap()).unzip()
                 });
-                assert!(job.finished());
                 assert!(did.iter().sum::<usize>() <= 26, "{did:?}"); // the rest: helpers
-                assert_eq!(wins.iter().filter(|&&w| w).count(), 1, "{wins:?}");
-                assert!(!job.win(), "won once only");
-                job.complete(&ds).unwrap();
-                let mut got = job.take_buffer().unwrap();
-                assert_eq!(bytes(&mut got), want, "mapped {mapped}");
-                assert!(job.take_buffer().is_none());
+                assert!(job.is_won());
+                let mut won: Vec<Completed> = done.into_iter().flatten().collect();
+                assert_eq!(won.len(), 1, "exactly one winner");
+                assert!(job.complete(&ds).is_none(), "won once only");
+                assert_eq!(
+                    outcome(won.pop().unwrap()).unwrap(),
+                    want,
+                    "mapped {mapped}"
+                );
+                assert_eq!(job.work(&ds), 0, "nothing is claimed after the end");
             }
         }
     }
@@ -353,15 +348,11 @@ mod tests {
         let ds = dataset(&t, 1024, true);
         let ids: Vec<u64> = vec![5, 0, 127, 64, 5];
         let job = pooled(&ds, &ids);
-        assert!(
-            job.complete(&ds).is_err(),
-            "completing before the rows is a bug, reported"
-        );
+        assert!(!job.is_won());
         assert_eq!(job.work(&ds), 2);
         assert_eq!(job.work(&ds), 0, "nothing left to claim");
-        assert!(job.finished() && job.win());
-        job.complete(&ds).unwrap();
-        assert_eq!(bytes(&mut job.take_buffer().unwrap()), gathered(&ds, &ids));
+        let done = job.complete(&ds).unwrap();
+        assert_eq!(outcome(done).unwrap(), gathered(&ds, &ids));
     }
 
     #[test]
@@ -385,7 +376,7 @@ mod tests {
         for mapped in [true, false] {
             let ds = dataset(&t, 1024, mapped);
             let per = ds.num_windows() / 2; // windows of recording 0, then of recording 1
-                                            // Rows of recording 1 first (chunk 0), of recording 0 from chunk 3 on.
+                                            // Rows of recording 1 first (chunk 0), of recording 0 from chunk 1 on.
             let ids: Vec<u64> = (0..12).map(|k| if k < 4 { per + k } else { k }).collect();
             let paths: Vec<String> = ds.recordings().iter().map(|r| r.path.clone()).collect();
             let full: Vec<Vec<u8>> = paths.iter().map(|p| std::fs::read(p).unwrap()).collect();
@@ -393,17 +384,24 @@ mod tests {
                 let f = std::fs::OpenOptions::new().write(true).open(p).unwrap();
                 f.set_len(0).unwrap();
             }
-            for _ in 0..10 {
+            for round in 0..10 {
                 let job = pooled(&ds, &ids);
-                std::thread::scope(|s| {
-                    s.spawn(|| job.work(&ds));
-                    job.work(&ds);
-                });
-                job.wait_finished();
-                assert!(job.win());
-                match job.complete(&ds) {
-                    Err(Error::LengthChanged { file, .. }) => assert_eq!(file, paths[1]),
-                    other => panic!("mapped {mapped}: {other:?}"),
+                if round == 0 {
+                    // Chunk 0 claimed first and read last, after chunk 1 failed (and chunk 2
+                    // was skipped): it is still read, and its error is the one reported.
+                    let c = job.next.fetch_add(1, Ordering::Relaxed);
+                    assert_eq!(job.work(&ds), 2);
+                    assert_eq!(job.first_failed.load(Ordering::Relaxed), 1);
+                    job.run_chunk(&ds, c);
+                } else {
+                    std::thread::scope(|s| {
+                        s.spawn(|| job.work(&ds));
+                        job.work(&ds);
+                    });
+                }
+                match job.complete(&ds).map(outcome) {
+                    Some(Err(Error::LengthChanged { file, .. })) => assert_eq!(file, paths[1]),
+                    other => panic!("mapped {mapped} round {round}: {other:?}"),
                 }
             }
             for (p, b) in paths.iter().zip(&full) {
@@ -427,8 +425,9 @@ mod tests {
         }));
         assert!(r.is_err());
         job.work(&ds);
-        job.wait_finished();
-        let e = job.complete(&ds).unwrap_err();
+        let (result, buffer) = job.complete(&ds).unwrap();
+        assert!(buffer.is_some(), "the buffer goes back to its owner");
+        let e = result.unwrap_err();
         assert!(
             matches!(e, Error::Internal(ref m) if m.contains("chunk 0")),
             "{e}"

@@ -32,7 +32,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use crate::error::{Error, Result};
-use crate::job::{self, spin_until, Job};
+use crate::job::{self, Job};
 use crate::recordings::Dataset;
 use crate::stream::{assemble_into, StreamSpec};
 
@@ -313,6 +313,8 @@ pub struct Ring {
     shared: Arc<Shared>,
     bufs: Arc<[RawBuf]>,
     prefetch: usize,
+    /// Rayon helpers per batch; None: `job::helpers()`, counted on the prefetch thread.
+    pub(crate) helpers: Option<usize>,
     worker: Option<JoinHandle<()>>,
     /// Owns the buffers' memory (the Python arrays). Declared last, and dropped only after
     /// `Drop::drop` has joined the prefetch thread.
@@ -381,6 +383,7 @@ impl Ring {
             }),
             bufs: bufs.into(),
             prefetch,
+            helpers: None,
             worker: None,
             _keepalive: keepalive,
         })
@@ -459,15 +462,16 @@ impl Ring {
             if g.slots.all_held() {
                 return Err(self.all_held());
             }
-            let helping = g.current.clone().filter(|(_, j)| j.pos == pos);
+            let helping = g
+                .current
+                .clone()
+                .filter(|(_, j)| j.pos == pos && !j.is_won());
             if let Some((slot, job)) = helping {
                 drop(g);
                 job.work(ds);
-                job.wait_finished();
-                if job.win() {
+                if let Some((result, _)) = job.complete(ds) {
                     // Straight to this caller, not through the queue: the prefetch thread may
                     // have queued later batches meanwhile.
-                    let result = job.complete(ds).map(|()| job.ids.clone());
                     let mut g = self.shared.lock();
                     if g.current
                         .as_ref()
@@ -475,23 +479,24 @@ impl Ring {
                     {
                         g.current = None;
                     }
-                    let filled = g.slots.hand_over(slot, pos, result);
-                    job.publish();
+                    let filled = g
+                        .slots
+                        .hand_over(slot, pos, result.map(|()| job.ids.clone()));
                     drop(g);
                     self.shared.changed.notify_all(); // a failed batch freed its slot
                     return filled;
-                } else {
-                    // The prefetch thread completes it: microseconds away.
-                    spin_until(|| job.is_published());
                 }
+                // The prefetch thread won it and queues it: microseconds away, unless it
+                // re-reads a changed file's rows (then this thread sleeps after the spin).
                 since = Instant::now();
                 g = self.shared.lock();
             } else if since.elapsed() <= job::SPIN {
-                // The thread is between batches, or publishing one: microseconds away.
+                // The thread is between batches, or queueing one: microseconds away.
                 drop(g);
                 std::thread::yield_now();
                 g = self.shared.lock();
             } else {
+                // Every change of state (a batch queued, a job started, an exit) notifies.
                 g = self.shared.wait(g);
             }
         }
@@ -543,12 +548,19 @@ impl Ring {
         g.slots.discard();
     }
 
+    /// Starts `n` rayon helpers per batch instead of the default (tests); takes effect when the
+    /// prefetch thread next starts.
+    #[cfg(test)]
+    pub(crate) fn set_helpers(&mut self, n: usize) {
+        self.helpers = Some(n);
+    }
+
     fn spawn(&mut self, ds: Arc<Dataset>, spec: StreamSpec, start: u64) -> Result<()> {
         self.shared.lock().running = true;
         let shared = self.shared.clone();
         let bufs = self.bufs.clone();
         let depth = self.prefetch;
-        let helpers = job::helpers();
+        let helpers = self.helpers;
         let handle = std::thread::Builder::new()
             .name("iqtrain-ring".into())
             .spawn(move || fill_loop(shared, bufs, ds, spec, start, depth, helpers));
@@ -566,7 +578,8 @@ impl Ring {
 }
 
 /// The prefetch thread: fills released slots with batches `start, start + B, ...` in order,
-/// staying at most `depth` batches ahead of the caller; exits on stop or after a failed batch.
+/// staying at most `depth` batches ahead of the caller; exits on stop or after a failed batch it
+/// completed (one the consumer completed stops it through `reset`).
 fn fill_loop(
     shared: Arc<Shared>,
     bufs: Arc<[RawBuf]>,
@@ -574,9 +587,10 @@ fn fill_loop(
     spec: StreamSpec,
     start: u64,
     depth: usize,
-    helpers: usize,
+    helpers: Option<usize>,
 ) {
     let _exit = ExitGuard(shared.clone());
+    let helpers = helpers.unwrap_or_else(job::helpers);
     let mut pos = start;
     loop {
         let slot = {
@@ -593,9 +607,9 @@ fn fill_loop(
         };
         // SAFETY: the slot is Filling, claimed by this thread: the caller released it (or never
         // had it) and gets it back only once the job has completed; until then only the job's
-        // claimants write it, each its own rows. This thread waits for every chunk
-        // (wait_finished) before it claims another slot or exits, and the ring joins it before
-        // dropping `keepalive`, so no claimant outlives the buffers.
+        // claimants write it, each its own rows. This thread waits for every chunk (complete)
+        // before it claims another slot or exits, and the ring joins it before dropping
+        // `keepalive`, so no claimant outlives the buffers.
         let job = spec
             .batch_ids(pos)
             .and_then(|ids| unsafe { Job::into_raw(&ds, pos, ids, bufs[slot]) });
@@ -611,16 +625,15 @@ fn fill_loop(
         shared.changed.notify_all(); // a consumer asleep waiting for this batch may help
         job.spawn_helpers(&ds, helpers);
         job.work(&ds);
-        job.wait_finished();
-        if job.win() {
-            let result = job.complete(&ds).map(|()| job.ids.clone());
+        // complete() waits for every chunk, the consumer's and the helpers' included.
+        if let Some((result, _)) = job.complete(&ds) {
+            let result = result.map(|()| job.ids.clone());
             let failed = result.is_err();
             let recorded = {
                 let mut g = shared.lock();
                 g.current = None;
                 g.slots.finish(slot, pos, result)
             };
-            job.publish();
             shared.changed.notify_all();
             if failed || recorded.is_err() {
                 return;

@@ -16,7 +16,7 @@ use std::time::Instant;
 pub(crate) use crate::aligned::bytes_mut;
 pub use crate::aligned::{AlignedVec, Plain};
 use crate::error::{Error, Result};
-use crate::job::{self, Job};
+use crate::job::{self, Completed, Job};
 use crate::permutation::Permutation;
 use crate::recordings::{Dataset, Storage};
 use crate::ring::{RawBuf, Ring};
@@ -252,15 +252,15 @@ fn start_job(ds: &Dataset, spec: &StreamSpec, pos: u64, pool: &BufferPool) -> Re
         .len()
         .checked_mul(ds.row_elems())
         .ok_or_else(|| Error::config("batch_size", "batch buffer exceeds the address space"))?;
+    // Checked before a buffer is taken, so a bad batch costs the pool nothing.
+    ds.check_batch(&ids, elems.saturating_mul(ds.storage().elem_bytes()))?;
     Job::pooled(ds, pos, ids, pool.take(ds.storage(), elems)?)
 }
 
-/// The winner's end of a pooled job: the batch, or its error (the buffer back in the pool).
-fn complete_pooled(ds: &Dataset, job: &Job, pool: &BufferPool) -> Result<Batch> {
-    let result = job.complete(ds);
-    let data = job
-        .take_buffer()
-        .ok_or_else(|| Error::Internal("batch buffer taken twice".into()))?;
+/// The winner's end of a pooled job (`Job::complete`): the batch, or its error with the buffer
+/// back in the pool.
+fn pooled_batch(job: &Job, (result, buffer): Completed, pool: &BufferPool) -> Result<Batch> {
+    let data = buffer.ok_or_else(|| Error::Internal("a pooled batch without its buffer".into()))?;
     match result {
         Ok(()) => Ok(Batch {
             pos: job.pos,
@@ -298,16 +298,17 @@ impl Worker {
         start: u64,
         depth: usize,
         pool: Arc<BufferPool>,
+        helpers: Option<usize>,
     ) -> Result<Worker> {
         // Capacity depth-1 plus the batch blocked in send() = `depth` batches ready.
         let (tx, rx) = sync_channel::<Result<Batch>>(depth.saturating_sub(1));
         let stop = Arc::new(AtomicBool::new(false));
         let current: Current = Arc::new(Mutex::new(None));
         let (flag, shown) = (stop.clone(), current.clone());
-        let helpers = job::helpers();
         let handle = std::thread::Builder::new()
             .name("iqtrain-prefetch".into())
             .spawn(move || {
+                let helpers = helpers.unwrap_or_else(job::helpers);
                 let mut pos = start;
                 while !flag.load(Ordering::Relaxed) {
                     let item = match start_job(&ds, &spec, pos, &pool) {
@@ -316,15 +317,16 @@ impl Worker {
                             set_current(&shown, Some(job.clone()));
                             job.spawn_helpers(&ds, helpers);
                             job.work(&ds);
-                            job.wait_finished();
                             set_current(&shown, None);
-                            if !job.win() {
-                                // The consumer completed it and took it (or its error, and
-                                // drops this thread).
-                                pos += spec.batch_size;
-                                continue;
+                            match job.complete(&ds) {
+                                Some(done) => pooled_batch(&job, done, &pool),
+                                None => {
+                                    // The consumer completed it and took it (or its error,
+                                    // and then drops this thread).
+                                    pos += spec.batch_size;
+                                    continue;
+                                }
                             }
-                            complete_pooled(&ds, &job, &pool)
                         }
                         Err(e) => Err(e),
                     };
@@ -363,17 +365,16 @@ impl Worker {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .clone();
-            if let Some(job) = job.filter(|j| j.pos == pos) {
+            if let Some(job) = job.filter(|j| j.pos == pos && !j.is_won()) {
                 job.work(ds);
-                job.wait_finished();
-                if job.win() {
-                    return complete_pooled(ds, &job, pool);
+                if let Some(done) = job.complete(ds) {
+                    return pooled_batch(&job, done, pool);
                 }
                 // The prefetch thread completes it: its send is microseconds away.
                 since = Instant::now();
             } else if since.elapsed() > job::SPIN {
-                // Nothing to help with for a while (the thread is blocked, or not started yet):
-                // sleep until the batch arrives.
+                // Nothing to help with for a while (the thread is blocked, not started yet, or
+                // re-reading a changed file's rows): sleep until the batch arrives.
                 return rx.recv().unwrap_or_else(|_| Err(stopped()));
             }
             std::thread::yield_now();
@@ -403,6 +404,9 @@ pub struct Stream {
     pool: Arc<BufferPool>,
     /// Set by `use_ring`: batches go into caller-owned buffers (`next_slot`), not the pool.
     ring: Option<Ring>,
+    /// Rayon helpers per prefetched batch (`job.rs`); None: `job::helpers()`, the global pool's
+    /// threads beyond two, counted on the prefetch thread.
+    helpers: Option<usize>,
 }
 
 impl Stream {
@@ -438,7 +442,18 @@ impl Stream {
             // Enough for the batches in flight plus a couple held by the consumer.
             pool: Arc::new(BufferPool::new(prefetch + 2)),
             ring: None,
+            helpers: None,
         })
+    }
+
+    /// Starts `n` rayon helpers per prefetched batch instead of the default (tests: a 2-core
+    /// machine has none by default). Takes effect when the prefetch thread next starts.
+    #[cfg(test)]
+    pub(crate) fn set_helpers(&mut self, n: usize) {
+        self.helpers = Some(n);
+        if let Some(r) = self.ring.as_mut() {
+            r.set_helpers(n);
+        }
     }
 
     /// Bytes of one batch of this rank (checked to fit in `new`).
@@ -459,7 +474,8 @@ impl Stream {
         keepalive: Box<dyn std::any::Any + Send>,
     ) -> Result<()> {
         // SAFETY: forwarded to the caller.
-        let ring = unsafe { Ring::new(bufs, self.batch_bytes(), self.prefetch, keepalive)? };
+        let mut ring = unsafe { Ring::new(bufs, self.batch_bytes(), self.prefetch, keepalive)? };
+        ring.helpers = self.helpers;
         self.worker = None;
         self.ring = None; // joins the old ring's thread before the new one exists
         self.ring = Some(ring);
@@ -536,6 +552,7 @@ impl Stream {
                     self.pos,
                     self.prefetch,
                     self.pool.clone(),
+                    self.helpers,
                 )?,
             };
             let batch = match worker.next(&self.ds, &self.pool, self.pos) {
@@ -824,36 +841,31 @@ mod tests {
             let ds = Arc::new(ds.unwrap());
             let mut reference = Stream::new(ds.clone(), 24, 5, 0, 1, 0).unwrap();
             let want = take(&mut reference, 150);
-            // A 4-thread pool makes job::helpers() 2 for streams started inside it.
-            for threads in [None, Some(4)] {
-                let run = || {
-                    for depth in [1usize, 2, 3] {
-                        let mut s = Stream::new(ds.clone(), 24, 5, 0, 1, depth).unwrap();
-                        for (k, (ids, buf)) in take(&mut s, 150).iter().zip(&want).enumerate() {
-                            assert_eq!((&ids.0, &ids.1), (&buf.0, &buf.1), "k={k} d={depth}");
-                        }
-                        let mut s = Stream::new(ds.clone(), 24, 5, 0, 1, depth).unwrap();
-                        let (mem, raw) = ring_bufs(&s, depth + 1);
-                        // SAFETY: `mem` outlives `s` (dropped after it).
-                        unsafe { s.use_ring(raw, Box::new(())).unwrap() };
-                        for (k, (ids, buf)) in want.iter().enumerate() {
-                            let slot = s.next_slot().unwrap();
-                            let Buffer::I16(w) = buf else { panic!("dtype") };
-                            assert_eq!(s.last_ids(), &ids[..], "ring k={k} d={depth}");
-                            assert_eq!(as_i16(&mem[slot]), &w[..], "ring k={k} d={depth}");
-                            s.release(slot).unwrap();
-                        }
-                        drop(s);
-                        drop(mem);
+            for helpers in [None, Some(2)] {
+                for depth in [1usize, 2, 3] {
+                    let mut s = Stream::new(ds.clone(), 24, 5, 0, 1, depth).unwrap();
+                    if let Some(n) = helpers {
+                        s.set_helpers(n);
                     }
-                };
-                match threads {
-                    None => run(),
-                    Some(n) => rayon::ThreadPoolBuilder::new()
-                        .num_threads(n)
-                        .build()
-                        .unwrap()
-                        .install(run),
+                    for (k, (ids, buf)) in take(&mut s, 150).iter().zip(&want).enumerate() {
+                        assert_eq!((&ids.0, &ids.1), (&buf.0, &buf.1), "k={k} d={depth}");
+                    }
+                    let mut s = Stream::new(ds.clone(), 24, 5, 0, 1, depth).unwrap();
+                    let (mem, raw) = ring_bufs(&s, depth + 1);
+                    // SAFETY: `mem` outlives `s` (dropped after it).
+                    unsafe { s.use_ring(raw, Box::new(())).unwrap() };
+                    if let Some(n) = helpers {
+                        s.set_helpers(n);
+                    }
+                    for (k, (ids, buf)) in want.iter().enumerate() {
+                        let slot = s.next_slot().unwrap();
+                        let Buffer::I16(w) = buf else { panic!("dtype") };
+                        assert_eq!(s.last_ids(), &ids[..], "ring k={k} d={depth}");
+                        assert_eq!(as_i16(&mem[slot]), &w[..], "ring k={k} d={depth}");
+                        s.release(slot).unwrap();
+                    }
+                    drop(s);
+                    drop(mem); // a helper still queued then claims nothing: it writes nothing
                 }
             }
         }
