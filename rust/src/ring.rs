@@ -170,23 +170,8 @@ impl Slots {
     /// Records the outcome of filling `slot` with the batch at `pos`. A failed batch queues its
     /// error and frees the slot (it is refilled first).
     pub fn finish(&mut self, slot: usize, pos: u64, result: Result<Vec<u64>>) -> Result<()> {
-        if self.state(slot) != Some(SlotState::Filling) {
-            return Err(Error::Internal(format!(
-                "ring slot {slot} finished but not filling"
-            )));
-        }
-        let result = match result {
-            Ok(ids) => {
-                self.state[slot] = SlotState::Ready;
-                Ok((slot, ids))
-            }
-            Err(e) => {
-                self.state[slot] = SlotState::Free;
-                self.free.push_front(slot);
-                Err(e)
-            }
-        };
-        self.ready.push_back(Filled { pos, result });
+        let filled = self.settle(slot, pos, result, SlotState::Ready)?;
+        self.ready.push_back(filled);
         Ok(())
     }
 
@@ -194,14 +179,26 @@ impl Slots {
     /// waited for exactly that batch, so every earlier one has been taken, while later ones may
     /// already be queued): its slot is now held, or, for a failed batch, free (refilled first).
     pub fn hand_over(&mut self, slot: usize, pos: u64, result: Result<Vec<u64>>) -> Result<Filled> {
+        self.settle(slot, pos, result, SlotState::Held)
+    }
+
+    /// Ends the filling of `slot`: `to` (Ready or Held) with its batch, or Free (refilled first)
+    /// with its error.
+    fn settle(
+        &mut self,
+        slot: usize,
+        pos: u64,
+        result: Result<Vec<u64>>,
+        to: SlotState,
+    ) -> Result<Filled> {
         if self.state(slot) != Some(SlotState::Filling) {
             return Err(Error::Internal(format!(
-                "ring slot {slot} handed over but not filling"
+                "ring slot {slot} ended but not filling"
             )));
         }
         let result = match result {
             Ok(ids) => {
-                self.state[slot] = SlotState::Held;
+                self.state[slot] = to;
                 Ok((slot, ids))
             }
             Err(e) => {
