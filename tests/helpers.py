@@ -43,6 +43,22 @@ def write_sigmf(directory: Path, name: str, iq: np.ndarray, datatype: str, **glo
     return directory / f"{name}.sigmf-meta"
 
 
+def write_annotated(directory, name, iq, datatype, annotations, captures=(0,)) -> Path:
+    """A SigMF recording with ``annotations``: ``(start, count or None, label or None)``."""
+    from sigmf import SigMFFile
+
+    directory.mkdir(parents=True, exist_ok=True)
+    data_path = directory / f"{name}.sigmf-data"
+    np.ascontiguousarray(iq, dtype=COMPONENT_DTYPES[datatype]).tofile(data_path)
+    meta = SigMFFile(data_file=data_path, global_info={"core:datatype": datatype})
+    for start in captures:
+        meta.add_capture(start)
+    for start, count, label in annotations:
+        meta.add_annotation(start, count, metadata={"core:label": label} if label else {})
+    meta.tofile(directory / f"{name}.sigmf-meta")
+    return directory / f"{name}.sigmf-meta"
+
+
 def random_iq(rng: np.random.Generator, n: int, datatype: str) -> np.ndarray:
     dt = COMPONENT_DTYPES[datatype]
     if dt.kind == "f":
@@ -98,6 +114,19 @@ def cli_tables(run_dir: Path, cache: Path, **training):
         "schedule": {"warmup_steps": 1, "decay_steps": 1},
         "training": {"max_steps": 3, "eval_every": 2, "checkpoint_every": 2, **training},
     }
+
+
+def refused_in_one_line(capsys, argv, *names) -> str:
+    """``iqtrain argv`` (in process) exits 2 with exactly one ``iqtrain: error:`` line on stderr
+    naming each of ``names``; returns that line."""
+    from iqtrain.cli.main import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("iqtrain: error: "), err
+    for name in names:
+        assert name in err[0], err[0]
+    return err[0]
 
 
 def train_record(step, **extra):
@@ -301,3 +330,31 @@ def wandb_offline_runs(wandb_dir: Path, timeout: float = 60.0) -> dict[Path, dic
         if done or time.monotonic() > deadline:
             return runs
         time.sleep(0.05)
+
+
+def deep_key_pickle(depth: int) -> bytes:
+    """A RadioML 2016 pickle (protocol 2) of one float32 [1, 2, 128] array whose key is
+    ``("BPSK", 0)`` inside ``depth`` 1-tuples (TUPLE1 opcodes): repr and hash of such a key
+    recurse once per level (a RecursionError at thousands, a C stack overflow at 10**5 and
+    more)."""
+    import pickle
+
+    key = pickle.dumps(("BPSK", 0), 2)[2:-1]  # without PROTO and STOP
+    value = pickle.dumps(np.zeros((1, 2, 128), np.float32), 2)[2:-1]
+    return b"\x80\x02}" + key + b"\x85" * depth + value + b"s."
+
+
+def write_bursts(directory, name, labels, window, *, windows_per=2, fields=None, seed=0) -> Path:
+    """One ci8 recording of back-to-back annotations of ``windows_per`` windows of ``window``
+    samples (noise), annotation i labelled ``labels[i]`` and carrying ``fields[i]`` (a dict of
+    extra annotation fields, e.g. an SNR) when given: a labelled set whose layout a test picks."""
+    burst = windows_per * window
+    iq = random_iq(np.random.default_rng(seed), burst * len(labels), "ci8")
+    spans = [(i * burst, burst, label) for i, label in enumerate(labels)]
+    meta = write_annotated(Path(directory), name, iq, "ci8", spans)
+    if fields is not None:
+        doc = json.loads(meta.read_text())
+        for ann, extra in zip(doc["annotations"], fields, strict=True):
+            ann.update(extra)
+        meta.write_text(json.dumps(doc))
+    return meta

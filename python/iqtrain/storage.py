@@ -8,9 +8,11 @@ file is either its old content or its new content, never a mix. Imports no torch
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -19,9 +21,12 @@ from iqtrain.errors import StorageError
 
 __all__ = [
     "creatable_dir",
+    "discard_dir",
     "file_digest",
     "fsync_dir",
     "fsync_file",
+    "missing_dirs",
+    "remove_dirs",
     "storage_error",
     "unlink_quietly",
     "write_bytes_atomic",
@@ -93,17 +98,65 @@ def write_file(path: Path, data: bytes) -> None:
 def creatable_dir(path: Path) -> str | None:
     """Why directory ``path`` cannot be created and written (None: it can), found by creating
     and removing a directory in its nearest existing ancestor: a permission check alone says
-    yes to root, and to a read-only or virtual file system."""
-    probe = Path(path)
-    while not probe.exists() and probe != probe.parent:
+    yes to root, and to a read-only or virtual file system. Each name still to be made must fit
+    that file system (``NAME_MAX``), and no ancestor may be a symbolic link to nothing (dangling,
+    or a loop): ``mkdir`` fails there, after whatever work came first."""
+    probe, missing = Path(path), []
+    while True:
+        try:
+            os.stat(probe)
+            break
+        except (FileNotFoundError, NotADirectoryError):
+            if os.path.islink(probe):
+                return f"{probe}: a symbolic link to nothing"
+        except OSError as exc:  # a symlink loop, a path too long, no permission
+            return f"{probe}: {exc.strerror or exc}"
+        if probe == probe.parent:  # "." of a removed working directory
+            return f"{probe}: {os.strerror(errno.ENOENT)}"
+        missing.append(probe.name)
         probe = probe.parent
     if not probe.is_dir():
         return f"{probe} is not a directory"
+    try:
+        name_max = os.pathconf(probe, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        name_max = 255
+    for name in reversed(missing):
+        if len(os.fsencode(name)) > name_max:
+            return f"{name}: {os.strerror(errno.ENAMETOOLONG)} (at most {name_max} bytes here)"
     try:
         os.rmdir(tempfile.mkdtemp(prefix=".iqtrain-probe-", dir=probe))
     except OSError as exc:
         return f"{probe}: {exc.strerror or exc}"
     return None
+
+
+def missing_dirs(path: Path) -> list[Path]:
+    """The ancestors of ``path`` that do not exist yet, deepest first: what
+    ``path.mkdir(parents=True)`` makes besides ``path``, for :func:`remove_dirs` to take back."""
+    missing = []
+    for parent in Path(path).parents:
+        if parent.exists():
+            break
+        missing.append(parent)
+    return missing
+
+
+def discard_dir(tmp: Path, created: list[Path]) -> None:
+    """After a failure: remove the temporary directory ``tmp`` (whatever it holds), then the
+    parents made for it (``created``, from :func:`missing_dirs`) that are empty now."""
+    shutil.rmtree(tmp, ignore_errors=True)
+    remove_dirs(created)
+
+
+def remove_dirs(dirs: list[Path]) -> None:
+    """Remove the directories ``dirs`` (deepest first, as :func:`missing_dirs` lists them) while
+    they are empty: the first that is not, or cannot go, ends it."""
+    for d in dirs:
+        try:
+            d.rmdir()
+        except OSError:
+            break
 
 
 def unlink_quietly(path: Path) -> None:

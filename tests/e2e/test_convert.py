@@ -9,13 +9,14 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import resource
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import h5py_or_skip
+from helpers import deep_key_pickle, h5py_or_skip
 
 import iqtrain
 
@@ -25,14 +26,21 @@ PYTHONPATH = os.pathsep.join(
 )
 
 
-def iqtrain_cmd(*args, cwd=None):
+def iqtrain_cmd(*args, cwd=None, timeout=120, max_memory=None):
+    """``iqtrain *args`` in a child; ``max_memory``: its address space in bytes at most (a
+    read that would not end fails there instead of on the machine)."""
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (max_memory, max_memory))
+
     return subprocess.run(
         [sys.executable, "-m", "iqtrain", *map(str, args)],
         capture_output=True,
         text=True,
         cwd=cwd,
-        env={**os.environ, "PYTHONPATH": PYTHONPATH},
-        timeout=120,
+        env={**os.environ, "PYTHONPATH": PYTHONPATH, "OPENBLAS_NUM_THREADS": "1"},
+        timeout=timeout,
+        preexec_fn=None if max_memory is None else limit,
     )
 
 
@@ -125,3 +133,32 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, args, fragme
     proc = iqtrain_cmd("convert", *(a.format(tmp=tmp_path) for a in args))
     one_error_line(proc, *fragments)
     assert nothing_left(tmp_path / "out")
+
+
+def test_a_key_nested_too_deep_to_hash_is_one_line(tmp_path):
+    # 200 000 levels: hashing the key (to put it in the dict) overflowed the C stack (SIGSEGV).
+    src = tmp_path / "RML2016.10a_dict.pkl"
+    src.write_bytes(deep_key_pickle(200_000))
+    proc = iqtrain_cmd("convert", "radioml2016", src, tmp_path / "out")
+    one_error_line(proc, f"{src}: not a RadioML 2016 pickle: refused dict key ((((")
+    assert nothing_left(tmp_path / "out")
+
+
+@pytest.mark.parametrize("kind", ["character device", "FIFO"])
+def test_a_classes_file_that_never_ends_is_refused(tmp_path, kind):
+    # /dev/zero was read until memory ran out, a FIFO without a writer blocked forever.
+    h5py = h5py_or_skip()
+    src = tmp_path / "s.hdf5"
+    with h5py.File(src, "w") as f:
+        f["X"], f["Y"] = np.zeros((1, 1024, 2), np.float32), np.eye(24, dtype=np.int64)[:1]
+        f["Z"] = np.zeros((1, 1), np.int64)
+    classes = Path("/dev/zero")
+    if kind == "FIFO":
+        classes = tmp_path / "classes.fifo"
+        os.mkfifo(classes)
+    out = tmp_path / "out"
+    proc = iqtrain_cmd(
+        "convert", "radioml2018", src, out, "--classes", classes, timeout=60, max_memory=1 << 30
+    )
+    one_error_line(proc, f"{classes}: not a regular file")
+    assert nothing_left(out)

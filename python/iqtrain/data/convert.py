@@ -31,10 +31,12 @@ source: in the (modulation, snr) array for 2016, in ``X`` for 2018). Order: radi
 example. ``OUT_DIR/convert.json`` records the source (name, path, bytes; sha256 for the pickle,
 hashed while it is read), the dataset, classes, counts and the tool version.
 
-Everything is checked before anything is written where it can be (arguments, the whole pickle,
-the HDF5 layout), and written under ``OUT_DIR.tmp-<pid>`` (a sibling) that is renamed to
-``OUT_DIR`` at the end: a failure (a bad ``Y`` row found in the middle, a full disk, a signal)
-removes it, and leaves no ``OUT_DIR``. An ``OUT_DIR`` that exists and is not empty is refused.
+Everything is checked before anything is written where it can be (arguments, OUT_DIR, the
+whole pickle, the HDF5 layout and that X, Y, Z are stored whole in the file: not virtual, not
+external, no chunk unwritten), and written under ``OUT_DIR.tmp-<pid>`` (a sibling) that is
+renamed to ``OUT_DIR`` at the end: a failure (a bad ``Y`` row found in the middle, a full disk,
+a signal) removes it, and leaves no ``OUT_DIR``. An ``OUT_DIR`` that exists and is not empty, a
+symbolic link or a mount point is refused.
 Imports no torch; h5py only inside :func:`convert_radioml2018`.
 """
 
@@ -45,6 +47,7 @@ import io
 import math
 import os
 import pickle
+import reprlib
 import shutil
 import stat
 import sys
@@ -60,8 +63,10 @@ from sigmf import SigMFFile
 from iqtrain.errors import ConfigError, DataError
 from iqtrain.storage import (
     creatable_dir,
+    discard_dir,
     fsync_dir,
     fsync_file,
+    missing_dirs,
     storage_error,
     write_json_atomic,
 )
@@ -117,6 +122,9 @@ RML2018_CLASSES = (
     "GMSK",
     "OQPSK",
 )
+
+#: The largest ``--classes`` file read, in bytes (a class list is a few hundred).
+MAX_CLASSES_BYTES = 1 << 20
 
 #: Written as core:sample_rate: normalised frequency (the datasets state no rate per example).
 SAMPLE_RATE = 1.0
@@ -180,42 +188,100 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())[:300] or type(exc).__name__
 
 
+class _ShortRepr(reprlib.Repr):
+    """repr for one line: a pickle's values nest and grow as they like (repr of a key thousands
+    of tuples deep recurses past the interpreter's limit); this one stops at 6 levels and 80
+    characters per item."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.maxtuple = self.maxlist = self.maxdict = self.maxset = self.maxfrozenset = 20
+        self.maxstring = self.maxlong = self.maxother = 80
+
+    repr_bytes = reprlib.Repr.repr_str  # slices, as for a str: never the whole of a big one
+
+
+_REPR = _ShortRepr()
+
+
 def _short(value: object) -> str:
-    text = repr(value)
+    text = _REPR.repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _twice(path: Path, key: object, how: str = "") -> DataError:
+    """``<file>: key K appears twice``: a dict keeps one value of a key given twice, and the
+    rows of the other would be lost without a word."""
+    return DataError(f"{path}: key {_short(key)} appears twice{how}")
 
 
 # --------------------------------------------------------------------------------------------
 # Arguments
 
 
-def _source_file(source: object) -> Path:
-    if not isinstance(source, str | os.PathLike):
-        raise ConfigError(f"source: must be a path, got {source!r}")
-    path = Path(source)
+def _regular_file(value: object, key: str) -> tuple[Path, int]:
+    """``value`` (the argument ``key``) as the path of a regular file, and its size in bytes:
+    a FIFO would block, a character device (``/dev/zero``) never end, a directory is a
+    mistake."""
+    if not isinstance(value, str | os.PathLike):
+        raise ConfigError(f"{key}: must be a path, got {value!r}")
+    path = Path(value)
     try:
         st = path.stat()
     except OSError as exc:
         raise DataError(f"{path}: cannot read: {_one_line(exc)}") from None
-    if not stat.S_ISREG(st.st_mode):  # a FIFO would block, a directory is a mistake
+    if not stat.S_ISREG(st.st_mode):
         raise DataError(f"{path}: not a regular file")
-    return path
+    return path, st.st_size
+
+
+def _tmp_dir(out: Path) -> Path:
+    """Where :func:`_publish` writes ``out`` before renaming it: ``OUT_DIR.tmp-<pid>``."""
+    return out.with_name(f"{out.name}.tmp-{os.getpid()}")
 
 
 def _check_out_dir(out_dir: object) -> Path:
-    """``out_dir`` made absolute: absent or an empty directory, in a place that can be written."""
+    """``out_dir`` made absolute: absent or an empty directory that a new directory can be
+    renamed onto, whose temporary sibling (:func:`_tmp_dir`) can be created: all of it checked
+    before the source is read, so no conversion fails at its end for the want of a place."""
     if not isinstance(out_dir, str | os.PathLike):
         raise ConfigError(f"out_dir: must be a path, got {out_dir!r}")
     out = Path(os.path.abspath(out_dir))
-    if out.is_symlink() or out.exists():
-        if not out.is_dir():
-            raise ConfigError(f"{out}: exists and is not a directory")
-        if any(out.iterdir()):
-            raise ConfigError(f"{out}: exists and is not empty (convert writes a new directory)")
-    why = creatable_dir(out.parent)
+    try:
+        st = os.lstat(out)
+    except (FileNotFoundError, NotADirectoryError):  # absent; creatable_dir says what is wrong
+        pass
+    except OSError as exc:  # a parent that is a symlink loop, a name too long
+        raise ConfigError(f"{out}: cannot be created: {_one_line(exc)}") from None
+    else:
+        _check_existing_out(out, st)
+    why = creatable_dir(_tmp_dir(out))
     if why is not None:
         raise ConfigError(f"{out}: cannot be created: {why}")
     return out
+
+
+def _check_existing_out(out: Path, st: os.stat_result) -> None:
+    """An ``out`` that exists must be an empty directory the new one can be renamed onto
+    (rename(2) replaces neither a symbolic link by a directory nor a mount point)."""
+    if stat.S_ISLNK(st.st_mode):
+        raise ConfigError(
+            f"{out}: is a symbolic link (convert renames a new directory onto OUT_DIR; name "
+            "the directory itself)"
+        )
+    if not stat.S_ISDIR(st.st_mode):
+        raise ConfigError(f"{out}: exists and is not a directory")
+    try:
+        empty = not any(out.iterdir())
+    except OSError as exc:
+        raise ConfigError(f"{out}: cannot read: {_one_line(exc)}") from None
+    if not empty:
+        raise ConfigError(f"{out}: exists and is not empty (convert writes a new directory)")
+    if os.path.ismount(out):
+        raise ConfigError(
+            f"{out}: is a mount point (convert renames a new directory onto OUT_DIR, which "
+            "cannot replace a mount point; name a directory inside it)"
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -311,30 +377,11 @@ def _concat(parts: list[_Batch]) -> _Batch:
     )
 
 
-def _missing_dirs(path: Path) -> list[Path]:
-    """The ancestors of ``path`` that do not exist yet, deepest first."""
-    missing = []
-    for parent in path.parents:
-        if parent.exists():
-            break
-        missing.append(parent)
-    return missing
-
-
-def _discard(tmp: Path, created: list[Path]) -> None:
-    shutil.rmtree(tmp, ignore_errors=True)
-    for d in created:  # deepest first; only the empty ones this conversion made
-        try:
-            d.rmdir()
-        except OSError:
-            break
-
-
 def _publish(out: Path, write: Callable[[Path], _T]) -> _T:
     """``write(tmp)`` into a fresh ``OUT_DIR.tmp-<pid>``, then renamed to ``out``; on any failure
     the temporary directory (and the parents made for it) are removed and ``out`` stays absent."""
-    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
-    created = _missing_dirs(tmp)
+    tmp = _tmp_dir(out)
+    created = missing_dirs(tmp)
     try:
         shutil.rmtree(tmp, ignore_errors=True)  # our own name: a leftover of an earlier pid
         tmp.mkdir(parents=True)
@@ -342,10 +389,10 @@ def _publish(out: Path, write: Callable[[Path], _T]) -> _T:
         fsync_dir(tmp)
         os.rename(tmp, out)  # onto an empty OUT_DIR too
     except OSError as exc:
-        _discard(tmp, created)
+        discard_dir(tmp, created)
         raise storage_error(out, exc) from None
     except BaseException:
-        _discard(tmp, created)
+        discard_dir(tmp, created)
         raise
     try:
         fsync_dir(out.parent)  # OUT_DIR is complete now: a failure here does not remove it
@@ -630,8 +677,40 @@ _ALLOWED: dict[tuple[str, str], _StandIn] = {
 }
 
 
-class _RestrictedUnpickler(pickle.Unpickler):
-    """Unpickles numpy arrays in dicts, tuples, str and int; any other global is refused."""
+#: What a dict key may be while unpickling: hashing one (to put it in the dict) cannot recurse.
+#: The RadioML keys are (str or bytes, int) tuples, numpy's dtype state has str keys.
+_FLAT_KEYS = (str, bytes, int, float, bool, type(None))
+
+
+def _flat_key(key: object) -> bool:
+    """A str, bytes, int, float, bool or None, or a tuple of them: a key nested 10**5 tuples
+    deep overflows the C stack when it is hashed, so none reaches a dict."""
+    if type(key) is tuple:
+        return all(type(item) in _FLAT_KEYS for item in key)
+    return type(key) in _FLAT_KEYS
+
+
+class _Opcodes(dict[int, Callable[[Any], None]]):
+    """The unpickler's dispatch table: an opcode it does not have is a damaged pickle (the
+    pure-Python unpickler would raise a bare KeyError)."""
+
+    def __missing__(self, code: int) -> Callable[[Any], None]:
+        raise pickle.UnpicklingError(f"invalid load key, {bytes([code])!r}")
+
+
+class _RestrictedUnpickler(pickle._Unpickler):
+    """Unpickles numpy arrays in dicts, tuples, str and int; any other global is refused.
+
+    Python's own unpickler (``pickle._Unpickler``, what the C one implements), with the opcodes
+    that fill a dict (SETITEM, SETITEMS, DICT) taking each key once and only flat ones
+    (:func:`_flat_key`): a key given twice is refused where a dict would keep its last value,
+    and a key nested deeper than a hash can recurse never reaches one. Sets (EMPTY_SET,
+    ADDITEMS, FROZENSET) hash their items too: a RadioML 2016 pickle has none, they are refused.
+    """
+
+    stack: list[Any]  # pickle._Unpickler's, not in its type stub
+    pop_mark: Callable[[], list[Any]]
+    append: Callable[[Any], None]
 
     def __init__(self, file: Any, source: Path) -> None:
         super().__init__(file, encoding="latin1")  # Python 2 str: bytes -> str, 1:1
@@ -645,6 +724,49 @@ class _RestrictedUnpickler(pickle.Unpickler):
                 "needs only numpy's array reconstruction; the global was not called)"
             )
         return found
+
+    def _fill(self, target: object, items: list[Any]) -> None:
+        if type(target) is not dict:
+            raise pickle.UnpicklingError(f"refused SETITEM on {_short(target)} (only on a dict)")
+        if len(items) % 2:
+            raise pickle.UnpicklingError("refused a dict item without its value")
+        for key, value in zip(items[::2], items[1::2], strict=True):
+            if not _flat_key(key):
+                raise pickle.UnpicklingError(
+                    f"refused dict key {_short(key)} (a key is a str, bytes or number, or a "
+                    "tuple of them)"
+                )
+            if key in target:
+                raise _twice(self._source, key)
+            target[key] = value
+
+    def _load_setitem(self) -> None:
+        value = self.stack.pop()
+        key = self.stack.pop()
+        self._fill(self.stack[-1], [key, value])
+
+    def _load_setitems(self) -> None:
+        items = self.pop_mark()
+        self._fill(self.stack[-1], items)
+
+    def _load_dict(self) -> None:
+        items = self.pop_mark()
+        target: dict[Any, Any] = {}
+        self._fill(target, items)
+        self.append(target)
+
+    def _refuse_set(self) -> None:
+        raise pickle.UnpicklingError("refused a set (a RadioML 2016 pickle holds none)")
+
+    dispatch = _Opcodes(pickle._Unpickler.dispatch)
+    dispatch |= {
+        pickle.SETITEM[0]: _load_setitem,
+        pickle.SETITEMS[0]: _load_setitems,
+        pickle.DICT[0]: _load_dict,
+        pickle.EMPTY_SET[0]: _refuse_set,
+        pickle.ADDITEMS[0]: _refuse_set,
+        pickle.FROZENSET[0]: _refuse_set,
+    }
 
 
 def _materialise(obj: object) -> object:
@@ -759,7 +881,7 @@ def _check_rml2016(path: Path, obj: object) -> dict[tuple[str, int], np.ndarray]
     for raw_key, value in obj.items():
         key = _rml2016_key(path, raw_key)
         if key in arrays:
-            raise DataError(f"{path}: key {key!r} appears twice (as str and as bytes)")
+            raise _twice(path, key, " (as str and as bytes)")
         arrays[key] = _rml2016_array(path, key, value)
     return arrays
 
@@ -783,7 +905,7 @@ def convert_radioml2016(source: str | os.PathLike, out_dir: str | os.PathLike) -
     mis-shaped source, :class:`ConfigError` for an ``out_dir`` that exists and is not empty,
     :class:`~iqtrain.errors.StorageError` when writing fails; each leaves no ``out_dir``.
     """
-    path = _source_file(source)
+    path, _ = _regular_file(source, "source")
     out = _check_out_dir(out_dir)
     obj, info = _unpickle(path)
     arrays = _check_rml2016(path, obj)
@@ -805,13 +927,21 @@ def _import_h5py() -> Any:
 
 
 def _read_classes(classes_file: str | os.PathLike) -> tuple[str, ...]:
-    path = Path(classes_file)
+    path, size = _regular_file(classes_file, "classes_file")
+    if size > MAX_CLASSES_BYTES:
+        raise DataError(
+            f"{path}: {size} bytes, more than a class list may have ({MAX_CLASSES_BYTES})"
+        )
     try:
-        text = path.read_text(encoding="utf-8")
+        with open(path, "rb") as f:
+            data = f.read(MAX_CLASSES_BYTES + 1)  # it may have grown since
+        text = data.decode("utf-8")
     except OSError as exc:
         raise DataError(f"{path}: cannot read: {_one_line(exc)}") from None
     except UnicodeDecodeError:
         raise DataError(f"{path}: not UTF-8 text (one class name per line)") from None
+    if len(data) > MAX_CLASSES_BYTES:
+        raise DataError(f"{path}: more than a class list may have ({MAX_CLASSES_BYTES} bytes)")
     names = tuple(line.strip() for line in text.splitlines() if line.strip())
     if not names:
         raise DataError(f"{path}: no class names (one per line)")
@@ -827,12 +957,41 @@ _RML2018_LAYOUT = "RadioML 2018.01A: X float32 [N, 1024, 2], Y int one-hot [N, 2
 
 
 def _dataset(h5py: Any, path: Path, f: Any, name: str) -> Any:
-    ds = f.get(name)
+    try:
+        link = f.get(name, getlink=True)
+        ds = None if isinstance(link, h5py.ExternalLink) else f.get(name)
+    except (RuntimeError, KeyError, OSError, ValueError) as exc:  # a soft link to itself
+        raise DataError(f"{path}: cannot open {name}: {_one_line(exc)}") from None
+    if isinstance(link, h5py.ExternalLink) or (
+        isinstance(ds, h5py.Dataset) and ds.id.fileno != f.id.fileno  # a soft link to one
+    ):
+        raise DataError(f"{path}: {name} is a link into another file (convert reads only this one)")
     if not isinstance(ds, h5py.Dataset):
         raise DataError(f"{path}: no dataset {name!r} ({_RML2018_LAYOUT})")
     if ds.shape is None:  # an empty dataspace (h5py.Empty): no shape, no data
         raise DataError(f"{path}: {name} has an empty dataspace (no shape; {_RML2018_LAYOUT})")
     return ds
+
+
+def _check_stored(path: Path, name: str, ds: Any) -> None:
+    """Refuse a dataset whose data is not all stored in ``path``: HDF5 reads what is not there
+    (a virtual dataset's missing source, a chunk never written) as the fill value, zeros,
+    without an error; external storage is another file, found from wherever convert runs."""
+    if ds.is_virtual:
+        why = "is a virtual dataset (mapped from other files; a missing one reads as zeros)"
+    elif ds.external:
+        why = f"has external storage (its data is in {_short(ds.external[0][0])})"
+    elif ds.chunks is not None:  # compressed chunks hold fewer bytes: count them instead
+        want = math.prod(-(-n // c) for n, c in zip(ds.shape, ds.chunks, strict=True))
+        have = ds.id.get_num_chunks()
+        why = f"has {have} of its {want} chunks written (the others read as zeros)"
+        why = why if have < want else ""
+    else:  # contiguous (0 bytes until written) or compact
+        have = ds.id.get_storage_size()
+        why = f"has {have} of its {ds.nbytes} bytes stored (never written: it reads as zeros)"
+        why = why if have < ds.nbytes else ""
+    if why:
+        raise DataError(f"{path}: {name} {why}; convert takes only data stored whole in it")
 
 
 def _rml2018_layout(h5py: Any, path: Path, f: Any) -> tuple[Any, Any, Any]:
@@ -849,6 +1008,8 @@ def _rml2018_layout(h5py: Any, path: Path, f: Any) -> tuple[Any, Any, Any]:
                 f"{path}: {name} is {ds.dtype} {list(ds.shape)}, not the layout of "
                 f"{_RML2018_LAYOUT} (N >= 1 and equal)"
             )
+    for name, ds, _, _ in checks:
+        _check_stored(path, name, ds)
     return x, y, z
 
 
@@ -926,9 +1087,9 @@ def convert_radioml2018(
     leaves no ``out_dir``. Needs h5py (``pip install 'iqtrain[radioml]'``; a ConfigError
     without it). Errors as :func:`convert_radioml2016`.
     """
-    path = _source_file(source)
-    classes = RML2018_CLASSES if classes_file is None else _read_classes(classes_file)
+    path, size = _regular_file(source, "source")
     out = _check_out_dir(out_dir)
+    classes = RML2018_CLASSES if classes_file is None else _read_classes(classes_file)
     h5py = _import_h5py()
     try:
         f = h5py.File(path, "r")
@@ -942,6 +1103,6 @@ def convert_radioml2018(
             if classes_file is not None
             else "O'Shea, Roy, Clancy, IEEE JSTSP 2018 (radioML/dataset issue 25)"
         )
-        info = _source_info(path, path.stat().st_size, None)
+        info = _source_info(path, size, None)
         batches = _rml2018_batches(path, ds, classes)
         return _convert(_RML2018, out, batches, classes, info, order)

@@ -17,8 +17,9 @@ validation), at the same steps, wall time the time of writing (``time.time()`` w
 
 None of it is evidence: nothing is hashed, listed in the manifest or checked by verify, and
 live logging never fails a run. A view that cannot be opened or written (a full disk, its
-event file removed, W&B failing) is one note line on stderr and is off for the rest of the
-attempt; training goes on. A missing package is refused before any work instead
+event file removed, W&B failing; W&B's directory with less than :data:`WANDB_MIN_FREE` free,
+as wandb drops what it cannot write without a word) is one note line on stderr and is off for
+the rest of the attempt; training goes on. A missing package is refused before any work instead
 (:func:`check_live`, exit 2 naming the key). Imports neither torch nor wandb at module level.
 """
 
@@ -62,6 +63,9 @@ TENSORBOARD_DIR = "tensorboard"
 #: The attempt.json field holding the W&B run id (docs/design.md section 6.2).
 WANDB_RUN_ID = "wandb_run_id"
 WANDB_EXTRA = "needs wandb: pip install 'iqtrain[wandb]'"
+#: Free bytes under which the W&B run's directory counts as full (wandb-core drops a record it
+#: cannot write without telling its caller, so the view looks for itself).
+WANDB_MIN_FREE = 1 << 20
 _ID_CHARS = string.ascii_lowercase + string.digits
 
 
@@ -148,6 +152,7 @@ class _Wandb:
         self, cfg: WandbConfig, run_id: str, attempt: Path, config: dict[str, Any]
     ) -> None:
         wandb = _wandb()
+        self.directory = Path(os.environ.get("WANDB_DIR") or attempt)  # where its files go
         self.run = wandb.init(
             project=cfg.project,
             entity=cfg.entity,
@@ -170,10 +175,21 @@ class _Wandb:
             raise
 
     def write(self, wall_time: float, step: int, values: dict[str, float]) -> None:
+        _check_free(self.directory)
         self.run.log(values, step=step)
 
     def close(self, ok: bool) -> None:
         self.run.finish(exit_code=0 if ok else 1)
+
+
+def _check_free(directory: Path) -> None:
+    """``OSError(ENOSPC)`` naming ``directory`` when its file system has fewer than
+    :data:`WANDB_MIN_FREE` bytes left for this process (root may use the reserved blocks): W&B
+    would drop the records without a word, as its ``log`` never fails on a full disk."""
+    st = os.statvfs(directory)
+    free = (st.f_bfree if os.geteuid() == 0 else st.f_bavail) * st.f_frsize
+    if free < WANDB_MIN_FREE:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.fspath(directory))
 
 
 def _stream(path: Path) -> Iterator[dict[str, Any]]:

@@ -14,7 +14,8 @@ whole lineage (the parent's records up to the checkpoint it resumed from), so it
 Events go to ``DIR/<run name>/<attempt id>/`` (one TensorBoard run per attempt; attempts of
 different runs do not collide). Exporting again replaces that directory: the new events are
 written into a temporary directory next to it, then swapped in by rename, so nothing is
-duplicated. A directory there holding anything but event files is refused, not replaced.
+duplicated; a failure (a full disk) removes it and the directories made for it. A directory
+there holding anything but event files is refused, not replaced.
 
 The writer is tensorboard's own record writer and protos, with a plain file: neither torch
 (``torch.utils.tensorboard``) nor TensorFlow is imported. tensorboard is an optional extra
@@ -36,7 +37,7 @@ from typing import Any, BinaryIO
 
 from iqtrain.errors import ConfigError
 from iqtrain.report.summary import AttemptView, load_attempt, number
-from iqtrain.storage import creatable_dir
+from iqtrain.storage import creatable_dir, discard_dir, missing_dirs
 
 __all__ = [
     "EVENT_PREFIX",
@@ -224,28 +225,39 @@ def export_tensorboard(attempt: Path, out_dir: Path) -> tuple[Path, int]:
     target = tensorboard_target(attempt, out_dir)  # before anything is created
     view = load_attempt(attempt)
     parent, name_id = target.parent, target.name
-    run = parent.name
     tmp = parent / f".tmp-{name_id}-{os.getpid()}"
-    old = parent / f".old-{name_id}-{os.getpid()}"
+    created = missing_dirs(tmp)  # DIR/<run name> and above, taken back on a failure
     try:
         parent.mkdir(parents=True, exist_ok=True)
-        for prefix in (".tmp", ".old"):  # leftovers of a killed export
-            for leftover in parent.glob(f"{prefix}-{name_id}-*"):
-                shutil.rmtree(leftover, ignore_errors=True)
-        tmp.mkdir()
-        name = event_file_name(_start_time(view), run, name_id)
-        written = _write_events(tmp / name, view)
-        if target.exists():
-            os.rename(target, old)
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            if old.exists():
-                os.rename(old, target)  # the earlier export stays as it was
-            raise
-        shutil.rmtree(old, ignore_errors=True)
+        written = _swap_in(view, target, tmp)
     except OSError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
+        discard_dir(tmp, created)
         where = exc.filename or target
         raise ConfigError(f"--tensorboard {where}: cannot write: {exc.strerror or exc}") from None
+    except BaseException:
+        discard_dir(tmp, created)
+        raise
     return target, written
+
+
+def _swap_in(view: AttemptView, target: Path, tmp: Path) -> int:
+    """Write ``view``'s events into ``tmp``, then rename it to ``target`` (an earlier export
+    there is put back if that fails); returns the scalar values written."""
+    parent, name_id = target.parent, target.name
+    old = parent / f".old-{name_id}-{os.getpid()}"
+    for prefix in (".tmp", ".old"):  # leftovers of a killed export
+        for leftover in parent.glob(f"{prefix}-{name_id}-*"):
+            shutil.rmtree(leftover, ignore_errors=True)
+    tmp.mkdir()
+    name = event_file_name(_start_time(view), parent.name, name_id)
+    written = _write_events(tmp / name, view)
+    if target.exists():
+        os.rename(target, old)
+    try:
+        os.rename(tmp, target)
+    except OSError:
+        if old.exists():
+            os.rename(old, target)  # the earlier export stays as it was
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+    return written

@@ -14,7 +14,8 @@ into the attempt (rank 0 only: it is the rank that writes the attempt, docs/desi
 
 A run that ends inside the range (a signal, early stopping, a failure) writes what it profiled,
 named by the steps it covers. Not evidence; a failure to start or write is one note and never
-fails the run. Off (``None``), every hook returns at once.
+fails the run, and leaves nothing of that profile (no torn file, no kineto ``.tmp``). Off
+(``None``), every hook returns at once.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 import torch
 
 from iqtrain.console import failure, note
+from iqtrain.storage import remove_dirs, unlink_quietly
 
 __all__ = ["PROFILE_DIR", "StepProfiler"]
 
@@ -49,6 +51,7 @@ class StepProfiler:
         self._mark: Any = None  # the running step's record_function
         self._first = 0
         self._done = 0
+        self._made: list[Path] = []  # the directory, when this profiler created it
 
     def before_step(self, step: int) -> None:
         """Step ``step`` (1-based) is about to run: start at the range's first step."""
@@ -84,7 +87,9 @@ class StepProfiler:
         if self.cuda:
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         try:
+            made = not self.directory.exists()
             self.directory.mkdir(exist_ok=True)
+            self._made = [self.directory] if made else []
             if self.cuda:
                 torch.cuda.memory._record_memory_history(max_entries=MAX_MEMORY_EVENTS)
             prof = torch.profiler.profile(
@@ -107,6 +112,7 @@ class StepProfiler:
         prof, self._prof, self.steps = self._prof, None, None  # once per attempt
         name = f"steps_{self._first}-{max(self._done, self._first)}"
         trace = self.directory / f"trace_{name}.json"
+        memory = self.directory / f"memory_{name}.pickle"
         try:
             prof.stop()
             prof.export_chrome_trace(os.fspath(trace))
@@ -114,10 +120,14 @@ class StepProfiler:
                 raise OSError(errno.ENOENT, "the profiler could not write it", os.fspath(trace))
             written = [trace]
             if self.cuda:
-                memory = self.directory / f"memory_{name}.pickle"
                 torch.cuda.memory._dump_snapshot(os.fspath(memory))
                 written.append(memory)
         except Exception as exc:
+            # Kineto writes <trace>.tmp and renames it: a full disk leaves that, or a torn
+            # snapshot. All of the profile goes, and the directory if it was made for it.
+            for path in (trace, trace.with_name(f"{trace.name}.tmp"), memory):
+                unlink_quietly(path)
+            remove_dirs(self._made)
             note(f"training.profile_steps: cannot write the profile of {name}: {failure(exc)}")
         else:
             note(f"profile of {name.replace('_', ' ')}: {', '.join(map(os.fspath, written))}")

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import sigmf
-from helpers import h5py_or_skip
+from helpers import deep_key_pickle, h5py_or_skip
 
 import iqtrain
 from iqtrain.data import convert
@@ -261,7 +261,7 @@ def test_rml2016_output_is_valid_sigmf_for_sigmf_and_for_iqtrain(rml2016, tmp_pa
 
 
 def test_rml2016_labelled_windows_find_every_example_once(rml2016, tmp_path):
-    from iqtrain.eval.probe import labelled_windows
+    from iqtrain.data.windows import labelled_windows
 
     path, d = rml2016
     out = tmp_path / "out"
@@ -384,6 +384,42 @@ def test_rml2016_unreadable_sources(rml2016, tmp_path, damage):
     assert text.startswith(f"{src}: ") and "\n" not in text
     expected = {"missing": "cannot read", "directory": "not a regular file"}
     assert expected.get(damage, "not a RadioML 2016 pickle") in text
+    assert_nothing_written(tmp_path / "out")
+
+
+def _key_value_ops(value: np.ndarray) -> bytes:
+    return _ops(("BPSK", 0)) + _ops(value)
+
+
+@pytest.mark.parametrize(
+    "how",
+    [
+        b"}(%s%su.",  # SETITEMS: what pickle.dump writes for a dict
+        b"}%ss%ss.",  # SETITEM, one pair at a time
+        b"(%s%sd.",  # DICT (protocol 0/1)
+    ],
+    ids=["SETITEMS", "SETITEM", "DICT"],
+)
+def test_rml2016_a_key_given_twice_is_refused(tmp_path, how):
+    # A dict keeps the last value of a key given twice: the first rows would go unnoticed.
+    path = tmp_path / "twice.pkl"
+    first, second = _key_value_ops(F32), _key_value_ops(F32[:1])
+    path.write_bytes(b"\x80\x02" + how % (first, second))
+    with pytest.raises(DataError) as info:
+        convert_radioml2016(path, tmp_path / "out")
+    assert str(info.value) == f"{path}: key ('BPSK', 0) appears twice"
+    assert_nothing_written(tmp_path / "out")
+
+
+def test_rml2016_a_key_nested_thousands_deep_is_one_line(tmp_path):
+    # repr of the key recursed past the interpreter's limit (a RecursionError, no DataError).
+    path = tmp_path / "deep.pkl"
+    path.write_bytes(deep_key_pickle(5000))
+    with pytest.raises(DataError) as info:
+        convert_radioml2016(path, tmp_path / "out")
+    text = str(info.value)
+    assert text.startswith(f"{path}: not a RadioML 2016 pickle: refused dict key ((((((")
+    assert "\n" not in text and len(text) < len(str(path)) + 300, text
     assert_nothing_written(tmp_path / "out")
 
 
@@ -787,6 +823,61 @@ def test_an_interrupted_conversion_leaves_nothing(rml2016, tmp_path, monkeypatch
     assert_nothing_written(tmp_path / "out")
 
 
+def _long_name(tmp_path: Path) -> Path:
+    # As long as a name may be, so OUT_DIR.tmp-<pid> (its sibling, written first) is too long.
+    return tmp_path / ("o" * os.pathconf(tmp_path, "PC_NAME_MAX"))
+
+
+def _symlink_loop(tmp_path: Path) -> Path:
+    (tmp_path / "loop").symlink_to("loop")
+    return tmp_path / "loop" / "out"
+
+
+def _symlink_to_a_directory(tmp_path: Path) -> Path:
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to("real")
+    return tmp_path / "link"
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (_symlink_to_a_directory, "is a symbolic link"),
+        (_symlink_loop, "cannot be created: "),
+        (_long_name, "cannot be created: "),
+    ],
+    ids=["symlink to a directory", "parent a symlink loop", "name too long for OUT.tmp-<pid>"],
+)
+def test_an_out_dir_that_cannot_take_the_result_is_refused_before_reading(
+    rml2016, tmp_path, monkeypatch, make, message
+):
+    path, _ = rml2016
+    out = make(tmp_path)
+
+    def unread(*args):
+        raise AssertionError("the source was read before OUT_DIR was checked")
+
+    monkeypatch.setattr(convert, "_unpickle", unread)
+    with pytest.raises(ConfigError) as info:
+        convert_radioml2016(path, out)
+    text = str(info.value)
+    assert text.startswith(f"{out}: ") and message in text and "\n" not in text, text
+    assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
+
+
+def test_a_mount_point_out_dir_is_refused(rml2016, tmp_path, monkeypatch):
+    # rename(2) cannot put the new directory onto a mount point (EBUSY, after the whole work).
+    path, _ = rml2016
+    out = tmp_path / "mnt"
+    out.mkdir()
+    real = os.path.ismount
+    monkeypatch.setattr(os.path, "ismount", lambda p: os.fspath(p) == os.fspath(out) or real(p))
+    with pytest.raises(ConfigError) as info:
+        convert_radioml2016(path, out)
+    assert str(info.value).startswith(f"{out}: is a mount point")
+    assert list(out.iterdir()) == []
+
+
 # ------------------------------------------------------------------------------- RadioML 2018
 
 
@@ -819,7 +910,7 @@ def test_rml2018_round_trip_in_chunks(tmp_path, rng, monkeypatch):
 
 
 def test_rml2018_labelled_windows_and_classes_file(tmp_path, rng):
-    from iqtrain.eval.probe import labelled_windows
+    from iqtrain.data.windows import labelled_windows
 
     src = tmp_path / "small.hdf5"
     _, cls, _ = write_rml2018(src, rng, n=40, width=5)
@@ -985,6 +1076,110 @@ def test_rml2018_unreadable_sources(tmp_path, rng, damage):
         convert_radioml2018(src, tmp_path / "out")
     text = str(info.value)
     assert text.startswith(f"{src}: ") and "\n" not in text, text
+    assert_nothing_written(tmp_path / "out")
+
+
+def _storage_variants(h5py, tmp_path: Path, n: int) -> dict:
+    """X datasets whose data is not all stored in the file: each reads as zeros (the fill
+    value) without an error."""
+    shape = (n, 1024, 2)
+    (tmp_path / "ext.bin").write_bytes(bytes(n * 1024 * 2 * 4))
+    layout = h5py.VirtualLayout(shape, np.float32)
+    layout[:] = h5py.VirtualSource(tmp_path / "gone.h5", "X", shape=shape)
+    return {
+        "virtual, its source missing": (
+            lambda f: f.create_virtual_dataset("X", layout),
+            "X is a virtual dataset",
+        ),
+        "chunked, no chunk written": (
+            lambda f: f.create_dataset("X", shape, np.float32, chunks=(1, 1024, 2)),
+            "X has 0 of its 4 chunks written",
+        ),
+        "chunked, one chunk written": (
+            lambda f: f.create_dataset("X", shape, np.float32, chunks=(1, 1024, 2)).__setitem__(
+                0, 1.0
+            ),
+            "X has 1 of its 4 chunks written",
+        ),
+        "contiguous, never written": (
+            lambda f: f.create_dataset("X", shape, np.float32),
+            "X has 0 of its 32768 bytes stored",
+        ),
+        "external storage": (
+            lambda f: f.create_dataset(
+                "X", shape, np.float32, external=[(os.fspath(tmp_path / "ext.bin"), 0, 32768)]
+            ),
+            "X has external storage",
+        ),
+        "a soft link to itself": (
+            lambda f: f.__setitem__("X", h5py.SoftLink("/X")),
+            "cannot open X: ",
+        ),
+        "an external link": (
+            lambda f: f.__setitem__("X", h5py.ExternalLink(tmp_path / "gone.h5", "/X")),
+            "X is a link into another file",
+        ),
+    }
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        "virtual, its source missing",
+        "chunked, no chunk written",
+        "chunked, one chunk written",
+        "contiguous, never written",
+        "external storage",
+        "a soft link to itself",
+        "an external link",
+    ],
+)
+def test_rml2018_data_not_stored_in_the_file_is_refused(tmp_path, variant):
+    h5py = h5py_or_skip()
+    n = 4
+    make, message = _storage_variants(h5py, tmp_path, n)[variant]
+    src = tmp_path / "s.hdf5"
+    with h5py.File(src, "w") as f:
+        f["Y"], f["Z"] = np.eye(24, dtype=np.int64)[:n], np.zeros((n, 1), np.int64)
+        make(f)
+    with pytest.raises(DataError) as info:
+        convert_radioml2018(src, tmp_path / "out")
+    text = str(info.value)
+    assert text.startswith(f"{src}: ") and message in text and "\n" not in text, text
+    assert_nothing_written(tmp_path / "out")
+
+
+def test_rml2018_compressed_chunks_all_written_are_converted(tmp_path, rng):
+    h5py = h5py_or_skip()
+    src = tmp_path / "s.hdf5"
+    x, _, _ = write_rml2018(src, rng, n=5)
+    with h5py.File(src, "r+") as f:
+        del f["X"]
+        f.create_dataset("X", data=x, chunks=(2, 1024, 2), compression="gzip")
+        assert f["X"].id.get_storage_size() < f["X"].nbytes  # compressed: fewer bytes
+    assert convert_radioml2018(src, tmp_path / "out").examples == 5
+    assert np.array_equal(np.stack([e[3] for e in examples(tmp_path / "out")]), x)
+
+
+def test_rml2018_a_classes_file_must_be_a_small_regular_file(tmp_path, rng):
+    src = tmp_path / "s.hdf5"
+    write_rml2018(src, rng, n=2)
+    for classes, message in [
+        (tmp_path, "not a regular file"),
+        (Path("/dev/null"), "not a regular file"),
+    ]:
+        with pytest.raises(DataError) as info:
+            convert_radioml2018(src, tmp_path / "out", classes_file=classes)
+        assert str(info.value) == f"{classes}: {message}"
+    big = tmp_path / "big.txt"
+    with big.open("wb") as f:
+        f.truncate(convert.MAX_CLASSES_BYTES + 1)  # sparse: no disk used
+    with pytest.raises(DataError) as info:
+        convert_radioml2018(src, tmp_path / "out", classes_file=big)
+    assert str(info.value) == (
+        f"{big}: {convert.MAX_CLASSES_BYTES + 1} bytes, more than a class list may have "
+        f"({convert.MAX_CLASSES_BYTES})"
+    )
     assert_nothing_written(tmp_path / "out")
 
 

@@ -4,7 +4,9 @@ record; a view that fails is one note, never an error; missing packages are one 
 from __future__ import annotations
 
 import errno
+import os
 import sys
+import types
 
 import pytest
 from helpers import RECORDS, tensorboard_scalars, train_record, write_attempt
@@ -177,6 +179,48 @@ def test_a_wandb_failure_is_one_note(tmp_path, offline_wandb, capsys):
         "there is off for the rest of this attempt"
     ]
     assert live.views == []
+
+
+class _FakeWandbRun:
+    """What LiveLog uses of a W&B run; like wandb-core, ``log`` never fails (a record it cannot
+    write to a full disk is dropped, said only in its debug-internal.log)."""
+
+    def __init__(self):
+        self.steps, self.exit_code = [], None
+        self.config = types.SimpleNamespace(update=lambda *args, **kwargs: None)
+
+    def log(self, values, step):
+        self.steps.append(step)
+
+    def finish(self, exit_code):
+        self.exit_code = exit_code
+
+
+def test_wandb_on_a_full_disk_is_one_note(tmp_path, monkeypatch, capsys):
+    run = _FakeWandbRun()
+    fake = types.ModuleType("wandb")
+    fake.init = lambda **kwargs: run
+    fake.Settings = lambda **kwargs: None
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    monkeypatch.delenv("WANDB_DIR", raising=False)  # the run's files go into the attempt
+    att = write_attempt(tmp_path / "run")
+    logging = LoggingConfig(wandb=WandbConfig(project="p"))
+    live = _live(att, RECORDS[:1], logging, run_id="run00003")
+    real = os.statvfs
+
+    def full(path):
+        st = real(path)
+        return types.SimpleNamespace(f_frsize=st.f_frsize, f_bavail=0, f_bfree=0)
+
+    monkeypatch.setattr(os, "statvfs", full)
+    for record in RECORDS[1:]:
+        live.record(record)  # never raises
+    live.close(ok=True)
+    assert capsys.readouterr().err.splitlines() == [
+        f"iqtrain: note: logging.wandb: {att}: No space left on device; live logging there is "
+        "off for the rest of this attempt"
+    ]
+    assert run.steps == [1] and run.exit_code == 1 and live.views == []
 
 
 def test_the_loop_only_queues_and_close_writes_the_backlog(tmp_path):

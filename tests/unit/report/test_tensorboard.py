@@ -3,6 +3,7 @@ replaces, never duplicates; the errors are one line."""
 
 from __future__ import annotations
 
+import errno
 import json
 import sys
 
@@ -11,7 +12,7 @@ from helpers import RECORDS, tensorboard_scalars, train_record, write_attempt, w
 
 from iqtrain.cli.main import main
 from iqtrain.errors import CheckpointError, ConfigError
-from iqtrain.report.tensorboard import EVENT_PREFIX, export_tensorboard
+from iqtrain.report.tensorboard import EVENT_PREFIX, EventFile, export_tensorboard
 
 PROBE = {"kind": "probe", "step": 3, "accuracy": 0.75, "chance": 0.25, "classes": 4}
 
@@ -90,6 +91,28 @@ def test_exporting_again_replaces_and_never_duplicates(tmp_path):
     other = write_attempt(tmp_path / "other")  # another run's 0001 does not collide
     assert export_tensorboard(other, tmp_path / "tb")[0] == tmp_path / "tb" / "other" / "0001"
     assert len(tensorboard_scalars(where)["train/loss"]) == 4
+
+
+def test_a_full_disk_leaves_nothing_and_an_earlier_export_as_it_was(tmp_path, monkeypatch):
+    att = write_attempt(tmp_path / "run")
+    other = write_attempt(tmp_path / "other")
+    where, _ = export_tensorboard(other, tmp_path / "tb")  # tb/other/0001, left alone
+    before = tensorboard_scalars(where)
+
+    def full(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(EventFile, "scalars", full)
+    with pytest.raises(ConfigError, match=r"^--tensorboard .*: cannot write: No space left"):
+        export_tensorboard(att, tmp_path / "tb")  # would make tb/run/0001
+    assert sorted(p.name for p in (tmp_path / "tb").iterdir()) == ["other"]
+    with pytest.raises(ConfigError):
+        export_tensorboard(other, tmp_path / "tb")  # replacing the earlier export
+    assert sorted(p.name for p in where.parent.iterdir()) == ["0001"]
+    assert tensorboard_scalars(where) == before
+    with pytest.raises(ConfigError):
+        export_tensorboard(att, tmp_path / "new" / "tb")
+    assert not (tmp_path / "new").exists()
 
 
 def test_a_directory_holding_other_files_is_refused_untouched(tmp_path):

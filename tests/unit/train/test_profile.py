@@ -3,6 +3,7 @@ touches the CUDA memory history, and a profile that cannot be written is one not
 
 from __future__ import annotations
 
+import errno
 import json
 
 import pytest
@@ -70,6 +71,22 @@ def test_a_profile_that_cannot_be_written_is_one_note(tmp_path, capsys):
     profiler.after_step(2)
     (line,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("iqtrain")]
     assert line.startswith("iqtrain: note: training.profile_steps: cannot write the profile of ")
+
+
+@pytest.mark.usefixtures("no_cuda_history")
+def test_a_trace_on_a_full_disk_leaves_nothing(tmp_path, monkeypatch, capsys):
+    # Kineto writes <trace>.tmp, then renames it; a full disk left that .tmp behind.
+    def full(self, path):
+        with open(f"{path}.tmp", "w") as f:
+            f.write('{"traceEvents": [')
+        raise OSError(errno.ENOSPC, "No space left on device", f"{path}.tmp")
+
+    monkeypatch.setattr(torch.profiler.profile, "export_chrome_trace", full)
+    _run(StepProfiler((1, 2), tmp_path / "profile", "cpu"), range(1, 4))
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("iqtrain")]
+    assert line.startswith("iqtrain: note: training.profile_steps: cannot write the profile of ")
+    assert "No space left on device" in line
+    assert list(tmp_path.iterdir()) == []  # neither the .tmp nor the directory made for it
 
 
 @pytest.mark.gpu
