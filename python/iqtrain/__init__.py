@@ -40,6 +40,9 @@ _EXPORTS: dict[str, str] = {
     "next_patch_loss": "iqtrain.model.transformer",
     "prepare_iq_input": "iqtrain.model.prepare",
     "prepare_iq_input_reference": "iqtrain.model.prepare",
+    "InputError": "iqtrain.errors",
+    "Pretrained": "iqtrain.pretrained.load",
+    "load_pretrained": "iqtrain.pretrained.load",
     "ProbeResult": "iqtrain.eval.probe",
     "run_probe": "iqtrain.eval.probe",
     "Plan": "iqtrain.train.schedule",
@@ -62,12 +65,14 @@ __all__ = [
     "DataError",
     "IQDataset",
     "IQTrainError",
+    "InputError",
     "ModelConfig",
     "NextPatchModel",
     "NonFiniteError",
     "OptimizerConfig",
     "ParentRef",
     "Plan",
+    "Pretrained",
     "ProbeResult",
     "Recording",
     "ScheduleConfig",
@@ -81,6 +86,7 @@ __all__ = [
     "convert_radioml2016",
     "convert_radioml2018",
     "load_config",
+    "load_pretrained",
     "lr_at",
     "next_patch_loss",
     "objective_loss",
@@ -136,6 +142,7 @@ if _typing.TYPE_CHECKING:
         ConfigError,
         CursorMismatchError,
         DataError,
+        InputError,
         IQTrainError,
         NonFiniteError,
         TrainingError,
@@ -147,6 +154,7 @@ if _typing.TYPE_CHECKING:
     from iqtrain.model.objectives import objective_loss
     from iqtrain.model.prepare import prepare_iq_input, prepare_iq_input_reference
     from iqtrain.model.transformer import NextPatchModel, next_patch_loss
+    from iqtrain.pretrained.load import Pretrained, load_pretrained
     from iqtrain.train.attempt import AttemptResult, run_pretraining_attempt
     from iqtrain.train.schedule import Plan, lr_at
     from iqtrain.train.step import StepResult, TrainStep

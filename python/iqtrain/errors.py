@@ -18,6 +18,7 @@ __all__ = [
     "DataError",
     "CursorMismatchError",
     "WindowTooLongError",
+    "InputError",
     "NonFiniteError",
     "CheckpointError",
     "TrainingError",
@@ -53,6 +54,11 @@ class CursorMismatchError(DataError):
 
 class WindowTooLongError(DataError):
     """No recording (or capture segment) of a dataset is as long as one window."""
+
+
+class InputError(DataError, ValueError):
+    """An array given to a pretrained model has the wrong shape or dtype (names the window the
+    model expects); a ValueError too, as a Python API's argument error."""
 
 
 class NonFiniteError(IQTrainError, ArithmeticError):

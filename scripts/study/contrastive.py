@@ -37,16 +37,12 @@ from torch import Tensor, nn
 
 from iqtrain.config.schema import Config, load_config
 from iqtrain.data.dataset import IQDataset
-from iqtrain.eval.probe import (
-    classical_score,
-    cross_validate,
-    labelled_windows,
-    layer_features,
-    random_init_model,
-)
+from iqtrain.data.windows import labelled_windows
+from iqtrain.eval.probe import classical_score, cross_validate, layer_features
 from iqtrain.model.objectives import objective_loss
 from iqtrain.model.prepare import prepare_iq_input_reference
 from iqtrain.model.transformer import NextPatchModel
+from iqtrain.pretrained.load import random_init_model
 from iqtrain.train.optim import split_parameters
 from iqtrain.train.schedule import Plan, lr_at
 

@@ -18,14 +18,9 @@ from pathlib import Path
 
 import torch
 
-from iqtrain.eval.probe import (
-    cross_validate,
-    labelled_windows,
-    load_checkpoint_model,
-    random_init_model,
-)
-from iqtrain.model.prepare import prepare_iq_input_reference
-from iqtrain.model.transformer import NextPatchModel
+from iqtrain.data.windows import labelled_windows
+from iqtrain.eval.probe import cross_validate
+from iqtrain.pretrained.load import Pretrained, load_pretrained
 
 POOLINGS = ("mean", "meanstd", "meanstdskew", "meanstdmax")
 FOLDS, SEED = 5, 0  # the probe's defaults
@@ -43,22 +38,12 @@ def _pooled(h: torch.Tensor) -> dict[str, torch.Tensor]:
     }
 
 
-def features(model: NextPatchModel, labelled, data) -> dict[int, dict[str, torch.Tensor]]:
-    """``{layer: {pooling: [windows, features]}}``, windows prepared as the probe prepares them."""
-    model.eval()
-    out: dict[int, dict[str, list[torch.Tensor]]] = {}
-    with torch.no_grad():
-        for raw in labelled.batches(64):
-            patches, _ = prepare_iq_input_reference(
-                torch.from_numpy(raw),
-                data.patch_len,
-                norm=data.norm,
-                prefix_patches=data.prefix_patches,
-            )
-            for k, h in enumerate(model.layer_states(patches)):
-                for name, x in _pooled(h.float()).items():
-                    out.setdefault(k, {}).setdefault(name, []).append(x)
-    return {k: {n: torch.cat(v) for n, v in d.items()} for k, d in out.items()}
+def features(pre: Pretrained, labelled) -> dict[int, dict[str, torch.Tensor]]:
+    """``{layer: {pooling: [windows, features]}}``: every patch's state of every layer (the
+    embed path, ``pool=None``), pooled each way."""
+    layers = list(range(pre.config.model.layers + 1))
+    states = pre.features(labelled.batches(64), layers, pool=None)
+    return {k: _pooled(h) for k, h in states.items()}
 
 
 def main() -> int:
@@ -67,12 +52,11 @@ def main() -> int:
     parser.add_argument("data", help="labelled .sigmf-meta glob (the select set)")
     parser.add_argument("out", type=Path)
     args = parser.parse_args()
-    model, config, _, _ = load_checkpoint_model(args.attempt)
-    labelled = labelled_windows(args.data, config.data.window)
-    models = {"pretrained": model, "random": random_init_model(config.model, config.run.seed)}
+    pre = load_pretrained(args.attempt, which="latest")
+    labelled = labelled_windows(args.data, pre.window)
     results: dict[str, float] = {}
-    for name, m in models.items():
-        for layer, pooled in features(m, labelled, config.data).items():
+    for name, m in {"pretrained": pre, "random": pre.random_init()}.items():
+        for layer, pooled in features(m, labelled).items():
             for pooling in POOLINGS:
                 score = cross_validate(
                     pooled[pooling],

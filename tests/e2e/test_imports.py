@@ -160,10 +160,11 @@ def attempt(tmp_path_factory) -> Path:
     return root / "run" / "attempts" / "0001"
 
 
-def test_help_imports_no_torch() -> None:
-    proc = _run("-m", "iqtrain.cli.main", "--help")
-    assert proc.returncode == 0 and "verify" in proc.stdout, proc.stderr[-2000:]
-    _assert_no_torch(proc, "iqtrain --help")
+@pytest.mark.parametrize("command", [[], ["probe"], ["embed"], ["score"]], ids=lambda c: str(c))
+def test_help_imports_no_torch(command: list[str]) -> None:
+    proc = _run("-m", "iqtrain.cli.main", *command, "--help")
+    assert proc.returncode == 0 and "usage: iqtrain" in proc.stdout, proc.stderr[-2000:]
+    _assert_no_torch(proc, f"iqtrain {' '.join(command)} --help")
 
 
 @pytest.mark.parametrize(

@@ -64,6 +64,7 @@ __all__ = [
     "checkpoint_step",
     "crash_leftovers",
     "list_checkpoints",
+    "listed_sha256",
     "load_checkpoint",
     "remove_checkpoint",
     "save_checkpoint",
@@ -362,27 +363,29 @@ def _step_problems(path: Path, listing: dict[str, Any]) -> list[str]:
 
 
 def load_checkpoint(
-    path: Path,
+    path: Path, *, optimizer: bool = True
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None, CheckpointState]:
     """Verify, then load ``(model_state, optimizer_state, state)`` from a checkpoint.
 
     ``optimizer_state`` is None for a ``dcp`` checkpoint: its sharded state is loaded by the
-    ranks together (:func:`sharded_state_dir`), into whatever layout they train with.
+    ranks together (:func:`sharded_state_dir`), into whatever layout they train with; and
+    with ``optimizer=False`` (a model to use, or to start a new attempt from: every file is
+    still verified, only the optimizer's tensors are not read).
     """
     from safetensors.torch import load_file
 
     problems = verify_checkpoint(path)
     if problems:
         raise CheckpointError("; ".join(problems))
-    sharded = sharded_state_dir(path) is not None
+    sharded = sharded_state_dir(path) is not None or not optimizer
     state = CheckpointState.read(path)
     try:
         model_state = load_file(path / "model.safetensors")
         optim_tensors = {} if sharded else load_file(path / "optimizer.safetensors")
     except (OSError, ValueError, SafetensorError) as exc:
         raise CheckpointError(f"{path}: cannot load: {exc}") from None
-    if sharded:
-        return model_state, None, state  # the optimizer is loaded with the ranks' shards
+    if sharded:  # the optimizer is loaded with the ranks' shards, or not at all
+        return model_state, None, state
     if state.optimizer is None:
         raise CheckpointError(f"{path / 'state.json'}: no 'optimizer' table")
     try:
@@ -392,6 +395,20 @@ def load_checkpoint(
             f"{path / 'state.json'}: optimizer: malformed ({type(exc).__name__}: {exc})"
         ) from None
     return model_state, optimizer_state, state
+
+
+def listed_sha256(path: Path, fname: str = "model.safetensors") -> str:
+    """The SHA-256 ``checkpoint.json`` of checkpoint ``path`` records for ``fname`` (read it
+    after the checkpoint verified: then it is the file's). CheckpointError when it lists none."""
+    index = path / "checkpoint.json"
+    try:
+        entry = json.loads(index.read_text())["files"][fname]
+        digest = entry["sha256"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{index}: no sha256 for {fname} ({exc})") from None
+    if not isinstance(digest, str):
+        raise CheckpointError(f"{index}: the sha256 of {fname} is {digest!r}, not a string")
+    return digest
 
 
 def list_checkpoints(root: Path) -> list[Path]:

@@ -16,13 +16,22 @@ checked when they are read. Format: docs/design.md section 6. Imports no torch.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from iqtrain.errors import CheckpointError
 
-__all__ = ["COMPONENTS", "STATE_VERSION", "CheckpointState", "read_json_object", "recorded_step"]
+__all__ = [
+    "COMPONENTS",
+    "INIT_KEYS",
+    "STATE_VERSION",
+    "CheckpointState",
+    "init_record_problem",
+    "read_json_object",
+    "recorded_step",
+]
 
 #: The only version this iqtrain writes and reads. 3: ``rng`` holds every rank's generators
 #: (``{"world_size": W, "ranks": [...]}``) and ``loop`` carries early stopping's counters.
@@ -31,6 +40,30 @@ STATE_VERSION = 3
 #: The loop components whose ``state_dict()`` a checkpoint stores, by their state.json key.
 COMPONENTS = ("cursor", "loop", "rng")
 _DATA_GROUPS = ("train", "val", "train_meta", "val_meta")
+#: Where a lineage's first weights came from (``[init] from``, docs/design.md 6.11): the same
+#: object in state.json, attempt.json and the manifest, and its JSON types.
+INIT_KEYS = {"attempt": str, "checkpoint": str, "step": int, "model_sha256": str}
+_CHECKPOINT = re.compile(r"step_[0-9]{8}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def init_record_problem(init: Any) -> str | None:
+    """What is wrong with an ``init`` record (None: nothing): exactly the keys of
+    :data:`INIT_KEYS` with their types, an absolute ``attempt``, ``checkpoint`` the
+    ``step_%08d`` of ``step`` >= 0, ``model_sha256`` 64 lowercase hex digits."""
+    if not isinstance(init, dict) or set(init) != set(INIT_KEYS):
+        return f"expected an object with {sorted(INIT_KEYS)}, got {init!r:.200}"
+    for key, kind in INIT_KEYS.items():
+        if isinstance(init[key], bool) or not isinstance(init[key], kind):
+            return f"init.{key} is {init[key]!r:.100}, not a {kind.__name__}"
+    if not Path(init["attempt"]).is_absolute():
+        return f"init.attempt is {init['attempt']!r:.100}, not an absolute path"
+    step, name = init["step"], init["checkpoint"]
+    if step < 0 or not _CHECKPOINT.fullmatch(name) or int(name[5:]) != step:
+        return f"init.checkpoint {name!r:.40} is not the checkpoint of step {step}"
+    if not _SHA256.fullmatch(init["model_sha256"]):
+        return f"init.model_sha256 {init['model_sha256']!r:.80} is not a SHA-256"
+    return None
 
 
 def _want(obj: dict[str, Any], key: str, kind: type, path: Path, where: str = "") -> Any:
@@ -62,6 +95,8 @@ class CheckpointState:
     metrics: dict[str, Any]
     components: dict[str, dict[str, Any]]
     optimizer: dict[str, Any] | None = None
+    #: Where the lineage's first weights came from (``[init] from``); None: random init.
+    init: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ encoding
 
@@ -78,6 +113,8 @@ class CheckpointState:
         }
         if self.optimizer is not None:
             obj["optimizer"] = self.optimizer
+        if self.init is not None:  # only then: a state without one is what it always was
+            obj["init"] = self.init
         return obj
 
     def encode(self) -> bytes:
@@ -108,6 +145,10 @@ class CheckpointState:
         optimizer = obj.get("optimizer")
         if optimizer is not None and not isinstance(optimizer, dict):
             raise CheckpointError(f"{path}: optimizer is {optimizer!r}, not a dict")
+        init = obj.get("init")
+        problem = None if init is None else init_record_problem(init)
+        if problem is not None:
+            raise CheckpointError(f"{path}: {problem}")
         return cls(
             step=step,
             config_sha256=_want(obj, "config_sha256", str, path),
@@ -117,6 +158,7 @@ class CheckpointState:
             metrics=_want(obj, "metrics", dict, path),
             components={name: _want(obj, name, dict, path) for name in COMPONENTS},
             optimizer=optimizer,
+            init=init,
         )
 
     @classmethod

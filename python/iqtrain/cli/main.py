@@ -26,7 +26,7 @@ import signal
 import sys
 import traceback
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from iqtrain.config.sections import SYNTH_DATATYPES
 from iqtrain.console import (
@@ -48,6 +48,8 @@ from iqtrain.errors import (
 __all__ = ["main"]
 
 EXIT_OK = 0
+#: ``iqtrain synth --burst-samples`` default: 4 windows of the quickstart's 512 samples.
+SYNTH_BURST_SAMPLES = 2048
 
 
 # ------------------------------------------------------------------------------------ commands
@@ -104,12 +106,9 @@ def _finish(result) -> int:
             f"predicted-mean NMSE {fmt(result.final_val_nmse)}"
         )
     if result.probe is not None:
-        p = result.probe
-        print(
-            f"  probe at step {p['step']}: accuracy {p['accuracy']:.4f}; random-init "
-            f"{p['random_init_accuracy']:.4f}, classical features {p['classical_accuracy']:.4f}, "
-            f"chance {p['chance']:.4f}"
-        )
+        from iqtrain.report.summary import probe_summary
+
+        print(f"  probe at step {result.probe['step']}: {probe_summary(result.probe)}")
     print(f"  verify: iqtrain verify {result.attempt}")
     return EXIT_OK
 
@@ -133,12 +132,32 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
-    from iqtrain.data.synth import synthesize
+    from iqtrain.data.synth import synthesize, synthesize_labelled
 
+    if args.annotations is not None:
+        if args.recordings is not None or args.samples is not None:
+            raise UsageError(
+                "--annotations: a labelled set sizes its own recordings; drop --recordings and "
+                "--samples (--burst-samples sets each annotation's length)"
+            )
+        paths = synthesize_labelled(
+            args.out_dir,
+            annotations=args.annotations,
+            burst_samples=args.burst_samples,
+            datatype=args.datatype,
+            seed=args.seed,
+        )
+        print(
+            f"wrote {args.annotations} labelled annotations in {len(paths)} recordings to "
+            f"{args.out_dir}"
+        )
+        return EXIT_OK
+    if args.burst_samples != SYNTH_BURST_SAMPLES:
+        raise UsageError("--burst-samples: needs --annotations N (a labelled set)")
     paths = synthesize(
         args.out_dir,
-        recordings=args.recordings,
-        samples=args.samples,
+        recordings=8 if args.recordings is None else args.recordings,
+        samples=(1 << 18) if args.samples is None else args.samples,
         datatype=args.datatype,
         seed=args.seed,
     )
@@ -175,27 +194,6 @@ def cmd_report(args: argparse.Namespace) -> int:
             f"tensorboard: {count} scalars in {where} (tensorboard --logdir {args.tensorboard})"
         )
     print("\n".join(text))
-    return EXIT_OK
-
-
-def cmd_probe(args: argparse.Namespace) -> int:
-    import json
-
-    # Lazily: probe imports torch, and `iqtrain --help` must not.
-    from iqtrain.eval.probe import format_table, run_probe
-
-    result = run_probe(
-        Path(args.attempt),
-        args.data,
-        args.from_,
-        args.folds,
-        by=args.by,
-        bins=args.bins,
-        layer=args.layer,
-    )
-    print(format_table(result))
-    if args.json:
-        print(json.dumps(result.to_dict()))
     return EXIT_OK
 
 
@@ -244,13 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sp.set_defaults(func=cmd_verify)
 
-    sp = sub.add_parser("synth", help="write synthetic SigMF recordings")
-    sp.add_argument("out_dir")
-    sp.add_argument("--recordings", type=int, default=8)
-    sp.add_argument("--samples", type=int, default=1 << 18)
-    sp.add_argument("--datatype", default=SYNTH_DATATYPES[0], choices=SYNTH_DATATYPES)
-    sp.add_argument("--seed", type=int, default=0)
-    sp.set_defaults(func=cmd_synth)
+    _add_synth_parser(sub)
 
     sp = sub.add_parser("inspect", help="one batch through every stage: shapes, dtypes, counts")
     sp.add_argument("config")
@@ -273,45 +265,37 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sp.set_defaults(func=cmd_report)
 
-    _add_probe_parser(sub)
     from iqtrain.cli.convert import add_convert_parser
+    from iqtrain.cli.infer import add_embed_parser, add_score_parser
+    from iqtrain.cli.probe import add_probe_parser
 
+    add_probe_parser(sub)
+    add_embed_parser(sub)
+    add_score_parser(sub)
     add_convert_parser(sub, _Parser)
     return p
 
 
-def _add_probe_parser(sub) -> None:
-    sp = sub.add_parser(
-        "probe", help="linear-probe accuracy of a checkpoint on labelled SigMF annotations"
-    )
-    sp.add_argument("attempt", help="the attempt directory")
+def _add_synth_parser(sub: Any) -> None:
+    sp = sub.add_parser("synth", help="write synthetic SigMF recordings")
+    sp.add_argument("out_dir")
+    sp.add_argument("--recordings", type=int, help="recordings (default 8)")
+    sp.add_argument("--samples", type=int, help="complex samples per recording (default 262144)")
     sp.add_argument(
-        "--data",
-        nargs="+",
-        default=None,
-        metavar="GLOB",
-        help="labelled .sigmf-meta files (default: the attempt's validation recordings)",
-    )
-    sp.add_argument("--from", dest="from_", default="latest", help="latest, best or step_N")
-    sp.add_argument("--folds", type=int, default=5, help="cross-validation folds (default 5)")
-    sp.add_argument(
-        "--by",
-        metavar="KEY",
-        help="also accuracy per bin of a numeric annotation field, e.g. iqtrain:snr_db",
+        "--annotations",
+        type=int,
+        metavar="N",
+        help="instead: a labelled probe set of N bursts, classes spread evenly",
     )
     sp.add_argument(
-        "--bins",
-        metavar="W|E1,E2,...",
-        help="--by's bins: a width (default 5) or comma-separated edges",
+        "--burst-samples",
+        type=int,
+        default=SYNTH_BURST_SAMPLES,
+        help=f"with --annotations: samples per burst (default {SYNTH_BURST_SAMPLES})",
     )
-    sp.add_argument(
-        "--layer",
-        metavar="N|all",
-        help="features of block N (0 the patch embeddings; default: the final hidden states, "
-        "model.layers) or of every layer",
-    )
-    sp.add_argument("--json", action="store_true", help="also print one JSON object last")
-    sp.set_defaults(func=cmd_probe)
+    sp.add_argument("--datatype", default=SYNTH_DATATYPES[0], choices=SYNTH_DATATYPES)
+    sp.add_argument("--seed", type=int, default=0)
+    sp.set_defaults(func=cmd_synth)
 
 
 def _flush_stdout(code: int) -> int:

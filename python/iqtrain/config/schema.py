@@ -28,6 +28,7 @@ from typing import Any
 
 from iqtrain.config.sections import (
     DataConfig,
+    InitConfig,
     LoggingConfig,
     ModelConfig,
     OptimizerConfig,
@@ -67,6 +68,7 @@ class Config:
     training: TrainingConfig = field(default_factory=TrainingConfig)
     probe: ProbeConfig = field(default_factory=ProbeConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    init: InitConfig = field(default_factory=InitConfig)
 
     def __post_init__(self) -> None:
         if self.model is None:
@@ -123,6 +125,7 @@ _SECTIONS: dict[str, type] = {
     "training": TrainingConfig,
     "probe": ProbeConfig,
     "logging": LoggingConfig,
+    "init": InitConfig,
 }
 _NESTED: dict[tuple[type, str], type] = {
     (DataConfig, "synthetic"): SynthConfig,
@@ -130,13 +133,24 @@ _NESTED: dict[tuple[type, str], type] = {
 }
 
 
+def _toml_key(f: dataclasses.Field) -> str:
+    """A field's key in TOML: its name, or ``metadata["toml"]`` where the name is a Python
+    keyword (``init.from`` is the field ``from_``)."""
+    return f.metadata.get("toml", f.name)
+
+
+def _fields_by_key(cls: type) -> dict[str, str]:
+    """TOML key -> field name of a section."""
+    return {_toml_key(f): f.name for f in dataclasses.fields(cls)}
+
+
 def _build_section(cls: type, table: Any, prefix: str) -> Any:
     if not isinstance(table, dict):
         raise ConfigError(f"{prefix}: must be a table, got {table!r}")
-    names = {f.name for f in dataclasses.fields(cls)}
+    names = _fields_by_key(cls)
     for key in table:
         if key not in names:
-            hint = _closest(key, names)
+            hint = _closest(key, set(names))
             raise ConfigError(
                 f"{prefix}.{key}: unknown key"
                 + (f" (did you mean {prefix}.{hint}?)" if hint else "")
@@ -144,7 +158,7 @@ def _build_section(cls: type, table: Any, prefix: str) -> Any:
     kwargs = {}
     for key, value in table.items():
         nested = _NESTED.get((cls, key))
-        kwargs[key] = _build_section(nested, value, f"{prefix}.{key}") if nested else value
+        kwargs[names[key]] = _build_section(nested, value, f"{prefix}.{key}") if nested else value
     try:
         return cls(**kwargs)
     except TypeError as exc:  # a wrong type that reached arithmetic inside a validator
@@ -184,6 +198,7 @@ def build_config(tables: dict[str, Any]) -> Config:
         training=_build_section(TrainingConfig, tables.get("training", {}), "training"),
         probe=_build_section(ProbeConfig, tables.get("probe", {}), "probe"),
         logging=_build_section(LoggingConfig, tables.get("logging", {}), "logging"),
+        init=_build_section(InitConfig, tables.get("init", {}), "init"),
     )
 
 
@@ -202,8 +217,7 @@ def _known_key(dotted: str) -> None:
     if cls is None or len(parts) < 2:
         raise ConfigError(f"{dotted}: unknown key")
     for i, part in enumerate(parts[1:], start=1):
-        names = {f.name for f in dataclasses.fields(cls)}
-        if part not in names:
+        if part not in _fields_by_key(cls):
             raise ConfigError(f"{dotted}: unknown key")
         nested = _NESTED.get((cls, part))
         if nested is None:
@@ -264,7 +278,7 @@ def config_to_dict(config: Config) -> dict[str, Any]:
     def convert(obj: Any) -> Any:
         if dataclasses.is_dataclass(obj):
             return {
-                f.name: convert(getattr(obj, f.name))
+                _toml_key(f): convert(getattr(obj, f.name))
                 for f in dataclasses.fields(obj)
                 if getattr(obj, f.name) is not None
             }

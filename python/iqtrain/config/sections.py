@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,9 +25,11 @@ __all__ = [
     "PRECISIONS",
     "SHAPES",
     "SIGMF_DATATYPES",
+    "STEP_NAME",
     "SYNTH_DATATYPES",
     "DataConfig",
     "Datatype",
+    "InitConfig",
     "LoggingConfig",
     "ModelConfig",
     "OptimizerConfig",
@@ -36,6 +39,7 @@ __all__ = [
     "SynthConfig",
     "TrainingConfig",
     "WandbConfig",
+    "check_which",
     "default_mlp_hidden",
     "require_float",
     "require_int",
@@ -498,12 +502,18 @@ def _step_range(key: str, value: object) -> tuple[int, int]:
     return first, last
 
 
+#: ``[probe] synthetic_annotations``: at most this many (a typo's cost is bounded, not a use).
+MAX_SYNTHETIC_ANNOTATIONS = 100_000
+
+
 @dataclass(kw_only=True)
 class ProbeConfig:
     """``[probe]``: a linear probe during training (``iqtrain probe``'s measurement, written as
     ``probe`` records). ``every`` counts validations (0 = off); ``data`` are labelled SigMF
-    recordings (paths or globs, resolved like data.train; empty = the validation recordings).
-    It reads the model and nothing else: the training stream and RNG are untouched."""
+    recordings (paths or globs, resolved like data.train; empty = the validation recordings,
+    or, with synthetic data and ``synthetic_annotations`` > 0, a generated labelled probe set
+    of that many annotations spread evenly over the classes). It reads the model and nothing
+    else: the training stream and RNG are untouched."""
 
     every: int = 0
     data: list[str] = field(default_factory=list)
@@ -512,9 +522,30 @@ class ProbeConfig:
     by: str = ""
     # ``--bins``: a width, or the edges (at least two, increasing).
     bins: float | list[float] = 5.0
+    # Label efficiency (``iqtrain probe --shots``): K labelled annotations per class drawn from
+    # each training fold, ``seeds`` draws per K; [] = off.
+    shots: list[int] = field(default_factory=list)
+    seeds: int = 5
+    # With synthetic data and probe.data empty: a labelled probe set of this many annotations
+    # (0 = probe the validation recordings).
+    synthetic_annotations: int = 0
 
     def __post_init__(self) -> None:
         require_int("probe.every", self.every, minimum=0)
+        if not isinstance(self.shots, list | tuple):
+            raise ConfigError(f"probe.shots: must be a list of integers >= 1, got {self.shots!r}")
+        self.shots = [
+            require_int(f"probe.shots[{i}]", k, minimum=1) for i, k in enumerate(self.shots)
+        ]
+        if len(set(self.shots)) != len(self.shots):
+            raise ConfigError(f"probe.shots: each K once, got {self.shots}")
+        require_int("probe.seeds", self.seeds, minimum=1)
+        require_int(
+            "probe.synthetic_annotations",
+            self.synthetic_annotations,
+            minimum=0,
+            maximum=MAX_SYNTHETIC_ANNOTATIONS,
+        )
         require_str("probe.by", self.by)
         if isinstance(self.bins, list):
             edges = [require_float(f"probe.bins[{i}]", v) for i, v in enumerate(self.bins)]
@@ -530,6 +561,41 @@ class ProbeConfig:
             for i, p in enumerate(require_str_list("probe.data", self.data))
         ]
         require_int("probe.folds", self.folds, minimum=2)
+
+
+#: A checkpoint's name as a user gives it (``step_300``, ``step_00000300``); ASCII digits only.
+STEP_NAME = re.compile(r"step_[0-9]+")
+
+
+def check_which(which: object, key: str) -> str:
+    """``latest``, ``best`` or ``step_N`` (ASCII digits), else a ConfigError naming ``key``."""
+    if not isinstance(which, str) or not (
+        which in ("latest", "best") or STEP_NAME.fullmatch(which)
+    ):
+        raise ConfigError(f"{key}: expected latest, best or step_N, got {which!r}")
+    return str(which)
+
+
+@dataclass(kw_only=True)
+class InitConfig:
+    """``[init]``: start a new attempt (a new lineage) from the weights of a verified
+    checkpoint: ``from`` an attempt directory (resolved like data.train) and ``which`` of its
+    checkpoints (``latest``, ``best``, ``step_N``; unset: ``best``), or a checkpoint directory
+    (``<attempt>/checkpoints/step_N``: then ``which``, if set, must name it too). Optimizer,
+    schedule, stream and step start fresh; every architecture key of ``[model]`` must match the
+    source's. ``from = ""`` (the default): random initialisation. The TOML key is ``from``; the
+    field ``from_``."""
+
+    from_: str = field(default="", metadata={"toml": "from"})
+    which: str | None = None
+
+    def __post_init__(self) -> None:
+        if require_str("init.from", self.from_):
+            self.from_ = require_path("init.from", self.from_)
+        if self.which is not None:
+            check_which(self.which, "init.which")
+            if not self.from_:
+                raise ConfigError("init.which: needs init.from (the attempt to start from)")
 
 
 @dataclass(kw_only=True)

@@ -8,17 +8,35 @@ import hashlib
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 from iqtrain.config.schema import expand_path
-from iqtrain.config.sections import SYNTH_VAL_SEED_OFFSET, DataConfig, SynthConfig
+from iqtrain.config.sections import (
+    SYNTH_MAX_SEED,
+    SYNTH_VAL_SEED_OFFSET,
+    DataConfig,
+    ProbeConfig,
+    SynthConfig,
+)
 from iqtrain.console import note
 from iqtrain.data.dataset import IQDataset
-from iqtrain.data.synth import synthesize
+from iqtrain.data.synth import synthesize, synthesize_labelled
 from iqtrain.errors import ConfigError, StorageError, WindowTooLongError
 from iqtrain.storage import storage_error
 
-__all__ = ["ensure_synthetic", "open_datasets", "report_skipped", "validation_patterns"]
+__all__ = [
+    "PROBE_WINDOWS_PER_ANNOTATION",
+    "ensure_synthetic",
+    "ensure_synthetic_probe",
+    "open_datasets",
+    "probe_patterns",
+    "report_skipped",
+    "validation_patterns",
+]
+
+#: Windows in each burst of a synthetic probe set (its bursts are this many windows long).
+PROBE_WINDOWS_PER_ANNOTATION = 4
 
 
 def _sha256_bytes(data: bytes) -> str:
@@ -45,7 +63,17 @@ def ensure_synthetic(s: SynthConfig) -> tuple[list[str], list[str]]:
     )
     root = Path(expand_path(s.cache_dir)) / _sha256_bytes(key.encode())[:16]
     if not (root / "COMPLETE").is_file():
-        _generate(s, root, key)
+
+        def write(tmp: Path) -> None:
+            for part, count, seed in (
+                ("train", s.train_recordings, s.seed),
+                ("val", s.val_recordings, s.seed + SYNTH_VAL_SEED_OFFSET),  # never the train set
+            ):
+                synthesize(
+                    tmp / part, recordings=count, samples=s.samples, datatype=s.datatype, seed=seed
+                )
+
+        _generate(root, key, write)
     # The cache directory may hold glob characters of its own: only the file name is a pattern.
     escaped = glob.escape(os.fspath(root))
     return [os.path.join(escaped, "train", "*.sigmf-meta")], [
@@ -53,21 +81,53 @@ def ensure_synthetic(s: SynthConfig) -> tuple[list[str], list[str]]:
     ]
 
 
-def _generate(s: SynthConfig, root: Path, key: str) -> None:
-    """Write the set into a temporary sibling of ``root`` and rename it into place; a failure
-    (a full disk) leaves no partial set and names the file, as ``data.synthetic.cache_dir``."""
+def ensure_synthetic_probe(s: SynthConfig, annotations: int, window: int) -> list[str]:
+    """Generate (once) the synthetic labelled probe set of ``[probe] synthetic_annotations``
+    (:func:`~iqtrain.data.synth.synthesize_labelled`: bursts of
+    :data:`PROBE_WINDOWS_PER_ANNOTATION` windows, classes spread evenly, a seed of its own);
+    return its glob pattern. Cached beside the train/val set, written as it is."""
+    seed = (s.seed + 2 * SYNTH_VAL_SEED_OFFSET) % (SYNTH_MAX_SEED + 1)  # neither train nor val
+    burst = PROBE_WINDOWS_PER_ANNOTATION * window
+    key = json.dumps(
+        {"v": 1, "probe": annotations, "burst": burst, "datatype": s.datatype, "seed": seed},
+        sort_keys=True,
+    )
+    root = Path(expand_path(s.cache_dir)) / _sha256_bytes(key.encode())[:16]
+    if not (root / "COMPLETE").is_file():
+
+        def write(tmp: Path) -> None:
+            synthesize_labelled(
+                tmp / "probe",
+                annotations=annotations,
+                burst_samples=burst,
+                datatype=s.datatype,
+                seed=seed,
+            )
+
+        _generate(root, key, write)
+    return [os.path.join(glob.escape(os.fspath(root)), "probe", "*.sigmf-meta")]
+
+
+def probe_patterns(probe: ProbeConfig, d: DataConfig) -> list[str]:
+    """The probe's labelled recordings: ``probe.data``; else, with synthetic data and
+    ``probe.synthetic_annotations``, the synthetic probe set; else the validation recordings."""
+    if probe.data:
+        return list(probe.data)
+    if d.is_synthetic and probe.synthetic_annotations:
+        return ensure_synthetic_probe(d.synthetic, probe.synthetic_annotations, d.window)
+    return validation_patterns(d)
+
+
+def _generate(root: Path, key: str, write: Callable[[Path], None]) -> None:
+    """``write`` the set into a temporary sibling of ``root`` and rename it into place; a
+    failure (a full disk) leaves no partial set and names the file, as
+    ``data.synthetic.cache_dir``."""
 
     tmp = root.parent / f".tmp-{root.name}-{os.getpid()}"
     try:
         root.parent.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
-        for part, count, seed in (
-            ("train", s.train_recordings, s.seed),
-            ("val", s.val_recordings, s.seed + SYNTH_VAL_SEED_OFFSET),  # never the train set
-        ):
-            synthesize(
-                tmp / part, recordings=count, samples=s.samples, datatype=s.datatype, seed=seed
-            )
+        write(tmp)
         (tmp / "COMPLETE").write_text(key + "\n")
     except (OSError, StorageError) as exc:
         shutil.rmtree(tmp, ignore_errors=True)

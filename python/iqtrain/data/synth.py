@@ -52,7 +52,15 @@ from iqtrain.data.sigmf_meta import validate_metadata
 from iqtrain.errors import ConfigError
 from iqtrain.storage import storage_error, unlink_quietly
 
-__all__ = ["CLASSES", "DATATYPES", "SAMPLE_RATE", "SNR_RANGE_DB", "name_width", "synthesize"]
+__all__ = [
+    "CLASSES",
+    "DATATYPES",
+    "SAMPLE_RATE",
+    "SNR_RANGE_DB",
+    "name_width",
+    "synthesize",
+    "synthesize_labelled",
+]
 
 #: Sample rate written to every recording (Hz). Only metadata: the generator works in
 #: normalised frequency, so this sets the physical units of the annotations.
@@ -301,17 +309,23 @@ def _layout(rng: np.random.Generator, n: int) -> list[tuple[int, int]]:
     return bursts
 
 
-def _recording(rng: np.random.Generator, n: int) -> tuple[np.ndarray, list[_Burst], float]:
-    """Float waveform in full-scale units (|I|,|Q| <= 1 is the representable range)."""
-    layout = _layout(rng, n)
-    # Bursts are different transmitters: no class repeats within a recording until all have
-    # been used, which spreads the classes evenly over even a short run.
-    order = rng.permutation(len(CLASSES))
+def _recording(
+    rng: np.random.Generator, n: int, plan: list[tuple[int, int, str]] | None = None
+) -> tuple[np.ndarray, list[_Burst], float]:
+    """Float waveform in full-scale units (|I|,|Q| <= 1 is the representable range).
+
+    ``plan``: ``(start, count, label)`` of each burst; None draws them (:func:`_layout`, and a
+    class order in which no class repeats within a recording until all have been used)."""
+    if plan is None:
+        layout = _layout(rng, n)
+        # Bursts are different transmitters: no class repeats within a recording until all
+        # have been used, which spreads the classes evenly over even a short run.
+        order = rng.permutation(len(CLASSES))
+        plan = [(a, c, CLASSES[int(order[j % len(CLASSES)])]) for j, (a, c) in enumerate(layout)]
     # Unit-power receiver noise everywhere, bursts included: the floor does not move.
     x = (rng.standard_normal(n) + 1j * rng.standard_normal(n)) * np.sqrt(0.5)
     bursts: list[_Burst] = []
-    for j, (start, count) in enumerate(layout):
-        label = CLASSES[int(order[j % len(CLASSES)])]
+    for start, count, label in plan:
         # Rounded first so the annotation states exactly the SNR that was applied.
         snr_db = round(float(rng.uniform(*SNR_RANGE_DB)), 2)
         s, bandwidth, sps = _waveform(rng, label, count)
@@ -435,15 +449,66 @@ def synthesize(
     Raises :class:`~iqtrain.errors.ConfigError` naming the argument when one is invalid.
     """
     out, n_rec, n, dtype, seed_v = _check_args(out_dir, recordings, samples, datatype, seed)
+    return _write_set(out, [(n, None)] * n_rec, dtype, seed_v, progress)
+
+
+#: A labelled set's noise-only gap before each burst (samples): annotations never touch.
+LABELLED_GAP = 64
+#: Bursts per recording of a labelled set.
+LABELLED_PER_RECORDING = 16
+
+
+def synthesize_labelled(
+    out_dir: str | os.PathLike,
+    *,
+    annotations: int,
+    burst_samples: int = 2048,
+    datatype: str = "ci16_le",
+    seed: int = 0,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[pathlib.Path]:
+    """Write a labelled set of ``annotations`` bursts of ``burst_samples`` samples each, its
+    classes spread evenly (burst j of the set is ``CLASSES[j % 7]``: counts differ by at most
+    one), :data:`LABELLED_PER_RECORDING` to a recording, each after a noise-only gap of
+    :data:`LABELLED_GAP` samples; one ``core:label`` / ``iqtrain:snr_db`` annotation per burst,
+    every other burst parameter drawn as :func:`synthesize` draws it. For a linear probe whose
+    accuracy is read over enough annotations to mean something. Same arguments,
+    byte-identical files; ConfigError naming a bad argument."""
+    count = _int_arg("annotations", annotations, len(CLASSES), SYNTH_MAX_RECORDINGS)
+    burst = _int_arg("burst_samples", burst_samples, 2 * LABELLED_GAP, SYNTH_MAX_SAMPLES // 64)
+    step = LABELLED_GAP + burst
+    n_rec = -(-count // LABELLED_PER_RECORDING)
+    out, _, _, dtype, seed_v = _check_args(out_dir, n_rec, SYNTH_MIN_SAMPLES, datatype, seed)
+    layouts: list[tuple[int, list[tuple[int, int, str]] | None]] = []
+    for r in range(n_rec):
+        first = r * LABELLED_PER_RECORDING
+        k = min(LABELLED_PER_RECORDING, count - first)
+        plan = [
+            (j * step + LABELLED_GAP, burst, CLASSES[(first + j) % len(CLASSES)]) for j in range(k)
+        ]
+        layouts.append((max(k * step, SYNTH_MIN_SAMPLES), plan))
+    return _write_set(out, layouts, dtype, seed_v, progress)
+
+
+def _write_set(
+    out: pathlib.Path,
+    layouts: list[tuple[int, list[tuple[int, int, str]] | None]],
+    dtype: str,
+    seed: int,
+    progress: Callable[[int, int], None] | None,
+) -> list[pathlib.Path]:
+    """Recording i of ``len(layouts)``: ``layouts[i]`` = (samples, burst plan or None: drawn),
+    drawn from the i-th spawned child of ``seed`` alone."""
+    n_rec = len(layouts)
     out.mkdir(parents=True, exist_ok=True)
     _remove_stale(out, n_rec)
-    children = np.random.SeedSequence(seed_v).spawn(n_rec)
+    children = np.random.SeedSequence(seed).spawn(n_rec)
     width = name_width(n_rec)
     paths = []
-    for i, child in enumerate(children):
+    for i, (child, (n, plan)) in enumerate(zip(children, layouts, strict=True)):
         rng = np.random.Generator(np.random.PCG64(child))
-        x, bursts, freq = _recording(rng, n)
-        meta = _metadata(i, seed_v, dtype, bursts, freq, _quantise(x, dtype))
+        x, bursts, freq = _recording(rng, n, plan)
+        meta = _metadata(i, seed, dtype, bursts, freq, _quantise(x, dtype))
         base = out / f"synth_{i:0{width}d}"
         try:
             _write(meta, base)

@@ -5,7 +5,7 @@ A pretrained model's probe accuracy means little without the textbook features a
 engineer would compute from the same windows, scored by the same grouped folds and the same
 logistic regression. :func:`classical_features` computes twelve of them per window, numpy only
 (no torch), vectorised over the batch, in float64; :func:`labelled_classical_features` does it
-for every window of a :class:`~iqtrain.eval.probe.LabelledSet`.
+for every window of a :class:`~iqtrain.data.windows.LabelledSet`.
 
 Normalisation. A window ``x[n] = I[n] + jQ[n]`` (n = 0..L-1) is first divided by
 ``sqrt(mean |x|^2)`` (after its peak, so squares stay in float64's range): unit mean power, so
@@ -253,7 +253,7 @@ def classical_features(windows: np.ndarray) -> np.ndarray:
 
 
 class Batched(Protocol):
-    """What :func:`labelled_classical_features` reads: a :class:`~iqtrain.eval.probe.LabelledSet`
+    """What :func:`labelled_classical_features` reads: a :class:`~iqtrain.data.windows.LabelledSet`
     (typed structurally: probe.py imports this module, never the other way round)."""
 
     def batches(self) -> Iterator[np.ndarray]: ...

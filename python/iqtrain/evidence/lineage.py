@@ -21,6 +21,7 @@ from iqtrain.checkpoint.files import (
 )
 from iqtrain.checkpoint.state import CheckpointState, read_json_object
 from iqtrain.config.schema import Config, build_config, config_to_dict, flatten
+from iqtrain.config.sections import STEP_NAME
 from iqtrain.errors import CheckpointError, ConfigError
 from iqtrain.evidence.lock import attempt_status
 from iqtrain.evidence.manifest import checkpoint_problems
@@ -125,7 +126,7 @@ def _resolve_checkpoint(
         if not path.is_dir():
             raise CheckpointError(f"{path}: the best checkpoint is missing")
         return _checked(path)
-    if which.startswith("step_") and which[5:].isdigit():
+    if STEP_NAME.fullmatch(which):  # ASCII digits: str.isdigit takes "step_١" too
         path = ckpts / checkpoint_name(int(which[5:]))
         if not path.is_dir():
             raise CheckpointError(f"{path}: no such checkpoint")
@@ -145,13 +146,15 @@ class Parent:
     sharded: Path | None = None  # the dcp/ directory of a training.parallel = "fsdp" checkpoint
 
 
-def load_parent(ref: ParentRef) -> Parent:
+def load_parent(ref: ParentRef, *, optimizer: bool = True) -> Parent:
     """Verify the parent completely; CheckpointError names the first thing that fails.
 
     With a manifest, every field of it is checked against the files (``check_attempt``) and
     any problem refuses the resume. Without one (the parent crashed, failed or was
     interrupted), the newest checkpoint that verifies is used, and each newer one skipped is
-    reported with its reason.
+    reported with its reason. ``optimizer=False`` (a model to use or to start from, not a
+    resume) verifies the same and leaves the optimizer's tensors unread (``optimizer_state``
+    None).
     """
     import tomllib
 
@@ -170,7 +173,7 @@ def load_parent(ref: ParentRef) -> Parent:
             raise CheckpointError(f"parent failed verification: {problems[0]}{more}")
         manifest = read_json_object(attempt / "manifest.json")
     ckpt = _resolve_checkpoint(attempt, ref.checkpoint, manifest, skipped)
-    model_state, optimizer_state, state = load_checkpoint(ckpt)  # verifies hashes
+    model_state, optimizer_state, state = load_checkpoint(ckpt, optimizer=optimizer)  # hashes
     owner = ckpt.parent.parent  # the attempt that wrote this checkpoint
     try:
         config_tables = tomllib.loads((owner / "config.toml").read_text())

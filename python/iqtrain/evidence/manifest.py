@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -16,13 +17,19 @@ from iqtrain.checkpoint.files import (
     list_checkpoints,
     verify_checkpoint,
 )
-from iqtrain.checkpoint.state import CheckpointState
+from iqtrain.checkpoint.state import CheckpointState, init_record_problem
 from iqtrain.errors import CheckpointError
 from iqtrain.evidence.attempts import utc_now
 from iqtrain.evidence.metrics import MetricCursor, read_metrics, verify_prefix
 from iqtrain.storage import file_digest, write_json_atomic
 
-__all__ = ["ManifestError", "checkpoint_problems", "publish_manifest", "verify_manifest"]
+__all__ = [
+    "ManifestError",
+    "checkpoint_problems",
+    "init_problems",
+    "publish_manifest",
+    "verify_manifest",
+]
 
 
 def checkpoint_problems(ckpt: Path) -> list[str]:
@@ -288,12 +295,92 @@ def _check_record(attempt: Path, manifest: dict, info: dict, problems: list[str]
         problems.append(f"attempt.json parent: unreadable: {exc}")
 
 
+def _init_config(attempt: Path) -> tuple[str, str | None] | None:
+    """``([init] from, which)`` of the attempt's config.toml (bound by its hash); None when it
+    cannot be read (the config checks report that)."""
+    import tomllib
+
+    try:
+        tables = tomllib.loads((attempt / "config.toml").read_text())
+        init = tables.get("init", {})
+        return str(init.get("from", "")), init.get("which")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _init_source(init: dict, named: str, which: str | None) -> str | None:
+    """Whether the record names the checkpoint ``[init] from`` / ``which`` resolve to: the
+    checkpoint directory named, or a checkpoint of the attempt named (``best`` may live in an
+    ancestor: an attempt of the same run directory)."""
+    source, recorded = Path(named).resolve(), Path(init["attempt"])
+    if source.parent.name == "checkpoints" and re.fullmatch(r"step_[0-9]+", source.name):
+        if (recorded, init["checkpoint"]) != (source.parent.parent, source.name):
+            return f"it records {recorded}/{init['checkpoint']}, config.toml names {source}"
+        return None
+    if which is not None and which.startswith("step_"):
+        wanted = f"step_{int(which[5:]):08d}"
+        if (recorded, init["checkpoint"]) != (source, wanted):
+            return f"it records {recorded}/{init['checkpoint']}, config.toml names {named} {which}"
+    elif recorded != source and (which not in (None, "best") or recorded.parent != source.parent):
+        return f"it records {recorded}, config.toml names {named} ({which or 'best'})"
+    return None
+
+
+def init_problems(attempt: Path, info: dict) -> tuple[list[str], list[str]]:
+    """``(problems, notes)`` of attempt.json ``init`` (docs/design.md 6.11): present exactly when
+    config.toml's ``[init] from`` names a source, and then well formed, naming that source, equal
+    to the ``init`` every checkpoint of the attempt binds in its state.json, and, while the
+    source checkpoint exists, its ``model.safetensors`` is the recorded ``model_sha256`` (a
+    source gone is a note)."""
+    init, config = info.get("init"), _init_config(attempt)
+    if config is None:
+        return [], []
+    named, which = config
+    if init is None:
+        missing = [f"attempt.json init: missing, but config.toml [init] from = {named!r}"]
+        return (missing if named else []), []
+    if not named:
+        return ["attempt.json init: recorded, but config.toml has no [init] from"], []
+    problem = init_record_problem(init) or _init_source(init, named, which)
+    if problem is not None:
+        return [f"attempt.json init: {problem}"], []
+    problems = [
+        f"{ckpt / 'state.json'}: init differs from attempt.json init"
+        for ckpt in list_checkpoints(attempt / "checkpoints")
+        if _state_init(ckpt) not in (init, _UNREADABLE)
+    ]
+    weights = Path(init["attempt"]) / "checkpoints" / init["checkpoint"] / "model.safetensors"
+    if not weights.is_file():
+        return problems, [f"{weights}: the init source is gone; its SHA-256 is recorded only"]
+    try:
+        got = file_digest(weights)["sha256"]
+    except OSError as exc:
+        return [*problems, f"{weights}: unreadable: {exc.strerror or exc}"], []
+    if got != init["model_sha256"]:
+        problems.append(
+            f"attempt.json init: {weights} is not the weights it records (sha256 {got[:16]}…)"
+        )
+    return problems, []
+
+
+_UNREADABLE = object()
+
+
+def _state_init(ckpt: Path) -> Any:
+    """A checkpoint's recorded ``init`` (the checkpoint checks report one that cannot be read)."""
+    try:
+        return CheckpointState.read(ckpt).init
+    except CheckpointError:
+        return _UNREADABLE
+
+
 def verify_manifest(attempt: Path, manifest: Any, info: dict, problems: list[str]) -> None:
     """Every manifest field against the files it describes (problems appended to
     ``problems``); :class:`ManifestError` when the manifest is not even shaped like one."""
     if not isinstance(manifest, dict):
         raise ManifestError("manifest.json: not a JSON object")
-    keys = set(manifest) - {"stopped_early"}  # written since early stopping exists
+    # Optional: written since early stopping, and since [init], exists.
+    keys = set(manifest) - {"stopped_early", "init"}
     if keys != _MANIFEST_KEYS:
         extra, missing = keys - _MANIFEST_KEYS, _MANIFEST_KEYS - keys
         problems.append(
@@ -310,6 +397,8 @@ def verify_manifest(attempt: Path, manifest: Any, info: dict, problems: list[str
         _check_against_records(attempt, manifest, latest_step, problems)
     _check_inherited(attempt, manifest, info, problems)
     _check_record(attempt, manifest, info, problems)
+    if manifest.get("init") != info.get("init"):
+        problems.append("manifest.json init: differs from attempt.json init")
     _check_end(attempt, manifest, info, latest_step, problems)
 
 
@@ -444,12 +533,13 @@ def publish_manifest(
     inherited: dict | None,
     checkpoints: list[Path],
     best: tuple[Path, float] | None,
-    parent: dict | None,
+    record: dict,
     stopped_early: dict | None = None,
 ) -> None:
     """Freeze the evidence and bind it: config, metric stream, every checkpoint, latest, best
-    (its checkpoint and validation loss), and why the attempt ended before its max_steps when
-    early stopping ended it."""
+    (its checkpoint and validation loss), why the attempt ended before its max_steps when
+    early stopping ended it, and, as ``record`` (attempt.json) states them, the parent a resume
+    continues and the source of the lineage's first weights (``init``)."""
     metrics_path = attempt / "metrics.jsonl"
     config_path = attempt / "config.toml"
     for p in (metrics_path, config_path):
@@ -460,7 +550,7 @@ def publish_manifest(
     manifest = {
         "version": 1,
         "attempt": attempt.name,
-        "parent": parent,
+        "parent": record.get("parent"),
         "config": {"path": "config.toml", **cfg},
         "metrics": {"path": "metrics.jsonl", "records": records, **file_digest(metrics_path)},
         "inherited_metrics": inherited,
@@ -470,4 +560,6 @@ def publish_manifest(
         "stopped_early": stopped_early,
         "published": utc_now(),
     }
+    if record.get("init") is not None:  # only then: a manifest without one reads as before
+        manifest["init"] = record["init"]
     write_json_atomic(attempt / "manifest.json", manifest)

@@ -17,7 +17,12 @@ from iqtrain.checkpoint.state import CheckpointState
 from iqtrain.data.identity import verify_data
 from iqtrain.errors import CheckpointError
 from iqtrain.evidence.lock import attempt_status, read_attempt_info
-from iqtrain.evidence.manifest import ManifestError, checkpoint_problems, verify_manifest
+from iqtrain.evidence.manifest import (
+    ManifestError,
+    checkpoint_problems,
+    init_problems,
+    verify_manifest,
+)
 from iqtrain.evidence.metrics import read_metric_stream
 
 __all__ = [
@@ -97,6 +102,9 @@ def check_attempt(attempt: Path) -> AttemptCheck:
         _note_torn_tail(attempt, check)
     else:
         _check_manifest(attempt, info, check)
+    problems, notes = init_problems(attempt, info)
+    check.problems += problems
+    check.notes += notes
     check.problems = list(dict.fromkeys(check.problems))  # one line per problem
     return check
 

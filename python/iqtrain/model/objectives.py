@@ -36,6 +36,7 @@ __all__ = [
     "objective_loss",
     "predicted_mean",
     "quantise",
+    "window_losses",
 ]
 
 
@@ -126,3 +127,20 @@ def objective_loss(
         mean_pred = predicted_mean(out[:, :-1], config)
         se = (mean_pred - target).square().sum()
         return nll / count, nll, count, se
+
+
+def window_losses(out: Tensor, patches: Tensor, config: ModelConfig) -> Tensor:
+    """``[B]`` fp32: each window's own mean loss under the objective, in the units validation
+    records (NMSE for "mse", nats per complex sample for "categorical"): the window's summed
+    loss over its ``(N - 1) * P`` complex target samples, so with every window of one length
+    their mean is :func:`objective_loss`'s ``mean`` (up to the order of the float sums). A
+    non-finite target makes its window's loss NaN, as it makes the batch's."""
+    with torch.autocast(device_type=out.device.type, enabled=False):
+        b, n, width = _check_shapes(out, patches, config.outputs_per_value)
+        target = patches[:, 1:].float()
+        count = (n - 1) * (width // 2)
+        if config.objective == "mse":
+            return (out[:, :-1].float() - target).square().sum(dim=(1, 2)) / count
+        logits = out[:, :-1].float().reshape(-1, config.bins)
+        nll = F.cross_entropy(logits, quantise(target, config).reshape(-1), reduction="none")
+        return (nll.reshape(b, -1).sum(dim=1) + 0.0 * target.sum(dim=(1, 2))) / count

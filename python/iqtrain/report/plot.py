@@ -3,9 +3,11 @@
 Panels, sharing the step axis: loss (train raw and smoothed, validation, both baselines of the
 first validation record, spikes; log scale, SNR in dB on the right), learning rate, gradient norm
 (log scale, clipped steps and the clip threshold), and probe accuracy when the stream has
-``probe`` records. A resumed attempt's stream already holds its whole lineage (each child starts
-with its parent's records up to the checkpoint it resumed from); every resume point of that
-lineage is a dashed vertical line labelled ``resumed from attempt N``.
+``probe`` records (with accuracy against the ``probe.by`` field and against K labelled
+annotations per class when the last such record has them). A resumed attempt's stream already
+holds its whole lineage (each child starts with its parent's records up to the checkpoint it
+resumed from); every resume point of that lineage is a dashed vertical line labelled
+``resumed from attempt N``.
 
 matplotlib is an optional extra (``pip install 'iqtrain[plot]'``), imported only when a figure is
 built, and drawn with the Agg canvas (no display, no pyplot state). This module imports no torch.
@@ -214,6 +216,11 @@ def _probe_panel(ax: Axes, probes: list[dict[str, Any]]) -> None:
             "classical features",
             dict(color="C1", marker="^", ms=3, ls="-.", lw=1),
         ),
+        (
+            "combined_accuracy",
+            "classical + pretrained",
+            dict(color="C2", marker="d", ms=3, ls="-", lw=1),
+        ),
         ("chance", "chance", dict(color="0.25", ls=":", lw=1.1)),
     )
     for key, name, style in series:
@@ -225,32 +232,93 @@ def _probe_panel(ax: Axes, probes: list[dict[str, Any]]) -> None:
         elif steps:
             ax.plot(steps, values, label=name, **style)
             shown += values
+    _se_band(ax, probes)
     if shown and all(0 <= v <= 1 for v in shown):
         ax.set_ylim(0, 1.02)
-    if shown:
-        ax.legend(loc="lower right", fontsize=8, framealpha=0.85)
+    if shown:  # "best": the last probe sits at the right edge, where "lower right" hid it
+        ax.legend(loc="best", fontsize=8, framealpha=0.85)
+
+
+def _se_band(ax: Axes, probes: list[dict[str, Any]]) -> None:
+    """The probe accuracy ± its standard error over annotations, shaded (records that have
+    ``accuracy_se``; older attempts have none)."""
+    rows = [
+        (number(r, "step"), number(r, "accuracy"), number(r, "accuracy_se"))
+        for r in probes
+        if None not in (number(r, "step"), number(r, "accuracy"), number(r, "accuracy_se"))
+    ]
+    if rows:
+        steps, acc, se = (list(v) for v in zip(*rows, strict=True))
+        lo = [a - e for a, e in zip(acc, se, strict=True)]
+        hi = [a + e for a, e in zip(acc, se, strict=True)]
+        label = "± its standard error over annotations"
+        ax.fill_between(steps, lo, hi, color="C5", alpha=0.2, lw=0, gid="probe_se", label=label)
+        if len(rows) == 1:  # a band over one step has no width: a bar shows it
+            ax.errorbar(steps, acc, yerr=se, color="C5", capsize=3, lw=1.2, gid="probe_se_bar")
+
+
+#: The models of a probe's ``by`` bins and ``shots``: (key, legend label, line style).
+MODELS: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    ("pretrained", "pretrained", dict(color="C5", marker="o", ms=4, lw=1.4)),
+    ("random_init", "random-init model", dict(color="0.45", marker="s", ms=3, ls="--")),
+    ("classical", "classical features", dict(color="C1", marker="^", ms=3, ls="-.")),
+    ("combined", "classical + pretrained", dict(color="C2", marker="d", ms=3, ls="-")),
+)
 
 
 def _by_panel(ax: Axes, record: dict[str, Any]) -> None:
     """Accuracy against the ``probe.by`` field (SNR) at the last probe that has it: the
-    field's way of reporting modulation classification, one point per bin at its centre."""
+    field's way of reporting modulation classification, one point per bin at its centre, a
+    gap for a bin without windows, error bars of one standard error over annotations."""
     by = record["by"]
     bins = [b for b in by.get("bins", []) if isinstance(b, dict)]
     centres = [(number(b, "lo") or 0.0) / 2 + (number(b, "hi") or 0.0) / 2 for b in bins]
-    series: tuple[tuple[str, str, dict[str, Any]], ...] = (
-        ("pretrained", "pretrained", dict(color="C5", marker="o", ms=4, lw=1.4)),
-        ("random_init", "random-init model", dict(color="0.45", marker="s", ms=3, ls="--")),
-        ("classical", "classical features", dict(color="C1", marker="^", ms=3, ls="-.")),
-    )
-    for key, name, style in series:
+    for key, name, style in MODELS:
         values = [number(b, key) for b in bins]
         if any(v is not None for v in values):
-            ax.plot(centres, [math.nan if v is None else v for v in values], label=name, **style)
+            y = [math.nan if v is None else v for v in values]
+            ax.plot(centres, y, label=name, **style)
+            se = [number(b, f"{key}_se") for b in bins]
+            if any(e is not None for e in se):
+                err = [math.nan if e is None else e for e in se]
+                ax.errorbar(centres, y, yerr=err, fmt="none", ecolor=style["color"], alpha=0.6)
     chance = number(record, "chance")
     if chance is not None:
         ax.axhline(chance, color="0.25", ls=":", lw=1.1, label="chance")
     ax.set_ylim(0, 1.02)
     ax.set_xlabel(f"{by.get('key', '?')} (probe at step {record.get('step', '?')})")
+    ax.legend(loc="lower right", fontsize=8, framealpha=0.85)
+
+
+def _shots_panel(ax: Axes, record: dict[str, Any]) -> None:
+    """Accuracy against K labelled annotations per class at the last probe that has
+    ``shots``: the mean over the draws with the draws' standard deviation as error bars."""
+    entries = [e for e in record["shots"] if isinstance(e, dict) and number(e, "k") is not None]
+    ks = [number(e, "k") or 0.0 for e in entries]
+    for key, name, style in MODELS:
+        scores = [e[key] if isinstance(e.get(key), dict) else {} for e in entries]
+        means = [number(sc, "mean") for sc in scores]
+        if not any(m is not None for m in means):
+            continue
+        stds = [number(sc, "std") for sc in scores]
+        y = [math.nan if m is None else m for m in means]
+        ax.plot(ks, y, label=name, **style)
+        if any(v is not None for v in stds):
+            err = [math.nan if v is None else v for v in stds]
+            ax.errorbar(ks, y, yerr=err, fmt="none", ecolor=style["color"], capsize=3, alpha=0.7)
+    chance = number(record, "chance")
+    if chance is not None:
+        ax.axhline(chance, color="0.25", ls=":", lw=1.1, label="chance")
+    if ks and min(ks) > 0:
+        ax.set_xscale("log")
+        ax.set_xticks(ks, [f"{k:g}" for k in ks])
+        ax.minorticks_off()
+    ax.set_ylim(0, 1.02)
+    seeds = entries[0].get("seeds", "?") if entries else "?"
+    ax.set_xlabel(
+        f"K labelled annotations per class (probe at step {record.get('step', '?')}; mean and "
+        f"std of {seeds} draws per K)"
+    )
     ax.legend(loc="lower right", fontsize=8, framealpha=0.85)
 
 
@@ -292,8 +360,9 @@ def build_figure(attempt: Path) -> Figure:
     """The figure of attempt directory ``attempt`` (not saved; see :func:`write_plot`).
 
     Axes, top to bottom, each with its ``get_label()``: ``loss``, ``lr``, ``grad_norm`` and,
-    only when the stream has probe records, ``probe``. ``ConfigError`` without matplotlib;
-    ``CheckpointError`` if ``attempt`` is not an attempt directory.
+    only when the stream has probe records, ``probe``, then ``probe_by`` (a probe record with
+    ``by``) and ``probe_shots`` (a probe record with ``shots``). ``ConfigError`` without
+    matplotlib; ``CheckpointError`` if ``attempt`` is not an attempt directory.
     """
     _matplotlib()
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -302,9 +371,17 @@ def build_figure(attempt: Path) -> Figure:
     view = load_attempt(attempt)
     lineage = resume_points(view.path, view.info)
     probes = view.records("probe")
-    by = next((r for r in reversed(probes) if isinstance(r.get("by"), dict)), None)
+    extra = [
+        (name, record, draw)
+        for name, key, draw in (
+            ("probe_by", "by", _by_panel),
+            ("probe_shots", "shots", _shots_panel),
+        )
+        for record in [_last_with(probes, key)]
+        if record is not None
+    ]
     names = ["loss", "lr", "grad_norm"] + (["probe"] if probes else [])
-    ratios = [3.0, 1.1, 1.3] + ([1.4] if probes else []) + ([1.6] if by else [])
+    ratios = [3.0, 1.1, 1.3] + ([1.4] if probes else []) + [1.6] * len(extra)
     fig = Figure(figsize=(11, 2.0 + 1.9 * sum(ratios)), dpi=110, layout="constrained")
     FigureCanvasAgg(fig)
     every = fig.subplots(len(ratios), 1, gridspec_kw={"height_ratios": ratios})
@@ -326,11 +403,11 @@ def build_figure(attempt: Path) -> Figure:
         _probe_panel(axes[3], probes)
     _mark_resumes(axes, lineage)
     axes[-1].set_xlabel("step")
-    if by is not None:
-        every[-1].set_label("probe_by")
-        every[-1].set_ylabel("probe accuracy")
-        every[-1].grid(True, which="major", alpha=0.3)
-        _by_panel(every[-1], by)
+    for ax, (name, record, draw) in zip(every[len(names) :], extra, strict=True):
+        ax.set_label(name)
+        ax.set_ylabel("probe accuracy")
+        ax.grid(True, which="major", alpha=0.3)
+        draw(ax, record)
     fig.suptitle(_title(view), fontsize=12)
     notes = list(lineage.notes)
     if view.stream is not None and view.stream.torn:
@@ -338,6 +415,13 @@ def build_figure(attempt: Path) -> Figure:
     if notes:
         fig.text(0.01, 0.002, "note: " + "; ".join(notes), fontsize=7, va="bottom", wrap=True)
     return fig
+
+
+def _last_with(probes: list[dict[str, Any]], key: str) -> dict[str, Any] | None:
+    """The last probe record whose ``key`` is what its panel reads (``by``: an object,
+    ``shots``: a non-empty list)."""
+    kind = dict if key == "by" else list
+    return next((r for r in reversed(probes) if isinstance(r.get(key), kind) and r[key]), None)
 
 
 def check_plot_target(out: Path) -> str:

@@ -15,6 +15,7 @@ ancestor of a resumed attempt was resumed, found by following ``attempt.json``'s
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ __all__ = [
     "load_attempt",
     "number",
     "report",
+    "probe_summary",
     "resume_points",
 ]
 
@@ -44,6 +46,22 @@ def number(record: dict[str, Any], key: str) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return float(value) if math.isfinite(value) else None
+
+
+def probe_summary(record: dict[str, Any]) -> str:
+    """One probe record as one line: every accuracy with its standard error over annotations
+    (``± -`` where the record has none: older records, or fewer than two annotations)."""
+
+    def acc(key: str) -> str:
+        value, se = number(record, key), number(record, f"{key}_se")
+        return "-" if value is None else f"{value:.4f} ± " + ("-" if se is None else f"{se:.4f}")
+
+    parts = [f"random-init {acc('random_init_accuracy')}"]
+    parts.append(f"classical features {acc('classical_accuracy')}")
+    if "combined_accuracy" in record:
+        parts.append(f"classical + pretrained {acc('combined_accuracy')}")
+    parts.append(f"chance {_fmt(number(record, 'chance'), '.4f')}")
+    return f"accuracy {acc('accuracy')}; " + ", ".join(parts)
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -90,6 +108,15 @@ def _header(attempt: Path, info: dict[str, Any], status: str) -> list[str]:
     if isinstance(parent, dict):
         lines.append(
             f"  resumed from {parent.get('attempt', '?')} at step {parent.get('step', '?')}"
+        )
+    init = info.get("init")
+    if isinstance(init, dict):  # [init] from: the lineage's first weights
+        where = os.path.join(
+            str(init.get("attempt", "?")), "checkpoints", str(init.get("checkpoint"))
+        )
+        lines.append(
+            f"  initialised from {where} (step {init.get('step', '?')}, model.safetensors "
+            f"sha256 {str(init.get('model_sha256', '?'))[:16]}…)"
         )
     times = [f"{k} {info[k]}" for k in ("started", "finished") if isinstance(info.get(k), str)]
     if times:
@@ -277,6 +304,9 @@ def report(attempt: Path) -> str:
         lines.append("  no metric records")
     lines += _train_lines(train)
     lines += _val_lines(val)
+    probes = view.records("probe")
+    if probes:  # the last: the one a run ends on
+        lines.append(f"  probe at step {probes[-1].get('step')}: {probe_summary(probes[-1])}")
     if stream.torn:
         why = (
             "a record still being written"

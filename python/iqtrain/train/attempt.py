@@ -58,6 +58,7 @@ from iqtrain.evidence.lock import AttemptLock
 from iqtrain.evidence.manifest import publish_manifest
 from iqtrain.evidence.metrics import MetricCursor, MetricWriter
 from iqtrain.model.transformer import NextPatchModel
+from iqtrain.pretrained.init import load_init
 from iqtrain.report.live import WANDB_RUN_ID, LiveLog, check_live, wandb_run_id
 from iqtrain.storage import creatable_dir, file_digest
 from iqtrain.train.loop import LoopParts, LoopState, Trainer, restore, state_components
@@ -118,6 +119,9 @@ class _Ready:
     parts: LoopParts
     #: A resume: the shared data check's record for attempt.json (who read what, how long).
     data_check: dict[str, Any] | None = None
+    #: Where the lineage's first weights came from (``[init] from``; a resume inherits its
+    #: parent's record): attempt.json's and the manifest's ``init``.
+    init: dict[str, Any] | None = None
 
 
 def _plan(config: Config, parent: Parent | None) -> tuple[Plan, int]:
@@ -159,6 +163,7 @@ class _Opened:
     stepper: TrainStep
     train: IQDataset
     val: IQDataset
+    init: dict[str, Any] | None = None
 
 
 def _preflight(config: Config, ref: ParentRef | None, world: World) -> _Opened:
@@ -172,10 +177,15 @@ def _preflight(config: Config, ref: ParentRef | None, world: World) -> _Opened:
         check_live(config.logging)
     parent = load_parent(ref) if ref is not None else None
     changes = config_changes(parent.config_tables, config) if parent is not None else {}
+    # A resume continues its parent's weights; only a new lineage starts from [init].
+    source = load_init(config.init, config.model) if parent is None else None
     t = config.training
     torch.manual_seed(config.run.seed)  # the same initial weights on every rank
+    model = NextPatchModel(config.model)
+    if source is not None:
+        source.load_into(model)
     stepper = TrainStep(
-        NextPatchModel(config.model),
+        model,
         config.optimizer,
         device=t.device,
         precision=t.precision,
@@ -189,7 +199,10 @@ def _preflight(config: Config, ref: ParentRef | None, world: World) -> _Opened:
         _check_run_dir(Path(config.run.dir))
     # Data last: the synthetic default is generated only once every other check has passed.
     train, val = open_datasets(config.data)
-    return _Opened(parent, changes, stepper, train, val)
+    init = None if source is None else source.record
+    if parent is not None:  # a resume carries its lineage's record, from the parent's state
+        init = parent.state.init
+    return _Opened(parent, changes, stepper, train, val, init)
 
 
 def _checked(
@@ -233,8 +246,8 @@ def _checked(
     probe = None
     if world.is_main and config.probe.every:
         probe = TrainingProbe(config.probe, config.data, config.model, config.run.seed)
-    parts = LoopParts(stepper, stream, val, plan, loop, identity, probe)
-    return _Ready(parent, opened.changes, start_step, parts)
+    parts = LoopParts(stepper, stream, val, plan, loop, identity, probe, init=opened.init)
+    return _Ready(parent, opened.changes, start_step, parts, init=opened.init)
 
 
 def _load_shards(stepper: TrainStep, directory: Path) -> IQTrainError | None:
@@ -272,6 +285,7 @@ def _attempt_info(config: Config, run_dir: Path, ready: _Ready, world: World) ->
             "hosts": hosts,
             "parallel": t.parallel,
         },
+        "init": ready.init,
     }
     p = ready.parent
     if p is not None:
@@ -353,6 +367,8 @@ def _agreed_preflight(config: Config, parent: ParentRef | None, world: World) ->
         same = {
             "data.train fingerprint": opened.train.fingerprint,
             "data.val fingerprint": opened.val.fingerprint,
+            # every rank starts from the same verified weights
+            "init model_sha256": (opened.init or {}).get("model_sha256"),
         }
     except IQTrainError as exc:
         error = exc
@@ -479,7 +495,7 @@ def _lead(
             inherited=inherited,
             checkpoints=trainer.checkpoints.saved,
             best=best,
-            parent=info["parent"],
+            record=info,
             stopped_early=trainer.stopped_early,
         )
         status = "completed"  # only once the manifest exists

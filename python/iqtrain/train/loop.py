@@ -42,6 +42,7 @@ from iqtrain.evidence.lineage import Parent
 from iqtrain.evidence.metrics import MetricWriter
 from iqtrain.model.flops import achieved_tflops, device_peak_tflops, mfu
 from iqtrain.report.live import LiveLog
+from iqtrain.report.summary import probe_summary
 from iqtrain.train.probe import TrainingProbe, probe_due
 from iqtrain.train.profile import PROFILE_DIR, StepProfiler
 from iqtrain.train.rng import RNGState
@@ -209,6 +210,9 @@ class LoopParts:
     identity: DataIdentity | None = None
     probe: TrainingProbe | None = None
     live: LiveLog | None = None
+    #: Where the lineage's first weights came from (``[init] from``): every checkpoint's
+    #: state.json binds it (docs/design.md 6.11).
+    init: dict[str, Any] | None = None
 
 
 class Trainer:
@@ -239,7 +243,7 @@ class Trainer:
         )
         self.loop, self.identity, self.probe = parts.loop, parts.identity, parts.probe
         self.metrics, self.checkpoints, self.live = metrics, checkpoints, parts.live
-        self.probe_every, self.config_sha = probe_every, config_sha
+        self.probe_every, self.config_sha, self.init = probe_every, config_sha, parts.init
         self.world = self.stepper.world
         self.rng = RNGState(self.world)
         self.stopped_early: dict[str, Any] | None = None
@@ -405,11 +409,7 @@ class Trainer:
                 rec["time_s"] = time.perf_counter() - p0
                 self._write(rec)
                 self.last_probe = rec
-                progress.note(
-                    f"probe step {rec['step']}: accuracy {rec['accuracy']:.4f} (random-init "
-                    f"{rec['random_init_accuracy']:.4f}, classical features "
-                    f"{rec['classical_accuracy']:.4f}, chance {rec['chance']:.4f})"
-                )
+                progress.note(f"probe step {rec['step']}: {probe_summary(rec)}")
         self.world.wait_for_main()
 
     def checkpoint(self) -> Path | None:
@@ -452,4 +452,5 @@ class Trainer:
             data=self._digests(),
             metrics=self.metrics.state_dict(),
             components=components,
+            init=self.init,
         )

@@ -1,13 +1,16 @@
 """``[probe]``: the linear probe of ``iqtrain probe``, run during training.
 
 Every ``probe.every`` validations (and at the last), rank 0 probes the live model on the
-labelled windows (``probe.data``, or the validation recordings) and writes one ``probe`` record:
-the pretrained accuracy and per-class accuracy, the random-init and classical-feature baselines
-(each computed once: they do not change during training), chance and, with ``probe.by``, the
-accuracies per bin of that annotation field (``by``, as ``iqtrain probe --json`` writes it).
-The probe only reads the model, in eval mode and under no_grad, and draws no number from the
-global generators (its folds use a local generator, the random-init model is built under
-``fork_rng``), so the training stream, the RNG and therefore exact resume are untouched.
+labelled windows (``probe.data``, else the synthetic probe set or the validation recordings:
+:func:`iqtrain.data.sources.probe_patterns`) and writes one ``probe`` record: the pretrained
+accuracy and per-class accuracy with their standard errors over annotations, the random-init,
+classical-feature and classical + pretrained baselines, chance, with ``probe.by`` the accuracies
+per bin of that annotation field (``by``) and with ``probe.shots`` the few-shot accuracies
+(``shots``), both as ``iqtrain probe --json`` writes them. The random-init and classical scores
+(and their few-shot scores) are computed once: they do not change during training. The probe
+only reads the model, in eval mode and under no_grad, and draws no number from the global
+generators (its folds and few-shot draws use local generators, the random-init model is built
+under ``fork_rng``), so the training stream, the RNG and therefore exact resume are untouched.
 """
 
 from __future__ import annotations
@@ -19,18 +22,21 @@ import numpy as np
 from torch import Tensor
 
 from iqtrain.config.sections import DataConfig, ModelConfig, ProbeConfig
-from iqtrain.data.sources import validation_patterns
+from iqtrain.data.sources import probe_patterns
+from iqtrain.data.windows import labelled_windows
 from iqtrain.eval.probe import (
+    FoldPlan,
     ProbeScore,
+    Shots,
     accuracy_by,
-    assign_folds,
     bin_windows,
-    classical_score,
-    labelled_windows,
-    probe_model,
-    random_init_model,
+    classical_matrix,
+    combined_features,
+    merge_shots,
+    probe_features,
 )
 from iqtrain.model.transformer import NextPatchModel
+from iqtrain.pretrained.load import random_init_model
 
 __all__ = ["TrainingProbe", "probe_due"]
 
@@ -40,9 +46,30 @@ def probe_due(every: int, validations: int, last: bool) -> bool:
     return every > 0 and (validations % every == 0 or last)
 
 
+class _Baselines:
+    """What one training's probes share and compute once: the random-init and classical
+    scores, the classical features (the combined score needs them at every probe) and the
+    baselines' few-shot scores."""
+
+    def __init__(self, probe: TrainingProbe):
+        model = random_init_model(probe.model, probe.seed)
+        self.random_init_features = probe_features(model, probe.labelled, probe.data)
+        self.classical_features = classical_matrix(probe.labelled)
+        self.random_init = probe.plan.score(self.random_init_features)
+        self.classical = probe.plan.score(self.classical_features)
+        self.shots = None
+        if probe.shots is not None:
+            features = {
+                "random_init": self.random_init_features,
+                "classical": self.classical_features,
+            }
+            self.shots = probe.plan.shots(features, probe.shots.ks, probe.shots.seeds)
+
+
 class TrainingProbe:
-    """Built before the attempt exists, so bad probe data or too few annotations for
-    ``probe.folds`` is exit 2 naming the file or key."""
+    """Built before the attempt exists, so bad probe data, too few annotations for
+    ``probe.folds`` or a ``probe.shots`` K larger than a class's training annotations is
+    exit 2 naming the file or key."""
 
     def __init__(self, probe: ProbeConfig, data: DataConfig, model: ModelConfig, seed: int):
         self.every, self.folds, self.data, self.model, self.seed = (
@@ -52,19 +79,18 @@ class TrainingProbe:
             model,
             seed,
         )
-        self.labelled = labelled_windows(probe.data or validation_patterns(data), data.window)
-        assign_folds(
-            self.labelled.labels, self.labelled.groups, probe.folds, seed, key="probe.folds"
-        )
+        self.labelled = labelled_windows(probe_patterns(probe, data), data.window)
+        self.plan = FoldPlan.of(self.labelled, probe.folds, seed, key="probe.folds")
         counts = np.bincount(self.labelled.labels, minlength=len(self.labelled.classes))
         self.chance = float(counts.max() / counts.sum())
         self.by = probe.by
-        self._bins: tuple[list[float], np.ndarray] | None = None
+        self._bins: tuple[list[float], np.ndarray, float | None] | None = None
         if probe.by:  # refused now (exit 2 naming probe.by or probe.bins), not mid-run
             names = ("probe.by", "probe.bins")
             self._bins = bin_windows(self.labelled, probe.by, probe.bins, names)
-        self._random_init: ProbeScore | None = None
-        self._classical: ProbeScore | None = None
+        self.shots = Shots.parse(list(probe.shots), probe.seeds, ("probe.shots", "probe.seeds"))
+        self.plan.check_shots(self.shots.ks if self.shots else (), "probe.shots")
+        self._baselines: _Baselines | None = None
 
     def record(self, model: NextPatchModel | Mapping[str, Tensor], step: int) -> dict[str, Any]:
         """The ``probe`` record of ``model`` (a module, or a whole model's state dict) at
@@ -73,31 +99,49 @@ class TrainingProbe:
             weights = model
             model = random_init_model(self.model, self.seed)  # every weight is overwritten
             model.load_state_dict(weights, strict=True)
-        score = probe_model(model, self.labelled, self.data, self.folds, self.seed)
-        if self._random_init is None or self._classical is None:
-            baseline = random_init_model(self.model, self.seed)
-            self._random_init = probe_model(
-                baseline, self.labelled, self.data, self.folds, self.seed
-            )
-            self._classical = classical_score(self.labelled, self.folds, self.seed)
-        record: dict[str, Any] = {
+        if self._baselines is None:
+            self._baselines = _Baselines(self)
+        base = self._baselines
+        features = probe_features(model, self.labelled, self.data)
+        combined = combined_features(base.classical_features, features)
+        scores = {
+            "pretrained": self.plan.score(features),
+            "random_init": base.random_init,
+            "classical": base.classical,
+            "combined": self.plan.score(combined),
+        }
+        record = self._fields(scores)
+        record["step"] = step
+        if self._bins is not None:
+            plan = self.plan
+            record["by"] = accuracy_by(self.by, *self._bins, plan.labels, plan.groups, scores)
+        if self.shots is not None:
+            mine = {"pretrained": features, "combined": combined}
+            ks, seeds = self.shots.ks, self.shots.seeds
+            record["shots"] = merge_shots(self.plan.shots(mine, ks, seeds), base.shots)
+        return record
+
+    def _fields(self, scores: dict[str, ProbeScore]) -> dict[str, Any]:
+        pre, rand, classical, combined = (
+            scores[k] for k in ("pretrained", "random_init", "classical", "combined")
+        )
+        return {
             "kind": "probe",
-            "step": step,
-            "accuracy": score.accuracy,
-            "random_init_accuracy": self._random_init.accuracy,
-            "classical_accuracy": self._classical.accuracy,
+            "step": None,
+            "accuracy": pre.accuracy,
+            "accuracy_se": pre.accuracy_se,
+            "random_init_accuracy": rand.accuracy,
+            "random_init_accuracy_se": rand.accuracy_se,
+            "classical_accuracy": classical.accuracy,
+            "classical_accuracy_se": classical.accuracy_se,
+            "combined_accuracy": combined.accuracy,
+            "combined_accuracy_se": combined.accuracy_se,
             "chance": self.chance,
-            "per_class": score.per_class,
-            "classical_per_class": self._classical.per_class,
+            "per_class": pre.per_class,
+            "per_class_se": pre.per_class_se,
+            "classical_per_class": classical.per_class,
+            "classical_per_class_se": classical.per_class_se,
             "windows": len(self.labelled),
             "annotations": self.labelled.num_annotations,
             "folds": self.folds,
         }
-        if self._bins is not None:
-            scores = {
-                "pretrained": score,
-                "random_init": self._random_init,
-                "classical": self._classical,
-            }
-            record["by"] = accuracy_by(self.by, *self._bins, self.labelled.labels, scores)
-        return record

@@ -113,6 +113,18 @@ MALFORMED = [
     ({"logging": {"wandb": {"project": "p", "team": "x"}}}, "logging.wandb.team"),
     ({"logging": {"wandb": {"project": "p", "name": 3}}}, "logging.wandb.name"),
     ({"logging": "on"}, "logging"),
+    ({"probe": {"shots": 5}}, "probe.shots"),
+    ({"probe": {"shots": [1, 0]}}, "probe.shots[1]"),
+    ({"probe": {"shots": [1, "5"]}}, "probe.shots[1]"),
+    ({"probe": {"shots": [5, 5]}}, "probe.shots"),
+    ({"probe": {"seeds": 0}}, "probe.seeds"),
+    ({"probe": {"synthetic_annotations": -1}}, "probe.synthetic_annotations"),
+    ({"probe": {"synthetic_annotations": 10**6}}, "probe.synthetic_annotations"),
+    ({"init": {"from": 3}}, "init.from"),
+    ({"init": {"which": "step_"}}, "init.which"),
+    ({"init": {"which": "newest"}}, "init.which"),
+    ({"init": {"from_": "x"}}, "init.from_"),  # the TOML key is "from"
+    ({"init": "x"}, "init"),
 ]
 
 

@@ -83,3 +83,20 @@ def test_the_synthetic_set_is_generated_once(tmp_path):
     stamp = (marker / "COMPLETE").stat().st_mtime_ns
     assert ensure_synthetic(s) == first
     assert (marker / "COMPLETE").stat().st_mtime_ns == stamp
+
+
+def test_the_probe_reads_probe_data_else_a_synthetic_probe_set_else_validation(tmp_path):
+    from iqtrain.data.sources import probe_patterns, validation_patterns
+    from iqtrain.data.windows import labelled_windows
+
+    synthetic = {**SMALL, "cache_dir": str(tmp_path / "cache")}
+    config = build_config({"data": {"seq_patches": 8, "synthetic": synthetic}})
+    assert probe_patterns(config.probe, config.data) == validation_patterns(config.data)
+    tables = {"data": {"seq_patches": 8, "synthetic": synthetic}}
+    config = build_config({**tables, "probe": {"synthetic_annotations": 21}})
+    patterns = probe_patterns(config.probe, config.data)
+    assert patterns == probe_patterns(config.probe, config.data)  # cached, the same set
+    found = labelled_windows(patterns, config.data.window)
+    assert found.num_annotations == 21 and len(found) == 21 * 4
+    config = build_config({**tables, "probe": {"synthetic_annotations": 21, "data": ["x*"]}})
+    assert probe_patterns(config.probe, config.data) == [os.fspath(os.path.abspath("x*"))]

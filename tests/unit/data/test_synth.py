@@ -312,3 +312,42 @@ def test_cli_datatype_choices_are_the_table():
             with pytest.raises(UsageError) as exc:  # main() prints it: one line, exit 2
                 parser.parse_args(["synth", "out", "--datatype", name])
             assert exc.value.exit_code == 2 and name in str(exc.value)
+
+
+# --------------------------------------------------------------------------- a labelled probe set
+
+
+def test_a_labelled_set_spreads_its_classes_evenly_over_whole_bursts(tmp_path):
+    from iqtrain.data.synth import LABELLED_GAP, synthesize_labelled
+    from iqtrain.data.windows import labelled_windows
+
+    paths = synthesize_labelled(tmp_path / "a", annotations=38, burst_samples=256, seed=3)
+    assert len(paths) == 3  # 16 bursts to a recording
+    found = labelled_windows([str(tmp_path / "a" / "*.sigmf-meta")], 64)
+    assert found.num_annotations == 38 and len(found) == 38 * 4
+    counts = np.bincount(found.labels[np.unique(found.groups, return_index=True)[1]])
+    assert sorted(found.classes) == sorted(CLASSES) and counts.max() - counts.min() <= 1
+    for meta in paths:
+        doc = json.loads(meta.read_text())
+        for k, ann in enumerate(doc["annotations"]):
+            assert ann["core:sample_count"] == 256
+            assert ann["core:sample_start"] == k * (256 + LABELLED_GAP) + LABELLED_GAP
+    again = synthesize_labelled(tmp_path / "b", annotations=38, burst_samples=256, seed=3)
+    for p, q in zip(paths, again, strict=True):
+        assert _data(p).read_bytes() == _data(q).read_bytes()
+    with pytest.raises(ConfigError, match="annotations: must be >= 7"):
+        synthesize_labelled(tmp_path / "c", annotations=6)
+    with pytest.raises(ConfigError, match="burst_samples: must be >= 128"):
+        synthesize_labelled(tmp_path / "c", annotations=7, burst_samples=100)
+
+
+def test_synth_annotations_from_the_command_line(tmp_path, capsys):
+    from iqtrain.cli.main import main
+
+    out = tmp_path / "p"
+    assert main(["synth", str(out), "--annotations", "20", "--burst-samples", "512"]) == 0
+    assert "wrote 20 labelled annotations in 2 recordings" in capsys.readouterr().out
+    assert main(["synth", str(out), "--annotations", "20", "--recordings", "2"]) == 2
+    assert "--annotations" in capsys.readouterr().err
+    assert main(["synth", str(out), "--burst-samples", "512"]) == 2
+    assert "--burst-samples: needs --annotations" in capsys.readouterr().err

@@ -324,7 +324,7 @@ def test_labelled_features_stack_the_batches_in_order():
 def test_labelled_features_of_a_real_labelled_set(tmp_path):
     from sigmf import SigMFFile
 
-    from iqtrain.eval.probe import labelled_windows
+    from iqtrain.data.windows import labelled_windows
 
     rng = np.random.default_rng(10)
     sig = np.concatenate([linear(rng, "bpsk", 1)[0], linear(rng, "qpsk", 1)[0]])

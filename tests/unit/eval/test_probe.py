@@ -4,122 +4,32 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from helpers import COMPONENT_DTYPES, cli_tables, random_iq
+import torch.nn.functional as F
+from helpers import cli_tables, random_iq, refused_in_one_line, write_annotated, write_bursts
 
 from iqtrain.cli.main import main
 from iqtrain.config.schema import build_config
 from iqtrain.config.sections import DataConfig, ModelConfig
 from iqtrain.data.synth import synthesize
+from iqtrain.data.windows import labelled_windows
 from iqtrain.errors import ConfigError, DataError
 from iqtrain.eval.probe import (
     assign_folds,
     cross_validate,
-    labelled_windows,
     probe_features,
     probe_model,
-    random_init_model,
 )
 from iqtrain.model.transformer import NextPatchModel
+from iqtrain.pretrained.load import random_init_model
 from iqtrain.train.attempt import run_pretraining_attempt
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 W = 64  # window of the tiny attempt below: patch_len 8 x seq_patches 8
-
-
-def write_annotated(directory, name, iq, datatype, annotations, captures=(0,)) -> Path:
-    """A SigMF recording with ``annotations``: ``(start, count or None, label or None)``."""
-    from sigmf import SigMFFile
-
-    directory.mkdir(parents=True, exist_ok=True)
-    data_path = directory / f"{name}.sigmf-data"
-    np.ascontiguousarray(iq, dtype=COMPONENT_DTYPES[datatype]).tofile(data_path)
-    meta = SigMFFile(data_file=data_path, global_info={"core:datatype": datatype})
-    for start in captures:
-        meta.add_capture(start)
-    for start, count, label in annotations:
-        meta.add_annotation(start, count, metadata={"core:label": label} if label else {})
-    meta.tofile(directory / f"{name}.sigmf-meta")
-    return directory / f"{name}.sigmf-meta"
-
-
-# --------------------------------------------------------------------------- labelled windows
-
-
-def test_windows_lie_inside_labelled_annotations_and_captures(tmp_path):
-    rng = np.random.default_rng(0)
-    a_iq = random_iq(rng, 1000, "cf32_le")
-    b_iq = random_iq(rng, 400, "ci16_le")
-    write_annotated(
-        tmp_path,
-        "a",
-        a_iq,
-        "cf32_le",
-        [
-            (10, 128, "x"),  # exactly two windows: the second ends on the annotation's end
-            (200, 63, "y"),  # one sample short of a window: none
-            (300, 330, "y"),  # crosses the capture at 500: the window over it is dropped
-            (700, 100, None),  # unlabelled: ignored
-            (800, None, "x"),  # no count: runs to the end of the data
-        ],
-        captures=(0, 500),
-    )
-    write_annotated(tmp_path, "b", b_iq, "ci16_le", [(0, 400, "z")], captures=(100,))
-    ls = labelled_windows([os.fspath(tmp_path / "*.sigmf-meta")], W)
-    assert ls.classes == ("x", "y", "z")
-    assert ls.starts.tolist() == [10, 74, 300, 364, 428, 556, 800, 864, 928, 0, 128, 192, 256, 320]
-    assert ls.recordings.tolist() == [0] * 9 + [1] * 5
-    assert ls.labels.tolist() == [0, 0, 1, 1, 1, 1, 0, 0, 0, 2, 2, 2, 2, 2]
-    # Grouped by annotation; the one that yields no window takes no number. In "b" the leading
-    # segment [0, 100) and the capture at 100 cut the annotation; the grid stays anchored at
-    # its start (0, 128, ...: the window at 64 crosses the capture) and it is still one group.
-    assert ls.groups.tolist() == [0, 0, 1, 1, 1, 1, 2, 2, 2, 3, 3, 3, 3, 3]
-    assert len(ls) == 14 and ls.num_annotations == 4
-    raw = {0: a_iq.astype(np.float32), 1: b_iq}
-    got = np.concatenate(list(ls.batches(5)))
-    assert got.shape == (14, W, 2)
-    for row, (r, s) in enumerate(zip(ls.recordings, ls.starts, strict=True)):
-        np.testing.assert_array_equal(got[row], raw[r][s : s + W])
-
-
-def test_cu8_windows_are_offset_binary(tmp_path):
-    iq = random_iq(np.random.default_rng(1), 256, "cu8")
-    write_annotated(tmp_path, "u", iq, "cu8", [(0, 128, "p"), (128, 128, "q")])
-    ls = labelled_windows(os.fspath(tmp_path / "u.sigmf-meta"), W)
-    got = np.concatenate(list(ls.batches()))
-    np.testing.assert_array_equal(got[0], iq[:W].astype(np.int16) - 128)
-
-
-@pytest.mark.parametrize(
-    ("annotations", "match"),
-    [
-        ([(0, 30, "x"), (30, 30, "y")], "no labelled window"),
-        ([(0, 100, "x"), (100, 100, "x")], "at least 2 classes"),
-        ([(0, 100, None), (100, 100, None)], "no labelled window"),
-    ],
-)
-def test_too_little_labelled_data_is_a_data_error(tmp_path, annotations, match):
-    meta = write_annotated(
-        tmp_path, "r", random_iq(np.random.default_rng(2), 200, "ci8"), "ci8", annotations
-    )
-    with pytest.raises(DataError, match=match):
-        labelled_windows(os.fspath(meta), W)
-
-
-def test_annotation_beyond_the_data_names_the_file_and_field(tmp_path):
-    meta = write_annotated(
-        tmp_path, "r", random_iq(np.random.default_rng(3), 200, "ci8"), "ci8", [(0, 200, "x")]
-    )
-    doc = json.loads(meta.read_text())
-    doc["annotations"][0]["core:sample_count"] = 201
-    meta.write_text(json.dumps(doc))
-    with pytest.raises(DataError, match=r"r\.sigmf-meta: annotations\[0\]"):
-        labelled_windows(os.fspath(meta), W)
 
 
 # --------------------------------------------------------------------------- folds, classifier
@@ -240,43 +150,42 @@ def test_probe_command_end_to_end_json(attempt, capsys):
     path, data = attempt
     assert main(["probe", os.fspath(path), "--data", data, "--folds", "3", "--json"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
-    assert "pretrained" in out[2] and "random-init" in out[2]
+    assert "pretrained" in out[3] and "random-init" in out[3]
     doc = json.loads(out[-1])
     assert doc["checkpoint"] == "step_00000003" and doc["step"] == 3 and doc["folds"] == 3
     assert doc["windows"] > 0 and doc["annotations"] >= 3 and len(doc["classes"]) >= 2
-    for key in ("pretrained", "random_init"):
+    for key in ("pretrained", "random_init", "classical", "combined"):
         assert 0.0 <= doc[key]["accuracy"] <= 1.0
         assert set(doc[key]["per_class"]) == set(doc["classes"])
+        assert set(doc[key]["per_class_se"]) == set(doc["classes"])
+        se = doc[key]["accuracy_se"]
+        assert se >= 0.0 and (se > 0.0) == (0.0 < doc[key]["accuracy"] < 1.0)
         assert np.sum(doc[key]["confusion"]) == doc["windows"]
     assert 0.0 < doc["chance"] <= 1.0
     assert main(["probe", os.fspath(path), "--data", data, "--from", "step_2", "--folds", "2"]) == 0
     assert "step_00000002 (step 2)" in capsys.readouterr().out
 
 
-def _refused(capsys, argv, *names):
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("iqtrain: error: "), err
-    for name in names:
-        assert name in err[0], err[0]
-
-
 def test_probe_command_refusals_are_one_line_exit_2(attempt, tmp_path, capsys):
     path, data = attempt
     a = os.fspath(path)
-    _refused(capsys, ["probe", a, "--data", os.fspath(tmp_path / "none*.sigmf-meta")], "none*")
+    refused_in_one_line(
+        capsys, ["probe", a, "--data", os.fspath(tmp_path / "none*.sigmf-meta")], "none*"
+    )
     bad = tmp_path / "bad.sigmf-meta"
     bad.write_text("{not json")
-    _refused(capsys, ["probe", a, "--data", os.fspath(bad)], os.fspath(bad))
-    _refused(capsys, ["probe", a, "--data", data, "--from", "step_999"], "step_00000999")
-    _refused(capsys, ["probe", a, "--data", data, "--from", "newest"], "--from")
-    _refused(capsys, ["probe", a, "--data", data, "--folds", "500"], "--folds")
-    _refused(capsys, ["probe", a, "--data", data, "--folds", "1"], "--folds")
+    refused_in_one_line(capsys, ["probe", a, "--data", os.fspath(bad)], os.fspath(bad))
+    refused_in_one_line(capsys, ["probe", a, "--data", data, "--from", "step_999"], "step_00000999")
+    refused_in_one_line(capsys, ["probe", a, "--data", data, "--from", "newest"], "--from")
+    refused_in_one_line(capsys, ["probe", a, "--data", data, "--folds", "500"], "--folds")
+    refused_in_one_line(capsys, ["probe", a, "--data", data, "--folds", "1"], "--folds")
     one = write_annotated(
         tmp_path, "one", random_iq(np.random.default_rng(0), 512, "ci8"), "ci8", [(0, 512, "x")]
     )
-    _refused(capsys, ["probe", a, "--data", os.fspath(one)], "one.sigmf-meta", "2 classes")
-    _refused(capsys, ["probe", os.fspath(tmp_path), "--data", data], os.fspath(tmp_path))
+    refused_in_one_line(
+        capsys, ["probe", a, "--data", os.fspath(one)], "one.sigmf-meta", "2 classes"
+    )
+    refused_in_one_line(capsys, ["probe", os.fspath(tmp_path), "--data", data], os.fspath(tmp_path))
 
 
 def test_probe_by_snr_per_layer_and_classical_in_table_and_json(attempt, capsys):
@@ -284,7 +193,7 @@ def test_probe_by_snr_per_layer_and_classical_in_table_and_json(attempt, capsys)
     argv = ["probe", os.fspath(path), "--data", data, "--folds", "3", "--json"]
     assert main([*argv, "--by", "iqtrain:snr_db", "--bins", "10", "--layer", "all"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
-    assert "classical" in out[2] and "pretrained" in out[2]
+    assert "classical" in out[3] and "pretrained" in out[3]
     assert any(line.startswith("accuracy by iqtrain:snr_db") for line in out)
     doc = json.loads(out[-1])
     assert set(doc["classical"]) >= {"accuracy", "per_class"}
@@ -297,8 +206,8 @@ def test_probe_by_snr_per_layer_and_classical_in_table_and_json(attempt, capsys)
         assert lo_bin["hi"] == hi_bin["lo"] and hi_bin["hi"] - hi_bin["lo"] == 10
     assert all(b["lo"] % 10 == 0 for b in by["bins"])
     # per-bin accuracies pool back to the overall accuracy, for every model
-    for key in ("pretrained", "random_init", "classical"):
-        pooled = sum(b[key] * b["windows"] for b in by["bins"]) / doc["windows"]
+    for key in ("pretrained", "random_init", "classical", "combined"):
+        pooled = sum(b[key] * b["windows"] for b in by["bins"] if b["windows"]) / doc["windows"]
         assert pooled == pytest.approx(doc[key]["accuracy"], abs=1e-9)
     # every layer of the 1-block model: 0 (embeddings) and 1 (final, the default)
     assert [r["layer"] for r in doc["by_layer"]] == [0, 1] and doc["layer"] == 1
@@ -321,7 +230,7 @@ def test_layer_states_number_embeddings_blocks_and_the_final_norm():
     torch.testing.assert_close(states[1], model.blocks[0](states[0], cos, sin), rtol=0, atol=0)
 
 
-def test_bins_cover_the_values_and_refuse_empty_bins():
+def test_bins_cover_the_values_and_keep_empty_bins():
     from iqtrain.eval.probe import bin_edges, bin_index, check_bins, parse_bins
 
     values = np.array([-3.0, 0.0, 4.99, 5.0, 12.5])
@@ -330,8 +239,11 @@ def test_bins_cover_the_values_and_refuse_empty_bins():
     assert bin_index(values, edges).tolist() == [0, 1, 1, 2, 3]
     assert bin_index(np.array([15.0, 15.1, -5.1]), edges).tolist() == [3, -1, -1]  # last closed
     assert parse_bins("-10, 0,10") == [-10.0, 0.0, 10.0] and parse_bins(None) == 5.0
-    with pytest.raises(ConfigError, match=r"--bins: the bin \[5, 10\) of snr holds no window"):
-        check_bins(np.array([0.0, 12.0]), [0.0, 5.0, 10.0, 15.0], "snr", "--bins")
+    # a bin without windows stays a bin; only bins holding no window at all are refused
+    idx = check_bins(np.array([0.0, 12.0]), [0.0, 5.0, 10.0, 15.0], "snr", "--bins")
+    assert idx.tolist() == [0, 2]
+    with pytest.raises(ConfigError, match=r"--bins: no window's snr lies in the bins \[20, 30\]"):
+        check_bins(np.array([0.0, 12.0]), [20.0, 25.0, 30.0], "snr", "--bins")
     for bad, match in (("x", "width"), ("0", "> 0"), ("3,1", "increasing"), ("nan", "finite")):
         with pytest.raises(ConfigError, match=match):
             parse_bins(bad)
@@ -341,24 +253,53 @@ def test_bins_cover_the_values_and_refuse_empty_bins():
             bin_edges(np.array([-20.0, 18.0]), width)
     with pytest.raises(ConfigError, match="more than 1000 bins"):
         bin_edges(np.array([-1e308, 1e308]), 1e-308)
+    # finer than the values' float resolution: the edges could not be told apart
+    with pytest.raises(ConfigError, match="--bins: a width of 1 is finer than the float"):
+        bin_edges(np.array([1e20, 1e20]), 1.0)
     # a value on a multiple of a width that is not exact in binary opens its bin
     tenths = np.array([0.0, 0.3, 0.7])
     edges = bin_edges(tenths, 0.1)
-    assert len(edges) == 9  # bins [0, 0.1) ... [0.7, 0.8)
+    assert len(edges) == 9 and edges[3] == 0.3 and edges[7] == 0.7  # [0, 0.1) ... [0.7, 0.8)
     assert bin_index(tenths, edges, 0.1).tolist() == [0, 3, 7]
+
+
+@pytest.mark.parametrize("width", [1e300, 2e10, 7.3, 3.0, 0.7, 0.1, 5.0])
+def test_every_value_lies_in_the_bin_printed_for_it(width):
+    """Huge widths put negative values below 0 (they were binned into [0, w)); widths that are
+    not powers of two print edges a value really lies between."""
+    from iqtrain.eval.probe import _span, bin_edges, bin_index
+
+    values = np.concatenate([np.arange(-20.0, 18.5, 0.5), [-1.4, 2.1, -0.3, 0.7, 1e-9, -1e-9]])
+    edges = bin_edges(values, width)
+    idx = bin_index(values, edges, width)
+    assert (idx >= 0).all()
+    for v, k in zip(values, idx, strict=True):
+        printed = _span(edges[k], edges[k + 1], closed=False)  # as the table shows it
+        lo, hi = (float(x) for x in printed[1:-1].split(", "))
+        assert lo <= v < hi, (v, printed)
+    if width == 1e300:  # the negative values below 0, the others above
+        assert edges == [-1e300, 0.0, 1e300]
+        assert idx.tolist() == (values >= 0).astype(int).tolist()
 
 
 def test_by_key_refusals_are_one_line_exit_2(attempt, tmp_path, capsys):
     path, data = attempt
     a = [["probe", os.fspath(path), "--data", data, "--folds", "3"]][0]
-    _refused(capsys, [*a, "--by", "torchsig:snr_db"], "--by torchsig:snr_db", "no labelled")
-    _refused(capsys, [*a, "--by", "core:label"], "--by core:label", "not a finite number")
-    _refused(capsys, [*a, "--by", "iqtrain:snr_db", "--bins", "100,200"], "--bins", "no window")
-    _refused(capsys, [*a, "--bins", "5"], "--bins", "--by")
-    _refused(capsys, [*a, "--layer", "2"], "--layer", "[0, 1]")
-    _refused(capsys, [*a, "--layer", "last"], "--layer")
+    refused_in_one_line(
+        capsys, [*a, "--by", "torchsig:snr_db"], "--by torchsig:snr_db", "no labelled"
+    )
+    refused_in_one_line(
+        capsys, [*a, "--by", "core:label"], "--by core:label", "not a finite number"
+    )
+    refused_in_one_line(
+        capsys, [*a, "--by", "iqtrain:snr_db", "--bins", "100,200"], "--bins", "no window"
+    )
+    refused_in_one_line(capsys, [*a, "--bins", "1e300"], "--bins", "--by")
+    refused_in_one_line(capsys, [*a, "--bins", "5"], "--bins", "--by")
+    refused_in_one_line(capsys, [*a, "--layer", "2"], "--layer", "[0, 1]")
+    refused_in_one_line(capsys, [*a, "--layer", "last"], "--layer")
     for lenient in (" 1", "01", "+1", "-0", "1.0", "\u0661"):  # int() would take most of these
-        _refused(capsys, [*a, "--layer", lenient], "--layer")
+        refused_in_one_line(capsys, [*a, "--layer", lenient], "--layer")
     # an annotation without the key, beside others with it: named
     rng = np.random.default_rng(0)
     rec = write_annotated(
@@ -369,12 +310,12 @@ def test_by_key_refusals_are_one_line_exit_2(attempt, tmp_path, capsys):
     meta["annotations"][1]["huge"] = 10**400  # a JSON integer no float holds
     meta["annotations"][0]["huge"] = 1.0
     rec.write_text(json.dumps(meta))
-    _refused(
+    refused_in_one_line(
         capsys,
         ["probe", os.fspath(path), "--data", os.fspath(rec), "--folds", "2", "--by", "huge"],
         "mixed.sigmf-meta: annotations[1] is 1000",
     )
-    _refused(
+    refused_in_one_line(
         capsys,
         [
             "probe",
@@ -388,3 +329,234 @@ def test_by_key_refusals_are_one_line_exit_2(attempt, tmp_path, capsys):
         ],
         "mixed.sigmf-meta: annotations[1] has none",
     )
+
+
+# --------------------------------------------------------------------------- standard errors
+
+
+def test_cluster_se_is_over_annotations_not_windows():
+    from iqtrain.eval.probe import cluster_se
+
+    # by hand: n = [2, 3, 1], c = [1, 3, 0], acc = 2/3, residuals -1/3, 1, -2/3, G/(G-1) = 3/2
+    groups = np.array([0, 0, 1, 1, 1, 2])
+    correct = np.array([1, 0, 1, 1, 1, 0], dtype=bool)
+    assert cluster_se(correct, groups) == pytest.approx(np.sqrt(1.5 * 14 / 9) / 6, rel=1e-12)
+    # one window per annotation: the binomial standard error sqrt(acc (1 - acc) / (G - 1))
+    rng = np.random.default_rng(0)
+    single = rng.random(40) < 0.3
+    acc = single.mean()
+    assert cluster_se(single, np.arange(40)) == pytest.approx(np.sqrt(acc * (1 - acc) / 39))
+    # copies of a window inside its annotation add no information: the same standard error
+    copies = np.repeat(single, 7)
+    assert cluster_se(copies, np.repeat(np.arange(40), 7)) == pytest.approx(
+        cluster_se(single, np.arange(40)), rel=1e-12
+    )
+    # fewer than two annotations: no spread to measure
+    assert cluster_se(np.array([True, False]), np.array([4, 4])) is None
+    assert cluster_se(np.array([], dtype=bool), np.array([])) is None
+
+
+def test_scores_carry_standard_errors_per_class():
+    from iqtrain.eval.probe import cluster_se, score
+
+    labels = np.array([0, 0, 0, 0, 1, 1, 1, 1])
+    groups = np.array([0, 0, 1, 1, 2, 2, 3, 3])
+    predicted = np.array([0, 1, 0, 0, 1, 1, 0, 0])
+    sc = score(labels, predicted, ["a", "b"], groups)
+    assert sc.accuracy == 5 / 8 and sc.accuracy_se == cluster_se(labels == predicted, groups)
+    assert sc.per_class == {"a": 0.75, "b": 0.5}
+    assert sc.per_class_se["a"] == cluster_se(np.array([1, 0, 1, 1], bool), np.array([0, 0, 1, 1]))
+    assert set(sc.to_dict()) == {
+        "accuracy",
+        "accuracy_se",
+        "per_class",
+        "per_class_se",
+        "confusion",
+    }
+
+
+# --------------------------------------------------------------------------- batched fits
+
+
+def test_batched_fits_are_the_fits_one_at_a_time_and_converge():
+    from iqtrain.eval.probe import TOL_GRAD, fit_logistic, fit_logistic_many
+
+    g = torch.Generator().manual_seed(3)
+    latent = torch.randn(90, 6, generator=g, dtype=torch.float64)
+    # 40 strongly correlated features (the conditioning of a model's hidden states)
+    x = latent @ torch.randn(6, 40, generator=g, dtype=torch.float64)
+    x = x + 1e-3 * torch.randn(90, 40, generator=g, dtype=torch.float64)
+    labels = (latent[:, 0] > 0).long().numpy() + (latent[:, 1] > 0.5).long().numpy()
+    rows = [np.arange(0, 60), np.arange(30, 90), np.arange(0, 90, 2)]
+    many = fit_logistic_many(x, labels, rows, 3)
+    for r, fit in zip(rows, many, strict=True):
+        alone = fit_logistic(x[r], torch.from_numpy(labels[r]), 3)
+        torch.testing.assert_close(fit.weight, alone.weight, rtol=0, atol=1e-6)
+        assert torch.equal(fit.predict(x), alone.predict(x))
+        # the gradient of the objective at the fit: at the optimum
+        w = fit.weight.clone().requires_grad_(True)
+        b = fit.bias.clone().requires_grad_(True)
+        z = (x[r] - fit.mean) / fit.std
+        y = torch.from_numpy(labels[r])
+        loss = F.cross_entropy(z @ w + b, y) + 0.5e-3 * w.square().sum()
+        loss.backward()
+        assert max(w.grad.abs().max(), b.grad.abs().max()) <= 10 * TOL_GRAD
+        # the bias stays in the softmax's invariant subspace: its classes sum to zero
+        assert float(b.detach().sum()) == pytest.approx(0.0, abs=1e-9)
+
+
+# --------------------------------------------------------------------------- few-shot draws
+
+
+def _plan(per_class=7, classes=3, windows=3, folds=3, seed=5):
+    from iqtrain.eval.probe import FoldPlan
+
+    groups = np.repeat(np.arange(per_class * classes), windows)
+    labels = groups % classes
+    return FoldPlan.build(labels, groups, folds, seed, [f"c{i}" for i in range(classes)])
+
+
+def test_few_shot_draws_come_from_the_training_folds_and_only_from_their_seed():
+    plan = _plan()
+    torch_state, np_state = torch.get_rng_state(), np.random.get_state()
+    for k in (1, 3):
+        for s in range(3):
+            rows = plan.draw(k, s)
+            assert len(rows) == plan.folds
+            for f, r in enumerate(rows):
+                drawn = np.unique(plan.groups[r])
+                assert (plan.fold_of[r] != f).all()  # never the held-out fold
+                assert np.bincount(plan.labels[r], minlength=3).tolist() == [3 * k] * 3
+                # whole annotations: every window of a drawn annotation
+                assert np.isin(plan.groups, drawn).sum() == len(r)
+            again = plan.draw(k, s)
+            assert all(np.array_equal(a, b) for a, b in zip(rows, again, strict=True))
+    assert torch.equal(torch.get_rng_state(), torch_state)
+    assert all(np.array_equal(a, b) for a, b in zip(np.random.get_state(), np_state, strict=True))
+    draws = [plan.draw(2, s) for s in range(4)]
+    assert len({tuple(np.concatenate(d)) for d in draws}) > 1  # the seeds draw differently
+    other = _plan(seed=6).draw(2, 0)  # another run.seed: its own folds and draws
+    assert not all(np.array_equal(a, b) for a, b in zip(other, draws[0], strict=True))
+
+
+def test_few_shot_scores_pool_the_folds_per_draw():
+    plan = _plan(per_class=6, classes=2, windows=4, folds=2)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(len(plan.labels), 5, generator=g) + 2.0 * torch.from_numpy(plan.labels)[:, None]
+    shots = plan.shots({"pretrained": x}, [3, 1], seeds=3)
+    assert [e["k"] for e in shots] == [1, 3] and all(e["seeds"] == 3 for e in shots)
+    for e in shots:
+        m = e["pretrained"]
+        assert len(m["draws"]) == 3 and m["mean"] == pytest.approx(np.mean(m["draws"]))
+        assert m["std"] == pytest.approx(np.std(m["draws"], ddof=1))
+        assert 0 <= m["se"] < 0.5 and (m["se"] > 0) == (min(m["draws"]) < 1)
+    assert shots[1]["pretrained"]["mean"] > 0.9  # separable classes, 3 examples each
+    one = plan.shots({"pretrained": x}, [1], seeds=1)[0]["pretrained"]
+    assert one["std"] is None and one["draws"] == shots[0]["pretrained"]["draws"][:1]
+    with pytest.raises(ConfigError, match=r"--shots: K = 4 .* class 'c0' has only 3 training"):
+        plan.check_shots([1, 4])
+    plan.check_shots([3])
+
+
+@pytest.mark.parametrize(
+    ("text", "seeds", "match"),
+    [
+        ("0", None, "--shots: expected"),
+        ("1,x", None, "--shots: expected"),
+        ("-1", None, "--shots: expected"),
+        ("1.5", None, "--shots: expected"),
+        ("01", None, "--shots: expected"),
+        ("5,5", None, "--shots: each K once"),
+        ("5", 0, "--seeds: must be an integer >= 1"),
+        (None, 3, "--seeds: needs --shots"),
+    ],
+)
+def test_bad_shots_and_seeds_arerefused_in_one_line(text, seeds, match):
+    from iqtrain.eval.probe import Shots
+
+    with pytest.raises(ConfigError, match=match):
+        Shots.parse(text, seeds)
+
+
+# --------------------------------------------------------------------------- few-shot command
+
+
+@pytest.fixture(scope="module")
+def bursts(tmp_path_factory):
+    """A labelled set with 6 annotations of 2 windows per class, and one on a sparse SNR grid
+    (-20, -10, 0, 10, 18: RadioML's kind of grid), each SNR in both classes."""
+    root = tmp_path_factory.mktemp("bursts")
+    write_bursts(root / "six", "six", ["a", "b"] * 6, W)
+    snrs = [{"snr": float(v)} for v in (-20, -20, -10, -10, 0, 0, 10, 10, 18, 18)]
+    write_bursts(root / "grid", "grid", ["a", "b"] * 5, W, fields=snrs, seed=1)
+    return os.fspath(root / "six" / "*.sigmf-meta"), os.fspath(root / "grid" / "*.sigmf-meta")
+
+
+def test_probe_shots_table_and_json(attempt, bursts, capsys):
+    path, _ = attempt
+    argv = ["probe", os.fspath(path), "--data", bursts[0], "--folds", "3"]
+    assert main([*argv, "--shots", "3,1", "--seeds", "2", "--json"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    doc = json.loads(out[-1])
+    assert [e["k"] for e in doc["shots"]] == [1, 3]
+    for e in doc["shots"]:
+        assert e["seeds"] == 2
+        assert set(e) == {"k", "seeds", "pretrained", "random_init", "classical", "combined"}
+        for name in ("pretrained", "random_init", "classical", "combined"):
+            m = e[name]
+            assert set(m) == {"mean", "std", "se", "draws"} and len(m["draws"]) == 2
+            assert m["mean"] == pytest.approx(sum(m["draws"]) / 2)
+            assert m["std"] == pytest.approx(abs(m["draws"][0] - m["draws"][1]) / np.sqrt(2))
+    table = out[: out.index(next(line for line in out if line.startswith("confusion")))]
+    shot_rows = [line.split() for line in table if line.split()[:1] in (["1"], ["3"])]
+    assert len(shot_rows) == 2 and all(row.count("±") == 4 for row in shot_rows)
+    # every accuracy printed carries its standard error
+    accuracy = next(line for line in out if line.startswith("accuracy  "))
+    assert accuracy.count("±") == 4
+    # the same draws again: the same numbers (local generators, deterministic fits)
+    assert main([*argv, "--shots", "1,3", "--seeds", "2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["shots"] == doc["shots"]
+    assert main([*argv]) == 0
+    assert "K labelled" not in capsys.readouterr().out
+
+
+def test_too_many_shots_is_refused_before_any_feature(attempt, bursts, capsys, monkeypatch):
+    import iqtrain.eval.probe as probe
+
+    def never(*args, **kwargs):
+        raise AssertionError("features were computed")
+
+    monkeypatch.setattr(probe, "layer_features", never)
+    monkeypatch.setattr(probe, "classical_matrix", never)
+    path, _ = attempt
+    argv = ["probe", os.fspath(path), "--data", bursts[0], "--folds", "3"]
+    # 6 annotations per class in 3 folds: 4 of each class train when its fold is held out
+    refused_in_one_line(capsys, [*argv, "--shots", "1,5"], "--shots", "'a'", "only 4 training")
+    refused_in_one_line(capsys, [*argv, "--shots", "0"], "--shots")
+    refused_in_one_line(capsys, [*argv, "--shots", "2,2"], "--shots", "each K once")
+    refused_in_one_line(capsys, [*argv, "--seeds", "3"], "--seeds", "--shots")
+    refused_in_one_line(capsys, [*argv, "--shots", "2", "--seeds", "0"], "--seeds")
+
+
+def test_a_sparse_snr_grid_shows_its_empty_bins(attempt, bursts, capsys):
+    path, _ = attempt
+    argv = ["probe", os.fspath(path), "--data", bursts[1], "--folds", "2", "--json"]
+    assert main([*argv, "--by", "snr"]) == 0  # default 5 dB bins: [-15, -10) holds no window
+    out = capsys.readouterr().out.strip().splitlines()
+    by = json.loads(out[-1])["by"]
+    assert by["width"] == 5.0 and by["outside"] == 0
+    assert [b["lo"] for b in by["bins"]] == [-20.0, -15.0, -10.0, -5.0, 0.0, 5.0, 10.0, 15.0]
+    assert [b["windows"] for b in by["bins"]] == [4, 0, 4, 0, 4, 0, 4, 4]
+    for b in by["bins"]:
+        for name in ("pretrained", "random_init", "classical", "combined"):
+            assert (b[name] is None) == (b["windows"] == 0)
+            assert (b[f"{name}_se"] is None) == (b["windows"] == 0)
+    row = next(line for line in out if line.strip().startswith("[-15, -10)"))
+    assert row.split() == ["[-15,", "-10)", "0", "-", "-", "-", "-"]
+    assert next(line for line in out if line.strip().startswith("[-20, -15)")).count("±") == 4
+    # a huge width: the negative SNRs in [-1e300, 0), the others in [0, 1e300)
+    assert main([*argv, "--by", "snr", "--bins", "1e300"]) == 0
+    bins = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["by"]["bins"]
+    assert [(b["lo"], b["hi"], b["windows"]) for b in bins] == [(-1e300, 0.0, 8), (0.0, 1e300, 12)]
+    # explicit edges none of the values reach: refused, one line
+    refused_in_one_line(capsys, [*argv, "--by", "snr", "--bins", "30,40"], "--bins", "no window")

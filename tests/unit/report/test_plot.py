@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 from helpers import RECORDS, train_record, val_record, write_attempt, write_lineage
 
@@ -310,3 +311,71 @@ def test_a_categorical_attempt_draws_its_nmse_beside_the_baselines(tmp_path):
     assert loss.get_ylabel() == "loss (objective; NMSE dashed)"
     nmse = _find(_lines(loss), "val NMSE of mean")
     assert list(nmse.get_ydata()) == pytest.approx([0.88, 0.86, 0.84, 0.82, 0.8])
+
+
+def _shot(k, pre, rand, classical, combined, std=0.02):
+    names = ("pretrained", "random_init", "classical", "combined")
+    scores = zip(names, (pre, rand, classical, combined), strict=True)
+    entry = {"k": k, "seeds": 5}
+    for name, mean in scores:
+        entry[name] = {"mean": mean, "std": std, "se": 0.01, "draws": [mean] * 5}
+    return entry
+
+
+def test_probe_records_with_shots_draw_accuracy_against_k_with_error_bars(tmp_path):
+    shots = [
+        _shot(1, 0.3, 0.2, 0.4, 0.45),
+        _shot(5, 0.5, 0.3, 0.6, 0.7),
+        _shot(10, 0.6, 0.3, 0.65, 0.8),
+    ]
+    probes = [
+        {**PROBES[0], "shots": [_shot(1, 0.1, 0.2, 0.4, 0.3)]},
+        {**PROBES[1], "accuracy_se": 0.05, "combined_accuracy": 0.8, "shots": shots},
+    ]
+    fig = build_figure(write_attempt(tmp_path / "a", records=[*LONG, *probes]))
+    panels = _panels(fig)
+    assert "probe_shots" in panels and "probe_by" not in panels
+    assert fig.axes.index(panels["probe_shots"]) == 4  # below the probe panel
+    ax = panels["probe_shots"]
+    assert ax.get_xscale() == "log" and ax.get_xlabel().startswith("K labelled annotations")
+    assert "probe at step 100" in ax.get_xlabel() and "5 draws per K" in ax.get_xlabel()
+    lines = _lines(ax)  # the last record that has shots, every model
+    assert list(lines["pretrained"].get_xdata()) == [1, 5, 10]
+    assert list(lines["pretrained"].get_ydata()) == [0.3, 0.5, 0.6]
+    assert list(lines["classical + pretrained"].get_ydata()) == [0.45, 0.7, 0.8]
+    assert list(lines["random-init model"].get_ydata()) == [0.2, 0.3, 0.3]
+    assert list(lines["chance"].get_ydata()) == [0.25, 0.25]
+    # one error bar (the draws' std) per K and model
+    bars = [c for c in ax.containers if c.has_yerr]
+    assert len(bars) == 4
+    segments = bars[0].lines[2][0].get_segments()
+    assert [tuple(np.round(s[:, 1], 6)) for s in segments] == [
+        (0.28, 0.32),
+        (0.48, 0.52),
+        (0.58, 0.62),
+    ]
+    # the probe panel: the combined series and the standard-error band where recorded
+    probe = panels["probe"]
+    assert list(_lines(probe)["classical + pretrained"].get_xdata()) == [100]
+    # one probe with a standard error: its band has no width, so a bar shows it too
+    assert [c.get_gid() for c in probe.collections] == ["probe_se", "probe_se_bar"]
+
+
+def test_an_snr_bin_without_windows_is_a_gap_not_a_point(tmp_path):
+    bins = [
+        {"lo": -20.0, "hi": -15.0, "windows": 4, "pretrained": 0.5, "pretrained_se": 0.1},
+        {"lo": -15.0, "hi": -10.0, "windows": 0, "pretrained": None, "pretrained_se": None},
+        {"lo": -10.0, "hi": -5.0, "windows": 4, "pretrained": 0.75, "pretrained_se": 0.1},
+    ]
+    by = {"key": "snr", "width": 5.0, "outside": 0, "bins": bins}
+    fig = build_figure(write_attempt(tmp_path / "a", records=[*LONG, {**PROBES[1], "by": by}]))
+    ax = _panels(fig)["probe_by"]
+    line = _lines(ax)["pretrained"]
+    assert list(line.get_xdata()) == [-17.5, -12.5, -7.5]
+    y = list(line.get_ydata())
+    assert y[0] == 0.5 and np.isnan(y[1]) and y[2] == 0.75  # nothing drawn at -12.5
+    (bars,) = [c for c in ax.containers if c.has_yerr]
+    assert len(bars.lines[2][0].get_segments()) == 3 and "random-init model" not in _lines(ax)
+    # older records (no standard errors, no shots, no combined): the figure still draws
+    fig = build_figure(write_attempt(tmp_path / "b", records=[*LONG, *PROBES]))
+    assert "probe_shots" not in _panels(fig) and not _panels(fig)["probe"].collections

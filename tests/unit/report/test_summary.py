@@ -261,3 +261,33 @@ def test_a_lost_ancestor_or_a_cycle_ends_the_walk_with_a_note(tmp_path):
     bad = {"id": "0001", "status": "completed", "parent": {"step": True}}
     found = resume_points(atts[0], bad)
     assert found.points == [] and "parent.attempt is not a path" in found.notes[0]
+
+
+def test_report_prints_the_last_probe_with_standard_errors(tmp_path):
+    old = {
+        "kind": "probe",
+        "step": 2,
+        "accuracy": 0.5,
+        "random_init_accuracy": 0.25,
+        "classical_accuracy": 0.75,
+        "chance": 0.125,
+    }
+    new = {
+        **old,
+        "step": 3,
+        "accuracy_se": 0.01,
+        "random_init_accuracy_se": 0.02,
+        "classical_accuracy_se": None,
+        "combined_accuracy": 0.8,
+        "combined_accuracy_se": 0.03,
+    }
+    att = write_attempt(tmp_path, records=[*RECORDS, old])
+    assert (
+        "probe at step 2: accuracy 0.5000 ± -; random-init 0.2500 ± -, classical features "
+        "0.7500 ± -, chance 0.1250"
+    ) in report(att)
+    att = write_attempt(tmp_path, number="0002", records=[*RECORDS, old, new])
+    assert (
+        "probe at step 3: accuracy 0.5000 ± 0.0100; random-init 0.2500 ± 0.0200, classical "
+        "features 0.7500 ± -, classical + pretrained 0.8000 ± 0.0300, chance 0.1250"
+    ) in report(att)

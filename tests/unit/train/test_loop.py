@@ -214,7 +214,7 @@ def test_verify_refuses_a_forged_early_stop_of_a_truncated_attempt(tmp_path):
         inherited=None,
         checkpoints=list_checkpoints(ckpts),
         best=(ckpts / f"step_{best['step']:08d}", best["loss"]),
-        parent=None,
+        record=info,
         stopped_early={"step": 8, "best_step": best["step"], "reason": "forged"},
     )
     problems = check_attempt(attempt).problems

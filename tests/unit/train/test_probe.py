@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from iqtrain.config.schema import build_config
-from iqtrain.data.synth import synthesize
+from iqtrain.data.synth import synthesize, synthesize_labelled
 from iqtrain.errors import ConfigError, DataError
 from iqtrain.evidence.lineage import ParentRef
 from iqtrain.evidence.metrics import read_metrics, strip_timing
@@ -26,6 +26,15 @@ def labelled(tmp_path_factory) -> str:
     return str(root / "*.sigmf-meta")
 
 
+@pytest.fixture(scope="module")
+def bursts(tmp_path_factory) -> str:
+    """28 bursts of 2 windows (128 samples, the tiny attempt's window), 4 of each class: with 2
+    folds, 2 annotations of each class train when its fold is held out."""
+    root = tmp_path_factory.mktemp("bursts")
+    synthesize_labelled(root, annotations=28, burst_samples=256, datatype="ci8", seed=4)
+    return str(root / "*.sigmf-meta")
+
+
 def _tables(tmp_path: Path, name: str, probe: dict | None) -> dict:
     from helpers import tiny_tables
 
@@ -39,25 +48,36 @@ def _weights(attempt: Path, step: int) -> dict[str, torch.Tensor]:
     return load_file(attempt / "checkpoints" / f"step_{step:08d}" / "model.safetensors")
 
 
-def test_probe_records_leave_training_and_its_resume_exact(tmp_path, labelled):
-    probe = {"every": 2, "data": [labelled], "folds": 2, "by": "iqtrain:snr_db", "bins": 10}
+def test_probe_records_leave_training_and_its_resume_exact(tmp_path, bursts):
+    probe = {"every": 2, "data": [bursts], "folds": 2, "by": "iqtrain:snr_db", "bins": 10}
+    probe.update(shots=[2, 1], seeds=2)
     with_probe = run_pretraining_attempt(build_config(_tables(tmp_path, "a", probe))).attempt
     without = run_pretraining_attempt(build_config(_tables(tmp_path, "b", None))).attempt
     records = read_metrics(with_probe / "metrics.jsonl")
     probes = [r for r in records if r["kind"] == "probe"]
     # validations at 4, 8, 12: every 2nd (the 2nd, at step 8) and the last
     assert [r["step"] for r in probes] == [8, 12]
+    first = probes[0]
     for r in probes:
         assert 0.0 <= r["accuracy"] <= 1.0 and 0.0 < r["chance"] <= 1.0
-        assert r["random_init_accuracy"] == probes[0]["random_init_accuracy"]
-        assert r["folds"] == 2 and r["windows"] > 0 and set(r["per_class"])
-        # the classical features: computed once, the same per-class keys
-        assert r["classical_accuracy"] == probes[0]["classical_accuracy"]
+        assert r["folds"] == 2 and r["windows"] == 56 and r["annotations"] == 28
+        assert set(r["per_class"]) == set(r["per_class_se"]) == set(r["classical_per_class_se"])
+        # the baselines: computed once
+        for key in ("random_init_accuracy", "classical_accuracy", "classical_per_class"):
+            assert r[key] == first[key] and r[f"{key}_se"] == first[f"{key}_se"]
+        for key in ("accuracy", "random_init_accuracy", "classical_accuracy", "combined_accuracy"):
+            assert 0.0 <= r[key] <= 1.0 and 0.0 <= r[f"{key}_se"] < 0.5
         assert set(r["classical_per_class"]) == set(r["per_class"])
-        assert r["by"]["key"] == "iqtrain:snr_db"
+        assert r["by"]["key"] == "iqtrain:snr_db" and r["by"]["width"] == 10.0
         assert sum(b["windows"] for b in r["by"]["bins"]) == r["windows"]
-        pooled = sum(b["pretrained"] * b["windows"] for b in r["by"]["bins"]) / r["windows"]
-        assert pooled == pytest.approx(r["accuracy"], abs=1e-9)
+        pooled = sum(b["pretrained"] * b["windows"] for b in r["by"]["bins"] if b["windows"])
+        assert pooled / r["windows"] == pytest.approx(r["accuracy"], abs=1e-9)
+        # few-shot: K ascending, the baselines' draws the same at every probe
+        assert [e["k"] for e in r["shots"]] == [1, 2]
+        for e, e0 in zip(r["shots"], first["shots"], strict=True):
+            assert e["seeds"] == 2 and e["random_init"] == e0["random_init"]
+            assert e["classical"] == e0["classical"]
+            assert {len(e[m]["draws"]) for m in ("pretrained", "combined")} == {2}
     # The probe reads the model and nothing else: the same training, number for number.
     others = [r for r in records if r["kind"] != "probe"]
     assert strip_timing(others) == strip_timing(read_metrics(without / "metrics.jsonl"))
@@ -84,8 +104,12 @@ def test_probe_settings_are_checked_before_the_attempt_exists(tmp_path, labelled
     with pytest.raises(ConfigError, match="probe.by torchsig:snr_db: no labelled annotation"):
         tables = _tables(tmp_path, "c", {"every": 1, "data": [labelled], "by": "torchsig:snr_db"})
         run_pretraining_attempt(build_config(tables))
-    with pytest.raises(ConfigError, match=r"probe.bins: the bin \[100, 200\]"):
+    with pytest.raises(ConfigError, match=r"probe.bins: no window's .* in the bins \[100, 200\]"):
         probe = {"every": 1, "data": [labelled], "by": "iqtrain:snr_db", "bins": [100, 200]}
+        run_pretraining_attempt(build_config(_tables(tmp_path, "c", probe)))
+    # 1 annotation of each class in the synthetic recordings: no class trains in its own fold
+    with pytest.raises(ConfigError, match=r"probe.shots: K = 1 .* class '16QAM' has only 0"):
+        probe = {"every": 1, "data": [labelled], "folds": 2, "shots": [1]}
         run_pretraining_attempt(build_config(_tables(tmp_path, "c", probe)))
     for bins, match in ((0, "probe.bins"), ([3, 1], "probe.bins"), (["a", 2], r"probe.bins\[0\]")):
         with pytest.raises(ConfigError, match=match):
@@ -103,6 +127,12 @@ def test_the_probe_defaults_to_the_validation_recordings(tmp_path):
     assert [r["step"] for r in probes] == [12]
     # ... and so does `iqtrain probe` without --data.
     assert main(["probe", str(result.attempt), "--folds", "2", "--json"]) == 0
+    # with probe.synthetic_annotations: the synthetic labelled probe set instead
+    from iqtrain.train.probe import TrainingProbe
+
+    config = build_config({**tables, "probe": {"every": 3, "synthetic_annotations": 14}})
+    probe = TrainingProbe(config.probe, config.data, config.model, config.run.seed)
+    assert probe.labelled.num_annotations == 14
 
 
 def test_probe_runs_at_an_early_stop_and_a_failing_probe_does_not_end_training(

@@ -1,0 +1,1 @@
+"""A trained model as a product (torch): load it verified, embed and score IQ windows."""

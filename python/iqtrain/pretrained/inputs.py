@@ -1,0 +1,93 @@
+"""What a user hands a pretrained model: IQ windows as arrays (docs/design.md 10.6).
+
+:func:`check_windows` accepts complex ``[..., window]`` (complex64, complex128) or real
+``[..., window, 2]`` (I, Q; int8, int16, float32, float64), in either byte order, as a numpy
+array, anything ``numpy.asarray`` takes, or a torch tensor (its values, on the CPU); it checks
+the shape and dtype without converting anything. :func:`loader_batches` then converts one batch
+at a time into ``[b, window, 2]`` in a dtype the loader yields and ``prepare_iq_input`` reads
+(int8, int16, float32), so a window is normalised and patched exactly as in training and a
+large input is never copied whole. Anything else is an :class:`~iqtrain.errors.InputError`
+naming the window the model expects. Imports no torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from iqtrain.errors import InputError
+
+__all__ = ["check_windows", "loader_batches"]
+
+#: (kind, bytes per value) -> the dtype a batch is converted to.
+_REAL = {("i", 1): np.int8, ("i", 2): np.int16, ("f", 4): np.float32, ("f", 8): np.float32}
+_COMPLEX = (("c", 8), ("c", 16))
+
+
+def _expected(window: int) -> str:
+    return (
+        f"complex [..., {window}] (complex64, complex128) or real [..., {window}, 2] "
+        f"(I, Q: int8, int16, float32, float64)"
+    )
+
+
+def _refused(name: str, window: int, what: str) -> InputError:
+    return InputError(f"{name}: expected {_expected(window)}, got {what}")
+
+
+def _as_array(iq: Any, window: int, name: str) -> np.ndarray:
+    if hasattr(iq, "detach") and hasattr(iq, "cpu"):  # a torch tensor: its values, on the CPU
+        try:
+            iq = iq.detach().cpu().numpy()
+        except (TypeError, RuntimeError):
+            raise _refused(name, window, f"a tensor of {iq.dtype}") from None
+    try:
+        return np.asarray(iq)  # a plain ndarray: subclasses (np.matrix) reshape as arrays do
+    except (ValueError, TypeError) as exc:  # ragged nesting, objects numpy cannot take
+        raise _refused(name, window, f"{type(iq).__name__} ({exc})") from None
+
+
+def check_windows(iq: Any, window: int, name: str = "iq") -> np.ndarray:
+    """``iq`` as ``[N, window]`` complex or ``[N, window, 2]`` real, its dtype and byte order
+    as given (a view where numpy can make one); the leading dimensions flattened into N.
+
+    Raises InputError naming ``name``, the expected window and what was given."""
+    arr = _as_array(iq, window, name)
+    key = (arr.dtype.kind, arr.dtype.itemsize)
+    what = f"{arr.dtype} [{'x'.join(map(str, arr.shape)) or 'scalar'}]"
+    if key in _COMPLEX:
+        if arr.ndim < 1 or arr.shape[-1] != window:
+            raise _refused(name, window, what)
+        return arr.reshape(-1, window)
+    if key not in _REAL or arr.ndim < 2 or arr.shape[-2:] != (window, 2):
+        raise _refused(name, window, what)
+    return arr.reshape(-1, window, 2)
+
+
+def loader_batches(windows: np.ndarray, batch_size: int, name: str = "iq") -> Iterator[np.ndarray]:
+    """Batches of :func:`check_windows`' result as ``[b, window, 2]`` int8, int16 or float32,
+    native byte order, new writable arrays: complex128 and float64 rounded to float32 (what a
+    cf32 recording stores). A finite value that float32 cannot hold is an InputError naming
+    its window (it would be infinite)."""
+    complex_ = windows.dtype.kind == "c"
+    for lo in range(0, len(windows), batch_size):
+        part = windows[lo : lo + batch_size]
+        with np.errstate(over="ignore"):  # a value float32 cannot hold is found below
+            if complex_:
+                out = np.empty((*part.shape, 2), dtype=np.float32)
+                out[..., 0], out[..., 1] = part.real, part.imag
+            else:
+                out = part.astype(_REAL[(part.dtype.kind, part.dtype.itemsize)], order="C")
+        if part.dtype.itemsize >= 8 * (1 + complex_) and out.dtype == np.float32:
+            bad = ~np.isfinite(out).reshape(len(out), -1).all(axis=1)
+            if bad.any():
+                fine = np.isfinite(part).reshape(len(part), -1).all(axis=1)
+                row = np.flatnonzero(bad & fine)
+                if row.size:
+                    raise InputError(
+                        f"{name}: window {lo + int(row[0])} holds values beyond float32's range "
+                        "(it would be infinite)"
+                    )
+        yield out

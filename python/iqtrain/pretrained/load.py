@@ -1,0 +1,361 @@
+"""A trained model as a product: :func:`load_pretrained` loads one checkpoint verified, and its
+:class:`Pretrained` embeds and scores IQ windows exactly as training prepared them
+(docs/design.md section 10.6).
+
+Every command that uses a trained model goes through here: ``iqtrain probe``, ``embed``,
+``score``, and ``[init] from`` (a new attempt that starts from a checkpoint's weights). The
+checkpoint is resolved and verified as a resume verifies its parent
+(:func:`iqtrain.evidence.lineage.load_parent`: the attempt's manifest, every hash), the config
+is the one of the attempt that wrote it, and the weights must fit it exactly.
+
+Nothing here draws from or reseeds torch's global generators (the random-init twin is built
+under ``fork_rng``), so a probe during training leaves the training stream untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from iqtrain.checkpoint.files import listed_sha256
+from iqtrain.config.schema import Config, build_config
+from iqtrain.config.sections import STEP_NAME, DataConfig, ModelConfig, check_which
+from iqtrain.data.windows import FEATURE_BATCH
+from iqtrain.errors import CheckpointError, ConfigError, InputError
+from iqtrain.evidence.lineage import Parent, ParentRef, load_parent
+from iqtrain.model.objectives import window_losses
+from iqtrain.model.prepare import prepare_iq_input
+from iqtrain.model.transformer import NextPatchModel
+from iqtrain.pretrained.inputs import check_windows, loader_batches
+
+__all__ = [
+    "POOLS",
+    "PRECISIONS",
+    "Pretrained",
+    "load_pretrained",
+    "load_weights",
+    "nonfinite_rows",
+    "parse_layer",
+    "random_init_model",
+    "source_config",
+    "source_ref",
+    "window_features",
+    "window_scores",
+]
+
+#: ``embed(pool=...)``: the mean over patches, or every patch's state (None).
+POOLS = ("mean", None)
+
+
+def random_init_model(config: ModelConfig, seed: int) -> NextPatchModel:
+    """The model training starts from: ``torch.manual_seed(seed)`` then ``NextPatchModel``,
+    built under ``fork_rng`` so the caller's global RNG state is left as it was."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return NextPatchModel(config)
+
+
+def parse_layer(text: str | int | None, layers: int, name: str = "--layer") -> int | str:
+    """A layer (``--layer``, ``layer=``): ``None`` (the final hidden states, ``layers``), an
+    integer in ``[0, layers]`` or ``"all"``; ConfigError naming ``name`` otherwise."""
+    if text is None:
+        return layers
+    if text == "all":
+        return "all"
+    # Plain ASCII digits only: int() would also take " 1", "01", "+1", "-0" and "١".
+    plain = (
+        isinstance(text, int)
+        and not isinstance(text, bool)
+        or (isinstance(text, str) and re.fullmatch(r"0|[1-9][0-9]*", text) is not None)
+    )
+    n = int(text) if plain else -1
+    if not 0 <= n <= layers:
+        raise ConfigError(
+            f"{name}: expected 'all' or an integer in [0, {layers}] (0 the patch embeddings, "
+            f"{layers} the final hidden states of this {layers}-block model), got {text!r}"
+        )
+    return n
+
+
+def source_ref(source: str | os.PathLike, which: str | None, name: str = "which") -> ParentRef:
+    """The checkpoint ``source`` names: an attempt directory and ``which`` (``latest``,
+    ``best``, ``step_N``; None: ``best``), or a checkpoint directory
+    (``<attempt>/checkpoints/step_N``, whose own name says which: a ``which`` naming another
+    is refused). ConfigError naming ``name`` for a bad ``which``."""
+    path = Path(source)
+    if which is not None:
+        check_which(which, name)
+    if path.parent.name == "checkpoints" and STEP_NAME.fullmatch(path.name):
+        if which is not None and not (
+            STEP_NAME.fullmatch(which) and int(which[5:]) == int(path.name[5:])
+        ):
+            raise ConfigError(f"{name}: {which!r}, but {path} is itself a checkpoint")
+        return ParentRef(path.parent.parent, path.name)
+    return ParentRef(path, which or "best")
+
+
+def load_weights(model: NextPatchModel, state: dict[str, torch.Tensor], where: Path) -> None:
+    """Every weight of ``model`` from ``state``, strictly: a missing, extra or misshapen tensor
+    is a CheckpointError naming ``where``."""
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise CheckpointError(
+            f"{where}: does not fit the attempt's model config ({first})"
+        ) from None
+
+
+def _device(device: str | torch.device) -> torch.device:
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ConfigError(f"device: expected 'cpu' or 'cuda[:N]', got {device!r}") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ConfigError(f"device: expected 'cpu' or 'cuda[:N]', got {device!r}")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device: {device!r} requested but no CUDA device is available")
+    return dev
+
+
+#: ``precision=``: fp32 (the default: exactly the probe's features), bf16 (CUDA autocast), or
+#: auto (bf16 on CUDA where the model trained in bf16, else fp32).
+PRECISIONS = ("fp32", "bf16", "auto")
+
+
+def _precision(precision: str, trained: str, device: torch.device) -> str:
+    if precision not in PRECISIONS:
+        raise ConfigError(f"precision: expected 'fp32', 'bf16' or 'auto', got {precision!r}")
+    if precision == "auto":  # where the model was trained so: bf16 on CUDA
+        return trained if device.type == "cuda" else "fp32"
+    if precision == "bf16" and device.type != "cuda":
+        raise ConfigError("precision: bf16 needs a CUDA device")
+    return precision
+
+
+@dataclass(frozen=True)
+class Pretrained:
+    """One verified checkpoint's model, ready to use.
+
+    ``model`` (eval mode, on its device), ``config`` (the writing attempt's resolved config),
+    ``step``, ``checkpoint`` (the directory), ``attempt`` (the attempt that wrote it),
+    ``model_sha256`` (of its ``model.safetensors``), ``precision`` (``bf16``: forwards under
+    bf16 autocast on CUDA; features and losses are returned in fp32 either way).
+    """
+
+    model: NextPatchModel
+    config: Config
+    step: int
+    checkpoint: Path
+    attempt: Path
+    model_sha256: str
+    precision: str = "fp32"
+
+    @property
+    def window(self) -> int:
+        """Samples per window (``data.seq_patches * data.patch_len``)."""
+        return self.config.data.window
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def random_init(self) -> Pretrained:
+        """The same config with the random initialisation of ``run.seed`` (training's step 0
+        for an attempt without ``[init]``): the baseline every pretrained number is read
+        against."""
+        model = random_init_model(self.config.model, self.config.run.seed).to(self.device).eval()
+        return Pretrained(model, self.config, 0, self.checkpoint, self.attempt, "", self.precision)
+
+    # ------------------------------------------------------------------ inference
+
+    def embed(
+        self,
+        iq: Any,
+        *,
+        layer: int | None = None,
+        pool: str | None = "mean",
+        batch_size: int = FEATURE_BATCH,
+    ) -> np.ndarray:
+        """Hidden states of windows ``iq`` (:func:`~iqtrain.pretrained.inputs.as_windows`:
+        complex ``[..., window]`` or real ``[..., window, 2]``), float32: ``[N, dim]`` mean-pooled
+        over patches (``pool="mean"``: the probe's features) or ``[N, patches, dim]``
+        (``pool=None``). ``layer`` numbers as ``probe --layer`` (0 the patch embeddings,
+        ``model.layers``, the default, the final hidden states)."""
+        if pool not in POOLS:
+            raise ConfigError(f"pool: expected 'mean' or None, got {pool!r}")
+        k = parse_layer(layer, self.config.model.layers, name="layer")
+        if k == "all":
+            raise ConfigError("layer: embed takes one layer (an integer), not 'all'")
+        batches = _batches(iq, self.window, batch_size)
+        out = self.features(batches, [int(k)], pool=pool)[int(k)]
+        bad = nonfinite_rows(out.numpy())
+        if bad.size:
+            raise InputError(
+                f"iq: window {int(bad[0])} gives non-finite features ({bad.size} window(s) in "
+                "all): non-finite samples in it?"
+            )
+        return out.numpy()
+
+    def score(self, iq: Any, *, batch_size: int = FEATURE_BATCH) -> np.ndarray:
+        """``[N]`` float64: each window's mean next-patch loss under the model's objective, in
+        the units validation records (categorical: nats per complex sample; mse: NMSE). A
+        likelihood-based novelty score: the higher, the more surprising to the model."""
+        return self.losses(_batches(iq, self.window, batch_size))
+
+    def features(
+        self, batches: Iterable[np.ndarray], layers: Sequence[int], *, pool: str | None = "mean"
+    ) -> dict[int, torch.Tensor]:
+        """:func:`window_features` of this model."""
+        return window_features(
+            self.model, self.config.data, batches, layers, pool=pool, precision=self.precision
+        )
+
+    def losses(self, batches: Iterable[np.ndarray]) -> np.ndarray:
+        """:func:`window_scores` of this model."""
+        return window_scores(self.model, self.config.data, batches, precision=self.precision)
+
+
+# --------------------------------------------------------------------------- the one forward path
+
+
+def _patches(raw: np.ndarray, data: DataConfig, device: torch.device) -> torch.Tensor:
+    """One batch of windows, normalised and patched as training does (``data.patch_len``,
+    ``norm``, ``prefix_patches``; the Triton kernel on CUDA, the reference elsewhere), fp32."""
+    patches, _ = prepare_iq_input(
+        torch.from_numpy(raw).to(device),
+        data.patch_len,
+        norm=data.norm,
+        prefix_patches=data.prefix_patches,
+    )
+    return patches
+
+
+def _evaluating(model: NextPatchModel, precision: str) -> contextlib.ExitStack:
+    """Eval mode (the model's own mode restored on exit), no_grad, and bf16 autocast only for
+    ``precision = "bf16"`` (fp32 otherwise: autocast off, whatever the caller's state)."""
+    stack = contextlib.ExitStack()
+    was_training = model.training
+    model.eval()
+    stack.callback(model.train, was_training)
+    device = next(model.parameters()).device
+    stack.enter_context(torch.no_grad())
+    stack.enter_context(
+        torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+    )
+    return stack
+
+
+def window_features(
+    model: NextPatchModel,
+    data: DataConfig,
+    batches: Iterable[np.ndarray],
+    layers: Sequence[int],
+    *,
+    pool: str | None = "mean",
+    precision: str = "fp32",
+) -> dict[int, torch.Tensor]:
+    """``{layer: features}`` (CPU fp32; ``[n, dim]`` mean-pooled over patches, or
+    ``[n, patches, dim]`` with ``pool=None``) of every window of ``batches`` (``[b, window, 2]``
+    in a loader dtype), from one forward per batch on the model's device, in eval mode under
+    no_grad. ``layers`` number as :meth:`NextPatchModel.layer_states` (0 the patch embeddings,
+    ``model.layers`` the final hidden states). Non-finite features are returned as they are
+    (the caller names the window)."""
+    device = next(model.parameters()).device
+    out: dict[int, list[torch.Tensor]] = {k: [] for k in layers}
+    with _evaluating(model, precision):
+        for raw in batches:
+            states = model.layer_states(_patches(raw, data, device))
+            for k in out:
+                s = states[k].float()
+                out[k].append((s.mean(dim=1) if pool == "mean" else s).cpu())
+    empty = (0, model.config.dim) if pool == "mean" else (0, data.seq_patches, model.config.dim)
+    return {k: torch.cat(v) if v else torch.zeros(empty) for k, v in out.items()}
+
+
+def window_scores(
+    model: NextPatchModel,
+    data: DataConfig,
+    batches: Iterable[np.ndarray],
+    *,
+    precision: str = "fp32",
+) -> np.ndarray:
+    """``[n]`` float64: each window's mean next-patch loss under the model's objective
+    (:func:`~iqtrain.model.objectives.window_losses`), from one forward per batch, in eval mode
+    under no_grad. A window with non-finite samples scores NaN."""
+    device = next(model.parameters()).device
+    out = []
+    with _evaluating(model, precision):
+        for raw in batches:
+            patches = _patches(raw, data, device)
+            out.append(window_losses(model(patches), patches, model.config).double().cpu())
+    return torch.cat(out).numpy() if out else np.zeros(0)
+
+
+def nonfinite_rows(values: np.ndarray) -> np.ndarray:
+    """Indices of the rows (first dimension) of ``values`` that hold a non-finite value."""
+    values = np.asarray(values)
+    flat = values.reshape(len(values), -1) if values.size else values.reshape(len(values), 0)
+    return np.flatnonzero(~np.isfinite(flat).all(axis=1))
+
+
+def _batches(iq: Any, window: int, batch_size: int) -> Iterable[np.ndarray]:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ConfigError(f"batch_size: must be a positive integer, got {batch_size!r}")
+    return loader_batches(check_windows(iq, window), batch_size)
+
+
+def source_config(parent: Parent, name: str = "") -> Config:
+    """The resolved config of the attempt that wrote ``parent``'s checkpoint; one this version
+    cannot build is a CheckpointError naming its config.toml (prefixed ``name``)."""
+    try:
+        return build_config(parent.config_tables)
+    except ConfigError as exc:
+        raise CheckpointError(f"{name}{parent.attempt / 'config.toml'}: {exc}") from None
+
+
+def _model_of(parent: Parent) -> tuple[NextPatchModel, Config]:
+    config = source_config(parent)
+    model = random_init_model(config.model, config.run.seed)  # every weight is overwritten
+    load_weights(model, parent.model_state, parent.checkpoint / "model.safetensors")
+    return model, config
+
+
+def load_pretrained(
+    source: str | os.PathLike,
+    *,
+    which: str | None = None,
+    device: str | torch.device = "cpu",
+    precision: str = "fp32",
+) -> Pretrained:
+    """Load a trained model, verified: ``source`` is an attempt directory (the checkpoint
+    ``which`` names: ``latest``, ``best``, ``step_N``; None: ``best``) or a checkpoint
+    directory.
+
+    Verified as a resume verifies its parent (the attempt's manifest when it has one, every
+    listed hash); a running attempt is refused. ``precision``: ``fp32`` (features exactly the
+    probe's), ``bf16`` (bf16 autocast; CUDA only) or ``auto`` (bf16 on CUDA where the model
+    trained in bf16, else fp32). A bad or missing file is a CheckpointError naming it; a bad
+    argument a ConfigError naming it.
+    """
+    ref = source_ref(source, which)
+    dev = _device(device)
+    parent = load_parent(ref, optimizer=False)
+    model, config = _model_of(parent)
+    return Pretrained(
+        model=model.to(dev).eval(),
+        config=config,
+        step=parent.state.step,
+        checkpoint=parent.checkpoint,
+        attempt=parent.attempt,
+        model_sha256=listed_sha256(parent.checkpoint),
+        precision=_precision(precision, config.training.precision, dev),
+    )

@@ -1,0 +1,244 @@
+"""load_pretrained and Pretrained: a trained model loaded verified, embedding and scoring IQ
+exactly as training and the probe prepare it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from helpers import cli_tables
+
+import iqtrain
+from iqtrain.config.schema import build_config
+from iqtrain.data.dataset import IQDataset
+from iqtrain.data.sources import validation_patterns
+from iqtrain.data.synth import synthesize
+from iqtrain.data.windows import labelled_windows
+from iqtrain.errors import CheckpointError, ConfigError, InputError
+from iqtrain.eval.probe import layer_features, probe_features
+from iqtrain.evidence.metrics import read_metrics
+from iqtrain.pretrained.load import Pretrained, load_pretrained
+from iqtrain.train.attempt import run_pretraining_attempt
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module", params=["categorical", "mse"])
+def trained(request, tmp_path_factory):
+    """A tiny trained attempt (4 steps, validations at 2 and 4) and labelled recordings."""
+    root = tmp_path_factory.mktemp("pre")
+    tables = cli_tables(root / "run", root / "cache", max_steps=4)
+    tables["model"].update(objective=request.param, bins=16)
+    tables["run"]["seed"] = 5
+    result = run_pretraining_attempt(build_config(tables))
+    synthesize(root / "labelled", recordings=2, samples=8192, datatype="ci16_le", seed=9)
+    return result.attempt, os.fspath(root / "labelled" / "*.sigmf-meta")
+
+
+def test_the_public_call_loads_every_checkpoint_it_names(trained):
+    attempt, _ = trained
+    assert iqtrain.load_pretrained is load_pretrained and iqtrain.Pretrained is Pretrained
+    best = load_pretrained(attempt)  # which="best"
+    manifest = json.loads((attempt / "manifest.json").read_text())
+    assert best.checkpoint == (attempt / manifest["best"]["path"]).resolve()
+    vals = [r for r in read_metrics(attempt / "metrics.jsonl") if r["kind"] == "val"]
+    assert best.step == min(vals, key=lambda r: r["loss"])["step"]
+    latest = load_pretrained(attempt, which="latest")
+    assert latest.step == 4 and latest.checkpoint.name == "step_00000004"
+    assert not latest.model.training and latest.device == torch.device("cpu")
+    assert latest.window == latest.config.data.window == 64
+    assert latest.attempt.resolve() == attempt.resolve()
+    step2 = load_pretrained(attempt, which="step_2")
+    same = load_pretrained(attempt / "checkpoints" / "step_00000002")  # a checkpoint directory
+    assert step2.step == same.step == 2
+    assert step2.model_sha256 == same.model_sha256 != latest.model_sha256
+    for k, v in step2.model.state_dict().items():
+        assert torch.equal(v, same.model.state_dict()[k]), k
+
+
+def test_bad_arguments_and_tampered_files_raise_the_typed_error_naming_them(trained, tmp_path):
+    attempt, _ = trained
+    with pytest.raises(ConfigError, match="which: expected latest, best or step_N"):
+        load_pretrained(attempt, which="newest")
+    with pytest.raises(ConfigError, match="device"):
+        load_pretrained(attempt, device="tpu")
+    with pytest.raises(ConfigError, match="precision: bf16 needs a CUDA device"):
+        load_pretrained(attempt, precision="bf16")
+    with pytest.raises(CheckpointError, match="not an attempt directory"):
+        load_pretrained(tmp_path)
+    with pytest.raises(CheckpointError, match="no such checkpoint"):
+        load_pretrained(attempt, which="step_3")
+    copy = tmp_path / "run" / "attempts" / "0001"
+    shutil.copytree(attempt, copy)
+    weights = copy / "checkpoints" / "step_00000004" / "model.safetensors"
+    weights.chmod(0o644)
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="model.safetensors"):
+        load_pretrained(copy, which="latest")
+    weights.unlink()
+    with pytest.raises(CheckpointError, match="model.safetensors"):
+        load_pretrained(copy / "checkpoints" / "step_00000004")
+
+
+def _as_complex(raw: np.ndarray) -> np.ndarray:
+    return (raw[..., 0].astype(np.float32) + 1j * raw[..., 1].astype(np.float32)).astype(
+        np.complex64
+    )
+
+
+def test_embed_equals_the_probes_features_for_the_same_windows(trained):
+    attempt, data = trained
+    pre = load_pretrained(attempt, which="latest")
+    labelled = labelled_windows(data, pre.window)
+    raw = np.concatenate(list(labelled.batches()))  # int16, as stored
+    want = probe_features(pre.model, labelled, pre.config.data).numpy()
+    for iq in (raw, raw.astype(np.float32), raw.astype(np.float64), _as_complex(raw)):
+        got = pre.embed(iq)
+        assert got.dtype == np.float32 and got.shape == (len(labelled), pre.config.model.dim)
+        np.testing.assert_array_equal(got, want)
+    layers = layer_features(pre.model, labelled, pre.config.data, [0, 1])
+    np.testing.assert_array_equal(pre.embed(raw, layer=0), layers[0].numpy())
+    # Leading dimensions flatten; pool=None keeps every patch; its mean is the pooled one.
+    per_patch = pre.embed(raw[:6].reshape(2, 3, pre.window, 2), pool=None)
+    assert per_patch.shape == (6, pre.config.data.seq_patches, pre.config.model.dim)
+    np.testing.assert_allclose(per_patch.mean(axis=1), want[:6], rtol=1e-6, atol=1e-6)
+    assert pre.embed(_as_complex(raw[0])).shape == (1, pre.config.model.dim)
+
+
+@pytest.mark.parametrize(
+    "iq",
+    [
+        np.zeros((3, 63), np.complex64),
+        np.zeros((3, 64, 3), np.float32),
+        np.zeros((3, 64, 2), np.float16),
+        np.zeros((3, 64, 2), np.uint8),
+        np.zeros((64,), np.float32),
+        np.zeros((3, 64), np.complex256) if hasattr(np, "complex256") else np.zeros(0, object),
+        "not an array",
+    ],
+)
+def test_a_wrong_shape_or_dtype_is_one_error_naming_the_expected_window(trained, iq):
+    attempt, _ = trained
+    pre = load_pretrained(attempt, which="latest")
+    for call in (pre.embed, pre.score):
+        with pytest.raises(InputError, match=r"iq: expected complex \[\.\.\., 64\]") as info:
+            call(iq)
+        assert isinstance(info.value, ValueError) and "\n" not in str(info.value)
+
+
+def test_embed_refuses_bad_layer_pool_and_non_finite_windows(trained):
+    attempt, _ = trained
+    pre = load_pretrained(attempt, which="latest")
+    iq = np.ones((2, 64), np.complex64)
+    with pytest.raises(ConfigError, match="layer: expected"):
+        pre.embed(iq, layer=2)
+    with pytest.raises(ConfigError, match="pool"):
+        pre.embed(iq, pool="max")
+    with pytest.raises(ConfigError, match="batch_size"):
+        pre.embed(iq, batch_size=0)
+    iq[1, 5] = np.nan
+    with pytest.raises(InputError, match="window 1 gives non-finite features"):
+        pre.embed(iq)
+    assert np.isnan(pre.score(iq)[1]) and np.isfinite(pre.score(iq)[0])
+
+
+def test_score_of_the_validation_windows_is_the_validation_loss_recorded(trained):
+    attempt, _ = trained
+    records = [r for r in read_metrics(attempt / "metrics.jsonl") if r["kind"] == "val"]
+    for record in records:
+        pre = load_pretrained(attempt, which=f"step_{record['step']}")
+        val = IQDataset(validation_patterns(pre.config.data), window=pre.window)
+        raw = val.windows(np.arange(val.num_windows, dtype=np.uint64))
+        scores = pre.score(raw, batch_size=5)
+        assert scores.shape == (val.num_windows,) and scores.dtype == np.float64
+        assert scores.mean() == pytest.approx(record["loss"], rel=1e-6)
+        # Batching changes nothing but the float sums' rounding.
+        np.testing.assert_allclose(pre.score(raw), scores, rtol=1e-6)
+
+
+def test_random_init_is_trainings_step_0_beside_the_same_config(trained):
+    attempt, _ = trained
+    pre = load_pretrained(attempt, which="latest")
+    base = pre.random_init()
+    assert base.config is pre.config and base.step == 0 and not base.model.training
+    torch.manual_seed(pre.config.run.seed)
+    fresh = iqtrain.NextPatchModel(pre.config.model)
+    for k, v in fresh.state_dict().items():
+        assert torch.equal(v, base.model.state_dict()[k]), k
+
+
+@pytest.mark.gpu
+def test_cuda_embeds_and_scores_as_the_cpu_does_in_fp32_and_near_it_in_bf16(trained):
+    attempt, data = trained
+    cpu = load_pretrained(attempt, which="latest")
+    raw = np.concatenate(list(labelled_windows(data, cpu.window).batches()))
+    fp32 = load_pretrained(attempt, which="latest", device="cuda")
+    assert fp32.precision == "fp32" and fp32.device.type == "cuda"  # it trained in fp32
+    np.testing.assert_allclose(fp32.embed(raw), cpu.embed(raw), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(fp32.score(raw), cpu.score(raw), rtol=1e-4)
+    bf16 = load_pretrained(attempt, which="latest", device="cuda", precision="bf16")
+    np.testing.assert_allclose(bf16.embed(raw), cpu.embed(raw), rtol=0.1, atol=0.1)
+    np.testing.assert_allclose(bf16.score(raw), cpu.score(raw), rtol=0.05)
+
+
+def test_any_array_like_input_is_taken_or_refused_in_one_line(trained):
+    attempt, _ = trained
+    pre = load_pretrained(attempt, which="latest")
+    rng = np.random.default_rng(0)
+    raw = rng.integers(-99, 99, (3, 64, 2)).astype(np.int16)
+    want = pre.embed(raw)
+    with pytest.warns(PendingDeprecationWarning):  # numpy's own advice against np.matrix
+        matrix = np.matrix(raw[0])
+    same = [
+        raw.astype(">i2"),  # big-endian, as np.fromfile gives for ci16_be
+        matrix,  # an ndarray subclass
+        torch.from_numpy(raw[:1].astype(np.float32)).requires_grad_(),  # a tensor
+        np.asfortranarray(raw),
+        raw[:, :, ::-1][:, :, ::-1],  # non-contiguous views
+    ]
+    read_only = raw.copy()
+    read_only.flags.writeable = False
+    same.append(read_only)
+    for iq in same:
+        got = pre.embed(iq)
+        np.testing.assert_array_equal(got, want[: len(got)])
+    assert pre.embed(np.zeros((0, 64), np.complex64)).shape == (0, pre.config.model.dim)
+    assert pre.score(np.zeros((0, 64, 2), np.int16)).shape == (0,)
+    for bad in (
+        torch.zeros((1, 64, 2), dtype=torch.bfloat16),
+        [[1.0, 2.0], [3.0]],  # ragged
+        np.zeros((2, 64, 2), dtype=object),
+    ):
+        with pytest.raises(InputError, match=r"iq: expected complex \[\.\.\., 64\]"):
+            pre.embed(bad)
+    huge = np.full((2, 64, 2), 1e39)  # finite in float64, infinite in float32
+    with pytest.raises(InputError, match="window 0 holds values beyond float32's range"):
+        pre.score(huge)
+
+
+def test_a_large_input_is_checked_without_a_copy_and_converted_batch_by_batch():
+    from iqtrain.pretrained.inputs import check_windows, loader_batches
+
+    big = np.broadcast_to(np.ones(64, np.complex128), (10**9, 64))  # 1 TB if copied
+    windows = check_windows(big, 64)
+    assert windows.shape == (10**9, 64) and np.shares_memory(windows, big)
+    first = next(loader_batches(windows, 4))
+    assert first.shape == (4, 64, 2) and first.dtype == np.float32 and first.flags.writeable
+
+
+def test_precision_is_fp32_unless_asked(trained):
+    attempt, _ = trained
+    assert load_pretrained(attempt).precision == "fp32"
+    assert load_pretrained(attempt, precision="auto").precision == "fp32"  # CPU
+    with pytest.raises(ConfigError, match="precision: expected"):
+        load_pretrained(attempt, precision="fp16")
+    ckpt = attempt / "checkpoints" / "step_00000002"
+    with pytest.raises(ConfigError, match="which: 'latest', but .* is itself a checkpoint"):
+        load_pretrained(ckpt, which="latest")
+    assert load_pretrained(ckpt, which="step_2").step == 2
