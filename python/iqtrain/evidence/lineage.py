@@ -107,7 +107,7 @@ def _resolve_checkpoint(
         for path in reversed(list_checkpoints(ckpts)):
             if _checked(path, skipped) is not None:
                 return path
-        raise CheckpointError(f"{parent}: no verified checkpoint to resume from")
+        raise CheckpointError(f"{parent}: no checkpoint of it verifies (none to resume or load)")
     if which == "best":
         if manifest is not None:
             if manifest["best"] is None:
