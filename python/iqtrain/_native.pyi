@@ -3,6 +3,7 @@
 Use the wrappers in :mod:`iqtrain.data.dataset`; stubtest checks this against the extension.
 """
 
+from collections.abc import Sequence
 from typing import Literal, Self, final
 
 import numpy as np
@@ -29,9 +30,14 @@ class NativeDataset:
         captures: list[list[int]] | None = None,
         map_min_bytes: int | None = None,
         max_open_files: int | None = None,
+        select: npt.NDArray[np.uint64] | npt.NDArray[np.int64] | Sequence[int] | None = None,
     ) -> Self: ...
     @property
     def num_windows(self) -> int: ...
+    @property
+    def base_num_windows(self) -> int: ...
+    @property
+    def selection(self) -> npt.NDArray[np.uint64] | None: ...
     @property
     def window_len(self) -> int: ...
     @property

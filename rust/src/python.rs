@@ -121,6 +121,55 @@ fn ids_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
     .into())
 }
 
+/// A selection's base window ids: a 1-D numpy uint64 (or non-negative int64) array, or a
+/// sequence of non-negative ints. A negative id is an IndexError, any other type a ConfigError.
+fn select_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
+    let negative = |i: i128| {
+        PyIndexError::new_err(format!("selected window id {i} is out of range (negative)"))
+    };
+    let readonly = |e: numpy::BorrowError| Error::config("select", e.to_string());
+    if let Ok(a) = obj.cast::<PyArray1<u64>>() {
+        return Ok(a.try_readonly().map_err(readonly)?.as_array().to_vec());
+    }
+    if let Ok(a) = obj.cast::<PyArray1<i64>>() {
+        let r = a.try_readonly().map_err(readonly)?;
+        return r
+            .as_array()
+            .iter()
+            .map(|&i| u64::try_from(i).map_err(|_| negative(i.into())))
+            .collect();
+    }
+    let bad = || -> PyErr {
+        Error::config(
+            "select",
+            format!(
+                "must be a 1-D numpy uint64 array or a sequence of ints (window ids), got {}",
+                describe(obj)
+            ),
+        )
+        .into()
+    };
+    // Any other array (another dtype, another shape) is refused rather than cast.
+    if obj.cast::<numpy::PyUntypedArray>().is_ok() || obj.is_instance_of::<pyo3::types::PyString>()
+    {
+        return Err(bad());
+    }
+    let ids: Vec<i128> = obj.extract().map_err(|_| bad())?;
+    ids.into_iter()
+        .map(|i| {
+            u64::try_from(i).map_err(|_| {
+                if i < 0 {
+                    negative(i)
+                } else {
+                    PyIndexError::new_err(format!(
+                        "selected window id {i} is out of range (not below 2^64)"
+                    ))
+                }
+            })
+        })
+        .collect()
+}
+
 /// Hands a batch buffer to numpy without copying; when numpy frees the array, `release` gets
 /// the buffer back (to return it to a stream's pool, or to drop it).
 fn aligned_to_numpy<T, F>(
@@ -289,12 +338,15 @@ impl NativeDataset {
     /// least this many bytes are read from a guarded memory map (default 256 KiB; 2**64 - 1
     /// maps nothing). `max_open_files`: at most this many data files are open at once (default:
     /// every recording with a window); the rest are opened again, by path, when read.
+    /// `select`: base window ids (the numbering without it) the dataset is restricted to, in
+    /// order (a 1-D numpy uint64 array or a sequence of ints): window `i` is then base window
+    /// `select[i]`. Empty is a ConfigError, an id out of range an IndexError.
     #[new]
     // The Python constructor's keyword arguments, one per option.
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (
         data_paths, kinds, window, stride, captures = None, map_min_bytes = None,
-        max_open_files = None
+        max_open_files = None, select = None
     ))]
     fn new(
         py: Python<'_>,
@@ -305,6 +357,7 @@ impl NativeDataset {
         captures: Option<Vec<Vec<i128>>>,
         map_min_bytes: Option<i128>,
         max_open_files: Option<i128>,
+        select: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let window = positive("window", window)?;
         let stride = positive("stride", stride)?;
@@ -320,8 +373,16 @@ impl NativeDataset {
             None => vec![Vec::new(); data_paths.len()],
             Some(c) => capture_starts(&data_paths, c)?,
         };
+        let select = select
+            .filter(|obj| !obj.is_none())
+            .map(select_arg)
+            .transpose()?;
         let ds = py.detach(|| {
-            Dataset::open_with(&data_paths, &kinds, &captures, window, stride, policy)
+            let ds = Dataset::open_with(&data_paths, &kinds, &captures, window, stride, policy)?;
+            match select {
+                Some(ids) => ds.select(ids),
+                None => Ok(ds),
+            }
         })?;
         Ok(NativeDataset { ds: Arc::new(ds) })
     }
@@ -329,6 +390,16 @@ impl NativeDataset {
     #[getter]
     fn num_windows(&self) -> u64 {
         self.ds.num_windows()
+    }
+    /// Windows without the selection (`num_windows` when there is none).
+    #[getter]
+    fn base_num_windows(&self) -> u64 {
+        self.ds.base_windows()
+    }
+    /// The selection's base window ids (a new uint64 array), or None.
+    #[getter]
+    fn selection<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyArray1<u64>>> {
+        self.ds.selection().map(|t| PyArray1::from_slice(py, t))
     }
     #[getter]
     fn window_len(&self) -> u64 {
@@ -403,8 +474,13 @@ impl NativeDataset {
     }
 
     fn __repr__(&self) -> String {
+        let selected = match self.ds.selection() {
+            Some(_) => format!(", base_windows={}", self.ds.base_windows()),
+            None => String::new(),
+        };
         format!(
-            "NativeDataset(recordings={}, windows={}, window_len={}, stride={}, dtype='{}')",
+            "NativeDataset(recordings={}, windows={}{selected}, window_len={}, stride={}, \
+             dtype='{}')",
             self.ds.recordings().len(),
             self.ds.num_windows(),
             self.ds.window_len(),

@@ -13,6 +13,10 @@
 //! sum over segments locates any id by binary search, so opening costs O(segments), not
 //! O(windows).
 //!
+//! A dataset may be restricted to chosen windows ([`Dataset::select`]): a table of base window
+//! ids (the numbering above) that `locate` maps every id through, so rows, gathers and streams
+//! see only the selected windows, each id still O(1) to locate.
+//!
 //! Samples of a data file of at least [`ReadPolicy::map_min_bytes`] are copied out of a guarded
 //! memory map ([`crate::mapped`]); smaller files (and any mapping that saw a fault) are read
 //! with positioned reads (`pread`). Either way a data file truncated while a run reads it is
@@ -233,6 +237,9 @@ pub struct Dataset {
     /// `prefix[s]` = windows in segments `0..s`; length `segments + 1`.
     prefix: Vec<u64>,
     row_elems: usize,
+    /// With a selection ([`Dataset::select`]): window `i` of the dataset is base window
+    /// `selection[i]` (base: the numbering without a selection).
+    selection: Option<Vec<u64>>,
 }
 
 impl Dataset {
@@ -376,11 +383,51 @@ impl Dataset {
             storage,
             prefix,
             row_elems,
+            selection: None,
         })
     }
 
+    /// The dataset restricted to the windows `ids` (base ids: the numbering without a
+    /// selection, as [`Dataset::base_windows`] counts them): window `i` of the result is base
+    /// window `ids[i]`, so `num_windows()` is `ids.len()` and everything that reads rows (rows,
+    /// gathers, streams) sees only those windows. Order is kept and repeats are allowed (a
+    /// repeated id is one more window of the result). A selection replaces any earlier one.
+    /// Recordings and segments keep their base counts. An empty selection is a config error
+    /// (`select`), an id beyond the base windows an index error.
+    pub fn select(mut self, ids: Vec<u64>) -> Result<Dataset> {
+        if ids.is_empty() {
+            return Err(Error::config(
+                "select",
+                "selects no window (give at least one window id)",
+            ));
+        }
+        let base = self.base_windows();
+        if let Some(&bad) = ids.iter().find(|&&id| id >= base) {
+            return Err(Error::Index {
+                what: "selected window id",
+                index: bad,
+                len: base,
+            });
+        }
+        self.selection = Some(ids);
+        Ok(self)
+    }
+
+    /// Windows of the dataset: the selection's length when there is one, else
+    /// [`Dataset::base_windows`].
     pub fn num_windows(&self) -> u64 {
+        match &self.selection {
+            Some(table) => table.len() as u64,
+            None => self.base_windows(),
+        }
+    }
+    /// Windows of every segment of every recording, whatever the selection.
+    pub fn base_windows(&self) -> u64 {
         self.prefix[self.prefix.len() - 1]
+    }
+    /// The selection's base window ids ([`Dataset::select`]), if any.
+    pub fn selection(&self) -> Option<&[u64]> {
+        self.selection.as_deref()
     }
     pub fn window_len(&self) -> u64 {
         self.window
@@ -419,9 +466,15 @@ impl Dataset {
         }
     }
 
-    /// `(recording index, first sample)` of window `id`; `id` must be valid.
+    /// `(recording index, first sample)` of window `id`; `id` must be valid. With a selection,
+    /// `id` indexes the selection, which names the base window located.
     pub fn locate(&self, id: u64) -> Result<(usize, u64)> {
         self.check_id(id)?;
+        let id = match &self.selection {
+            // In range: check_id bounds id by the table's length.
+            Some(table) => table[id as usize],
+            None => id,
+        };
         // First segment whose prefix end exceeds id; segments without windows have equal
         // bounds and are skipped by the strict comparison. O(log segments).
         let s = self.prefix.partition_point(|&p| p <= id) - 1;
@@ -1034,6 +1087,134 @@ mod tests {
         assert_eq!(window_count(3, 4, 3), 0);
         assert_eq!(window_count(0, 4, 1), 0);
         assert_eq!(window_count(u64::MAX, 1, 1), u64::MAX);
+    }
+
+    #[test]
+    fn a_selection_reads_the_base_windows_it_names() {
+        let t = TempDir::new("select");
+        let a = t.file("a", &ramp(40));
+        let b = t.file("b", &ramp(9));
+        let caps: [&[u64]; 2] = [&[0, 10, 13, 30], &[0]];
+        let open = || Dataset::open(&[&a, &b], &["ci8", "ci8"], &caps, 4, 3).unwrap();
+        let base = open();
+        assert_eq!(base.num_windows(), 13);
+        assert_eq!(base.selection(), None);
+        // Unsorted, with a repeat: order is kept, a repeat is one more window.
+        let table = vec![12u64, 0, 7, 3, 7, 11];
+        let sel = open().select(table.clone()).unwrap();
+        assert_eq!(sel.num_windows(), table.len() as u64);
+        assert_eq!(sel.base_windows(), 13);
+        assert_eq!(sel.selection(), Some(&table[..]));
+        // Recordings and segments keep their base counts.
+        let counts = |d: &Dataset| d.recordings().iter().map(|r| r.windows).collect::<Vec<_>>();
+        assert_eq!(counts(&sel), counts(&base));
+        assert_eq!(sel.segments(), base.segments());
+        for (i, &b) in table.iter().enumerate() {
+            assert_eq!(
+                sel.locate(i as u64).unwrap(),
+                base.locate(b).unwrap(),
+                "id {i}"
+            );
+            assert_eq!(row(&sel, i as u64), row(&base, b), "id {i}");
+        }
+        let ids: Vec<u64> = (0..table.len() as u64).rev().collect();
+        let mut got = vec![0u8; ids.len() * sel.row_bytes()];
+        sel.gather(&ids, &mut got).unwrap();
+        let want: Vec<u8> = ids
+            .iter()
+            .flat_map(|&i| row(&base, table[i as usize]))
+            .collect();
+        assert_eq!(got, want);
+        // Ids past the selection are out of range, though below the base count.
+        assert!(matches!(
+            sel.locate(6),
+            Err(Error::Index {
+                what: "window id",
+                index: 6,
+                len: 6
+            })
+        ));
+        let mut out = vec![0u8; 2 * sel.row_bytes()];
+        assert!(matches!(
+            sel.gather(&[0, 6], &mut out),
+            Err(Error::Index { .. })
+        ));
+        // A new selection replaces the old one, in base ids.
+        let again = sel.select(vec![1]).unwrap();
+        assert_eq!(again.num_windows(), 1);
+        assert_eq!(row(&again, 0), row(&base, 1));
+    }
+
+    #[test]
+    fn empty_and_out_of_range_selections_are_errors() {
+        let t = TempDir::new("select-bad");
+        let a = t.file("a", &ramp(40));
+        let open = || open_plain(&[&a], &["ci8"], 4, 4).unwrap(); // 10 windows
+        let e = open().select(Vec::new()).err().unwrap();
+        assert!(
+            matches!(&e, Error::Config { key, .. } if key == "select"),
+            "{e}"
+        );
+        assert!(e.to_string().contains("selects no window"), "{e}");
+        let e = open().select(vec![0, 9, 10, 3]).err().unwrap();
+        assert!(
+            matches!(
+                e,
+                Error::Index {
+                    what: "selected window id",
+                    index: 10,
+                    len: 10
+                }
+            ),
+            "{e}"
+        );
+        assert_eq!(
+            e.to_string(),
+            "selected window id 10 is out of range [0, 10)"
+        );
+        assert!(open().select(vec![u64::MAX]).is_err());
+        assert_eq!(open().select(vec![9]).unwrap().num_windows(), 1);
+    }
+
+    #[test]
+    fn a_stream_over_a_selection_yields_each_selected_window_once_per_epoch() {
+        use crate::stream::Stream;
+        use std::sync::Arc;
+        let t = TempDir::new("select-stream");
+        let a = t.file("a", &ramp(400));
+        let b = t.file("b", &ramp(250));
+        let open = || open_plain(&[&a, &b], &["ci8", "ci8"], 8, 5).unwrap();
+        let base = open();
+        let table: Vec<u64> = (0..base.num_windows()).filter(|i| i % 3 != 1).collect();
+        let n = table.len() as u64;
+        let sel = Arc::new(open().select(table.clone()).unwrap());
+        for depth in [0, 2] {
+            // batch 7 does not divide n: batches straddle epochs.
+            let mut s = Stream::new(sel.clone(), 7, 11, 0, 1, depth).unwrap();
+            let mut ids = Vec::new();
+            let mut rows = Vec::new();
+            while (ids.len() as u64) < 3 * n {
+                let mut buf = s.next_batch().unwrap();
+                ids.extend_from_slice(s.last_ids());
+                rows.extend_from_slice(buf.as_bytes_mut());
+            }
+            let rb = sel.row_bytes();
+            for (k, &id) in ids.iter().enumerate() {
+                assert!(id < n, "id {id}");
+                // The row is the base window the selection names.
+                assert_eq!(rows[k * rb..(k + 1) * rb], row(&base, table[id as usize]));
+            }
+            for e in 0..3 {
+                let mut epoch = ids[(e * n) as usize..((e + 1) * n) as usize].to_vec();
+                epoch.sort_unstable();
+                assert_eq!(epoch, (0..n).collect::<Vec<_>>(), "epoch {e}");
+            }
+            // Seek lands on the same batch as iteration.
+            let mut r = Stream::new(sel.clone(), 7, 11, 0, 1, depth).unwrap();
+            r.seek(14).unwrap();
+            r.next_batch().unwrap();
+            assert_eq!(r.last_ids(), &ids[14..21]);
+        }
     }
 
     /// ci8 recording whose sample k is (k, -k) (mod 256).

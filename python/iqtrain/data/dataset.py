@@ -144,6 +144,15 @@ def _fingerprint_piece(rec: Recording, meta_bytes: bytes) -> bytes:
     return b"".join(piece)
 
 
+def _selection_fingerprint(base: str, selection: np.ndarray) -> str:
+    """The fingerprint of a dataset restricted to ``selection`` (base window ids, in order):
+    SHA-256 of a tag, the base fingerprint's hex and the ids as little-endian uint64."""
+    h = hashlib.sha256(b"iqtrain-selection-v1\0")
+    h.update(base.encode())
+    h.update(np.ascontiguousarray(selection, dtype="<u8").tobytes())
+    return h.hexdigest()
+
+
 def _read_one(meta: Path) -> tuple[Recording, bytes | OSError]:
     """One recording, parsed and validated, with its fingerprint piece; a data file that cannot
     be read comes back as its OSError, for the dataset to raise only once the native open (which
@@ -265,6 +274,19 @@ class IQDataset:
     over one, or one deleted and written again, is a ``DataError`` naming it). The open-file
     limit is raised (up to the hard limit) to fit every file; where it cannot, at most half of
     what is then free beyond 64 descriptors (at least 16), whatever this asks for.
+
+    ``select``: restrict the dataset to chosen windows (e.g. the labelled ones, for fine-tuning).
+    A 1-D array (uint64, or non-negative int64) or sequence of window ids in this dataset's own
+    numbering (with ``window`` and ``stride`` as given, as if there were no selection); window
+    ``i`` of the dataset is then base window ``select[i]``. Order is kept and a repeated id is
+    one more window (sampled as often per epoch). :attr:`num_windows`, :meth:`window`,
+    :meth:`windows`, :meth:`val_batches` and every :class:`TrainStream` over the dataset then
+    see only the selected windows, with the same guarantees (seeded permutation, O(1) cursor,
+    exact resume). An empty selection is a ConfigError, an id that is negative or not below
+    :attr:`base_num_windows` an IndexError, any other type (a float or boolean array, a 2-D
+    array) a ConfigError. :attr:`fingerprint` then covers the selection too (so a cursor saved
+    over one selection, or none, is refused by another); :attr:`base_fingerprint` is the
+    fingerprint without it. ``skipped`` is still about recordings, whatever is selected.
     """
 
     def __init__(
@@ -275,6 +297,7 @@ class IQDataset:
         stride: int | None = None,
         map_min_bytes: int | None = None,
         max_open_files: int | None = None,
+        select: np.ndarray | Sequence[int] | None = None,
     ) -> None:
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:
             raise ConfigError(f"window: must be a positive integer, got {window!r}")
@@ -287,6 +310,9 @@ class IQDataset:
             or max_open_files < 1
         ):
             raise ConfigError(f"max_open_files: must be a positive integer, got {max_open_files!r}")
+        if isinstance(select, list | tuple) and any(isinstance(i, bool) for i in select):
+            # True is an int to Python (and to the extension): a list of flags is no list of ids.
+            raise ConfigError("select: window ids, not flags (a bool in the sequence)")
         metas, self.links = _expand(paths)
         self.recordings: list[Recording] = []
         h = hashlib.sha256(b"iqtrain-dataset-v1\0")
@@ -315,6 +341,7 @@ class IQDataset:
             [list(r.capture_starts) for r in self.recordings],
             map_min_bytes,
             budget,
+            select,
         )
         self.skipped: list[tuple[str, int]] = [
             (os.fspath(r.data_path), r.num_samples)
@@ -324,11 +351,29 @@ class IQDataset:
         if unread is not None:
             path, exc = unread
             raise DataError(f"{path}: data file: cannot be read ({exc.strerror or exc})")
-        self.fingerprint: str = h.hexdigest()
+        #: The fingerprint of the recordings alone, whatever is selected.
+        self.base_fingerprint: str = h.hexdigest()
+        selection = self._native.selection
+        self.fingerprint: str = (
+            self.base_fingerprint
+            if selection is None
+            else _selection_fingerprint(self.base_fingerprint, selection)
+        )
 
     @property
     def num_windows(self) -> int:
+        """Windows of the dataset: the selected ones when there is a selection."""
         return self._native.num_windows
+
+    @property
+    def base_num_windows(self) -> int:
+        """Windows of every recording, whatever is selected (the range of ``select`` ids)."""
+        return self._native.base_num_windows
+
+    @property
+    def selection(self) -> np.ndarray | None:
+        """The selected base window ids (a new uint64 array), or None without a selection."""
+        return self._native.selection
 
     @property
     def window_len(self) -> int:
@@ -342,9 +387,14 @@ class IQDataset:
         return self.num_windows
 
     def __repr__(self) -> str:
+        selected = (
+            f", {self.num_windows} of {self.base_num_windows} windows selected"
+            if self.fingerprint != self.base_fingerprint
+            else ""
+        )
         return (
             f"IQDataset({len(self.recordings)} recordings, {self.num_windows} windows of "
-            f"{self.window_len}, stride {self.stride}, {self.dtype})"
+            f"{self.window_len}, stride {self.stride}, {self.dtype}{selected})"
         )
 
     def window(self, i: int) -> np.ndarray:
