@@ -358,3 +358,23 @@ def write_bursts(directory, name, labels, window, *, windows_per=2, fields=None,
             ann.update(extra)
         meta.write_text(json.dumps(doc))
     return meta
+
+
+def kill_after_checkpoints(argv: list[str], env: dict, checkpoints: Path, count: int) -> None:
+    """Start ``argv``, SIGKILL it once ``checkpoints`` (an attempt's checkpoints directory)
+    lists ``count`` checkpoints, and check that the kill is what ended it."""
+    import signal
+    import subprocess
+    import time
+
+    from iqtrain.checkpoint.files import list_checkpoints
+
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    deadline = time.monotonic() + 120
+    while proc.poll() is None and time.monotonic() < deadline:
+        if len(list_checkpoints(checkpoints)) >= count:
+            break
+        time.sleep(0.002)
+    proc.send_signal(signal.SIGKILL)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, err.decode()

@@ -17,6 +17,7 @@ __all__ = [
     "ConfigError",
     "DataError",
     "CursorMismatchError",
+    "NoLabelledWindowError",
     "WindowTooLongError",
     "InputError",
     "NonFiniteError",
@@ -54,6 +55,10 @@ class CursorMismatchError(DataError):
 
 class WindowTooLongError(DataError):
     """No recording (or capture segment) of a dataset is as long as one window."""
+
+
+class NoLabelledWindowError(DataError):
+    """No annotation that carries the label key holds a whole window (``labelled_windows``)."""
 
 
 class InputError(DataError, ValueError):

@@ -6,17 +6,14 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
-from helpers import tiny_tables
+from helpers import kill_after_checkpoints, tiny_tables
 from safetensors.torch import load_file
 
-from iqtrain.checkpoint.files import list_checkpoints
 from iqtrain.config.schema import dumps_toml
 from iqtrain.evidence.metrics import read_metrics, strip_timing
 from iqtrain.evidence.verify import check_attempt
@@ -68,17 +65,7 @@ def test_an_initialised_attempt_killed_with_sigkill_resumes_exactly(source):
     _run("run", cfg, "--set", f"run.dir='{root / 'ref'}'")
     reference = root / "ref" / "attempts" / "0001"
     attempts = root / "ft" / "attempts"
-    proc = subprocess.Popen(
-        _cli("run", cfg), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=_env()
-    )
-    deadline = time.monotonic() + 120
-    while proc.poll() is None and time.monotonic() < deadline:
-        if len(list_checkpoints(attempts / "0001" / "checkpoints")) >= 1:
-            break
-        time.sleep(0.002)
-    proc.send_signal(signal.SIGKILL)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == -signal.SIGKILL, err.decode()
+    kill_after_checkpoints(_cli("run", cfg), _env(), attempts / "0001" / "checkpoints", 1)
     killed = attempts / "0001"
     assert check_attempt(killed).problems == []
     _run("resume", "--attempt", killed)

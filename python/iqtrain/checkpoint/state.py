@@ -9,8 +9,9 @@ JSON type is one :class:`~iqtrain.errors.CheckpointError` line naming the file a
 The components' own states (``cursor``: the training stream, ``loop``: the loop's counters,
 ``rng``: every rank's generators) are opaque here: each component validates its own in
 ``load_state_dict``. The few fields of them that torch-free readers need (the best checkpoint,
-the stale-validation count, the world size that wrote the shards) have typed accessors below,
-checked when they are read. Format: docs/design.md section 6. Imports no torch.
+the stale-validation count, the best validation accuracy of a "classify" lineage, the world
+size that wrote the shards) have typed accessors below, checked when they are read. Format:
+docs/design.md section 6. Imports no torch.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ __all__ = [
     "INIT_KEYS",
     "STATE_VERSION",
     "CheckpointState",
+    "classes_problem",
     "init_record_problem",
     "read_json_object",
     "recorded_step",
@@ -66,6 +68,21 @@ def init_record_problem(init: Any) -> str | None:
     return None
 
 
+def classes_problem(classes: Any) -> str | None:
+    """What is wrong with a ``classes`` record of a ``model.objective = "classify"`` attempt
+    (None: nothing): a non-empty list of distinct non-empty strings in sorted order, the same
+    list in attempt.json and in every checkpoint's state.json."""
+    if (
+        not isinstance(classes, list)
+        or not classes
+        or not all(isinstance(c, str) and c for c in classes)
+    ):
+        return f"classes is {classes!r:.200}, not a list of non-empty class names"
+    if any(a >= b for a, b in zip(classes, classes[1:], strict=False)):
+        return f"classes is {classes!r:.200}, not sorted and distinct"
+    return None
+
+
 def _want(obj: dict[str, Any], key: str, kind: type, path: Path, where: str = "") -> Any:
     value = obj.get(key)
     if key not in obj:
@@ -97,6 +114,9 @@ class CheckpointState:
     optimizer: dict[str, Any] | None = None
     #: Where the lineage's first weights came from (``[init] from``); None: random init.
     init: dict[str, Any] | None = None
+    #: ``model.objective = "classify"``: the sorted class names, the head's output order;
+    #: None for the other objectives.
+    classes: list[str] | None = None
 
     # ------------------------------------------------------------------ encoding
 
@@ -115,6 +135,8 @@ class CheckpointState:
             obj["optimizer"] = self.optimizer
         if self.init is not None:  # only then: a state without one is what it always was
             obj["init"] = self.init
+        if self.classes is not None:  # "classify" only: other states are what they always were
+            obj["classes"] = self.classes
         return obj
 
     def encode(self) -> bytes:
@@ -149,6 +171,10 @@ class CheckpointState:
         problem = None if init is None else init_record_problem(init)
         if problem is not None:
             raise CheckpointError(f"{path}: {problem}")
+        classes = obj.get("classes")
+        problem = None if classes is None else classes_problem(classes)
+        if problem is not None:
+            raise CheckpointError(f"{path}: {problem}")
         return cls(
             step=step,
             config_sha256=_want(obj, "config_sha256", str, path),
@@ -159,6 +185,7 @@ class CheckpointState:
             components={name: _want(obj, name, dict, path) for name in COMPONENTS},
             optimizer=optimizer,
             init=init,
+            classes=classes,
         )
 
     @classmethod
@@ -188,8 +215,17 @@ class CheckpointState:
 
     @property
     def early_stop(self) -> tuple[float | None, int]:
-        """Early stopping's (reference loss, validations since it was beaten)."""
+        """Early stopping's (reference value, validations since it was beaten): the value is
+        the monitored field of the best validation (loss; accuracy for "classify")."""
         return self._loop("early_stop_ref", (float, type(None))), self.stale_validations
+
+    @property
+    def best_val_accuracy(self) -> float | None:
+        """The accuracy of the best validation of a "classify" lineage; None for the other
+        objectives, before the first validation, and in states written before the key was."""
+        if "best_val_accuracy" not in self.components["loop"]:
+            return None
+        return self._loop("best_val_accuracy", (float, type(None)))
 
     @property
     def world_size(self) -> int:

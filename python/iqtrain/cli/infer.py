@@ -1,10 +1,11 @@
-"""``iqtrain embed`` and ``iqtrain score``: a trained model over SigMF recordings
-(docs/design.md section 10.6).
+"""``iqtrain embed``, ``iqtrain score`` and ``iqtrain predict``: a trained model over SigMF
+recordings (docs/design.md section 10.6).
 
 The model is loaded through :func:`iqtrain.pretrained.load.load_pretrained` (verified as a
-resume verifies its parent); the work is :mod:`iqtrain.pretrained.recordings`. Both import torch
-only when they run. Every refusal (a bad flag, a glob matching nothing, an unlabelled set with
-``--per annotation``, an output that exists) is one line, exit 2, before anything is written.
+resume verifies its parent); the work is :mod:`iqtrain.pretrained.recordings`. Each imports
+torch only when it runs. Every refusal (a bad flag, a glob matching nothing, an unlabelled set
+with ``--per annotation``, an output that exists, a pretraining attempt given to ``predict``) is
+one line, exit 2, before anything is written.
 """
 
 from __future__ import annotations
@@ -15,7 +16,15 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_embed_parser", "add_score_parser", "cmd_embed", "cmd_score"]
+__all__ = [
+    "add_embed_parser",
+    "add_predict_parser",
+    "add_score_parser",
+    "cmd_embed",
+    "cmd_predict",
+    "cmd_score",
+    "prediction_lines",
+]
 
 _FROM_HELP = "latest, best or step_N (default best; a checkpoint directory names its own)"
 
@@ -80,6 +89,122 @@ def cmd_score(args: argparse.Namespace) -> int:
             )
         )
     return 0
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from iqtrain.console import note
+    from iqtrain.pretrained.recordings import predict_recordings
+
+    if args.rows is not None and args.rows < 0:
+        raise _usage(f"--rows: must be >= 0, got {args.rows}")
+    if args.stride is not None and (args.stride < 1 or args.per != "annotation"):
+        raise _usage(f"--stride: an integer >= 1, with --per annotation; got {args.stride}")
+    pre = _load(args)
+    pred = predict_recordings(  # a pretraining attempt is refused before any data is read
+        pre, args.data, per=args.per, stride=args.stride
+    )
+    if pred.unknown:
+        n = sum(pred.unknown.values())
+        names = ", ".join(f"{k!r}: {v}" for k, v in list(pred.unknown.items())[:8])
+        more = ", ..." if len(pred.unknown) > 8 else ""
+        note(
+            f"predict: {n} {args.per}(s) carry a {pred.label_key} the model does not know "
+            f"({names}{more}): predicted, not counted in the accuracy"
+        )
+    source = f"{pre.attempt} at {pre.checkpoint.name} (step {pre.step})"
+    for line in prediction_lines(pred, source, args.rows):
+        print(line)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "attempt": os.fspath(pre.attempt),
+                    "checkpoint": pre.checkpoint.name,
+                    "step": pre.step,
+                    **pred.to_dict(),
+                }
+            )
+        )
+    return 0
+
+
+def _rate(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.5f}"
+
+
+#: ``predict`` prints the confusion matrix of at most this many classes (``--json`` has all),
+#: and its table's name columns at most this wide.
+MAX_CONFUSION_CLASSES = 40
+NAME_WIDTH = 24
+
+
+def prediction_lines(pred: Any, source: str, rows: int | None = None) -> list[str]:
+    """The text ``iqtrain predict`` prints for ``pred`` (a
+    :class:`~iqtrain.pretrained.recordings.Prediction`): a header, the table (the first
+    ``rows`` rows; all when None), then, where a row's label is one of the model's classes,
+    accuracy, per-class accuracy and the confusion matrix (rows true, columns predicted)."""
+    shown = pred.rows if rows is None else pred.rows[:rows]
+    how = (
+        "the class maximising the mean of its windows' log-probabilities, probability the "
+        "softmax of that mean"
+        if pred.per == "annotation"
+        else "the most probable class and its probability"
+    )
+    out = [
+        f"predict of {source}: {len(pred.rows)} {pred.per}s ({how}); {len(pred.classes)} "
+        f"classes; labels from {pred.label_key} ({len(shown)} of {len(pred.rows)} rows shown)"
+    ]
+    # Columns as wide as the names shown, up to NAME_WIDTH (a longer name runs on).
+    width = min(
+        NAME_WIDTH,
+        max([9, *(len(c) for c in pred.classes), *(len(r.label or "") for r in shown)]),
+    )
+    if shown:
+        out.append(
+            f"{'row':>5}  {'start':>10}  {'windows':>7}  {'predicted':<{width}}  "
+            f"{'probability':>11}  {'label':<{width}}  recording"
+        )
+    for i, r in enumerate(shown, start=1):
+        out.append(
+            f"{i:>5}  {r.start:>10}  {r.windows:>7}  {r.predicted:<{width}}  "
+            f"{r.probability:>11.5f}  {r.label or '-':<{width}}  {os.fspath(r.recording)}"
+        )
+    s = pred.scores
+    if not s.labelled:
+        out.append(
+            f"accuracy n/a: no {pred.per} carries a {pred.label_key} that is one of the model's "
+            "classes"
+        )
+        return out
+    windows = ""
+    if pred.window_scores is not None:
+        w = pred.window_scores
+        windows = f"; each of their {w.labelled} windows alone {_rate(w.accuracy)}"
+    hits = sum(s.confusion[k][k] for k in range(len(pred.classes)))
+    out.append(
+        f"accuracy {_rate(s.accuracy)} ({hits} of {s.labelled} {pred.per}s with a known "
+        f"label{windows})"
+    )
+    counts = [sum(row) for row in s.confusion]
+    out.append(
+        "class accuracy: "
+        + ", ".join(
+            f"{c} {_rate(s.class_accuracy[c])} ({n})"
+            for c, n in zip(pred.classes, counts, strict=True)
+        )
+    )
+    if len(pred.classes) > MAX_CONFUSION_CLASSES:
+        out.append(
+            f"confusion: {len(pred.classes)} classes, more than {MAX_CONFUSION_CLASSES} to "
+            "print (--json holds it)"
+        )
+        return out
+    out.append("confusion (rows: true class, columns: predicted class):")
+    cw = max(5, *(len(c) for c in pred.classes), len(str(max(counts))))
+    out.append(" " * cw + "".join(f"  {c:>{cw}}" for c in pred.classes))
+    for c, row in zip(pred.classes, s.confusion, strict=True):
+        out.append(f"{c:>{cw}}" + "".join(f"  {v:>{cw}}" for v in row))
+    return out
 
 
 def _usage(message: str) -> Exception:
@@ -154,3 +279,43 @@ def add_score_parser(sub: Any) -> None:
     sp.add_argument("--top", type=int, metavar="N", help="only the N highest")
     sp.add_argument("--json", action="store_true", help="also print one JSON object last")
     sp.set_defaults(func=cmd_score)
+
+
+def add_predict_parser(sub: Any) -> None:
+    """Add ``predict`` to ``sub`` (the subparsers of ``iqtrain``)."""
+    sp = sub.add_parser(
+        "predict",
+        help="classify SigMF recordings with a fine-tuned (model.objective = 'classify') "
+        "checkpoint: per annotation or window, with accuracy and a confusion matrix",
+        description="The class a 'classify' checkpoint predicts for every annotation (labelled "
+        "or not; the class maximising the mean of its windows' log-probabilities, with the "
+        "softmax of that mean as its probability) or every window (--per window: the grid of "
+        "one window from each capture segment's start). A row's label is the value of the "
+        "annotation field the model was trained on (data.label_key); over the rows whose label "
+        "is one of the model's classes, accuracy, per-class accuracy and the confusion matrix "
+        "(rows true, columns predicted) follow the table. Unlabelled recordings are fine: "
+        "their rows have no label, and without annotations --per window still predicts.",
+    )
+    _common(sp)
+    sp.add_argument(
+        "--per",
+        choices=("annotation", "window"),
+        default="annotation",
+        help="a row per annotation holding a whole window (default), or per window",
+    )
+    sp.add_argument(
+        "--stride",
+        type=int,
+        metavar="S",
+        help="--per annotation: an annotation's windows every S samples from its start "
+        "(default: one window; the run's data.stride gives the windows its validation read)",
+    )
+    sp.add_argument(
+        "--rows",
+        type=int,
+        metavar="N",
+        help="print only the first N rows of the table (0: the summary alone); accuracy and "
+        "--json cover every row",
+    )
+    sp.add_argument("--json", action="store_true", help="also print one JSON object last")
+    sp.set_defaults(func=cmd_predict)

@@ -94,7 +94,17 @@ def _finish(result) -> int:
     print(f"attempt {result.attempt}: {result.final_step} steps")
     if result.stopped_early is not None:
         print(f"  stopped early at step {result.final_step}: {result.stopped_early['reason']}")
-    if result.objective == "mse":
+    if result.objective == "classify":  # a cross-entropy over the classes; best by accuracy
+        final, best = (
+            "n/a" if x is None else f"{x:.4f}"
+            for x in (
+                getattr(result, "final_val_accuracy", None),
+                getattr(result, "best_val_accuracy", None),
+            )
+        )
+        loss = "n/a" if result.final_val_loss is None else f"{result.final_val_loss:.5f}"
+        print(f"  final val accuracy {final} (loss {loss} nats per window), best {best}")
+    elif result.objective == "mse":
         print(f"  final val loss {fmt(result.final_val_loss)}, best {fmt(result.best_val_loss)}")
     else:  # the loss is a cross-entropy in nats: its dB means nothing; the NMSE's does
         loss, best = (
@@ -266,12 +276,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=cmd_report)
 
     from iqtrain.cli.convert import add_convert_parser
-    from iqtrain.cli.infer import add_embed_parser, add_score_parser
+    from iqtrain.cli.infer import add_embed_parser, add_predict_parser, add_score_parser
     from iqtrain.cli.probe import add_probe_parser
 
     add_probe_parser(sub)
     add_embed_parser(sub)
     add_score_parser(sub)
+    add_predict_parser(sub)
     add_convert_parser(sub, _Parser)
     return p
 

@@ -39,8 +39,10 @@ __all__ = [
     "SynthConfig",
     "TrainingConfig",
     "WandbConfig",
+    "POOLS",
     "check_which",
     "default_mlp_hidden",
+    "monitored",
     "require_float",
     "require_int",
 ]
@@ -57,10 +59,21 @@ PARALLEL = ("ddp", "fsdp")
 #: ``schedule.kind`` and ``schedule.decay_shape`` (docs/design.md section 5).
 KINDS = ("wsd", "cosine", "constant")
 SHAPES = ("linear", "cosine", "sqrt")
-#: ``model.objective``: what the head predicts for each next-patch value (docs/design.md
-#: section 4): "mse" the value itself (squared error), "categorical" a distribution over
-#: ``model.bins`` quantised bins of it (cross-entropy).
-OBJECTIVES = ("mse", "categorical")
+#: ``model.objective``: what the head predicts (docs/design.md section 4). Pretraining, for each
+#: next-patch value: "mse" the value itself (squared error), "categorical" a distribution over
+#: ``model.bins`` quantised bins of it (cross-entropy). Fine-tuning: "classify" the class of a
+#: labelled window (cross-entropy over the training set's classes, section 4.7).
+OBJECTIVES = ("mse", "categorical", "classify")
+#: ``model.pool`` of "classify": how the patches' hidden states become one vector per window.
+POOLS = ("mean", "attention")
+
+
+def monitored(objective: str) -> tuple[str, bool]:
+    """The validation record field the best checkpoint and early stopping follow, and whether
+    higher is better: ``("accuracy", True)`` for "classify", ``("loss", False)`` otherwise."""
+    return ("accuracy", True) if objective == "classify" else ("loss", False)
+
+
 #: ``model.bins``: bins per I/Q value of the categorical objective (its head is 2P x bins wide).
 MAX_BINS = 4096
 
@@ -246,6 +259,8 @@ class DataConfig:
     norm: str = "window"
     prefix_patches: int = 4
     prefetch: int = 2
+    # model.objective = "classify": the annotation field whose value is a window's class.
+    label_key: str = "core:label"
     synthetic: SynthConfig = field(default_factory=SynthConfig)
 
     def __post_init__(self) -> None:
@@ -279,6 +294,8 @@ class DataConfig:
                 f"got {self.prefix_patches}"
             )
         require_int("data.prefetch", self.prefetch, minimum=0)
+        if not require_str("data.label_key", self.label_key).strip():
+            raise ConfigError("data.label_key: must not be empty")
         if not isinstance(self.synthetic, SynthConfig):
             raise ConfigError("data.synthetic: must be a table")
 
@@ -320,6 +337,11 @@ class ModelConfig:
     # mistyped value is an error whatever the objective.
     bins: int = 64
     bin_range: float = 4.0
+    # "classify" only (read for every objective, so a typo is an error whatever it is): how
+    # the patches' states become one vector ("mean"; "attention": one learned query), and
+    # whether the trunk is frozen (the head alone trains: the linear probe by training).
+    pool: str = "mean"
+    freeze_trunk: bool = False
 
     def __post_init__(self) -> None:
         require_int("model.dim", self.dim, minimum=1)
@@ -345,6 +367,18 @@ class ModelConfig:
         # One patch has no successor to predict, so a usable window has at least two.
         require_int("model.max_patches", self.max_patches, minimum=2)
         require_str("model.objective", self.objective, OBJECTIVES)
+        require_str("model.pool", self.pool, POOLS)
+        require_bool("model.freeze_trunk", self.freeze_trunk)
+        if self.freeze_trunk and self.objective != "classify":
+            raise ConfigError(
+                "model.freeze_trunk: only for model.objective = 'classify' (a frozen trunk "
+                f"with the {self.objective!r} objective would train its output head alone)"
+            )
+        if self.pool != "mean" and self.objective != "classify":
+            raise ConfigError(
+                f"model.pool: only for model.objective = 'classify' (a {self.objective!r} "
+                "model pools nothing)"
+            )
         require_int("model.bins", self.bins, minimum=2, maximum=MAX_BINS)
         # fp32 grid: beyond 1e4 window-normalised units (80 dB above the window's power) or
         # below bins 1e-6 wide, the centres stop being distinct finite numbers.
@@ -375,6 +409,9 @@ class OptimizerConfig:
     eps: float = 1e-8
     weight_decay: float = 0.1
     grad_clip: float = 1.0  # <= 0 turns clipping off
+    # The trunk's (every weight but the "classify" head's) learning rate is the schedule's
+    # times this; 1.0 for the other objectives, whose whole model is the trunk.
+    trunk_lr_scale: float = 1.0
 
     def __post_init__(self) -> None:
         self.lr = require_float("optimizer.lr", self.lr, gt=0.0)
@@ -393,6 +430,9 @@ class OptimizerConfig:
         self.eps = require_float("optimizer.eps", self.eps, gt=0.0)
         self.weight_decay = require_float("optimizer.weight_decay", self.weight_decay, ge=0.0)
         self.grad_clip = require_float("optimizer.grad_clip", self.grad_clip)
+        self.trunk_lr_scale = require_float(
+            "optimizer.trunk_lr_scale", self.trunk_lr_scale, gt=0.0, le=1e6
+        )
 
 
 @dataclass(kw_only=True)

@@ -132,6 +132,10 @@ def _load_metadata(meta_path: Path) -> tuple[dict, bytes]:
         metadata = json.loads(meta_bytes)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise DataError(f"{meta_path}: not valid JSON: {exc}") from None
+    except ValueError as exc:  # an integer of more digits than Python converts (4300)
+        raise DataError(f"{meta_path}: cannot be read as JSON: {exc}") from None
+    except RecursionError:
+        raise DataError(f"{meta_path}: cannot be read as JSON: nested too deep") from None
     if not isinstance(metadata, dict) or not isinstance(metadata.get("global"), dict):
         raise _field_error(meta_path, "global", "missing or not an object")
     if metadata["global"].get("core:datatype") is None:

@@ -22,14 +22,17 @@ from iqtrain.config.sections import (
 from iqtrain.console import note
 from iqtrain.data.dataset import IQDataset
 from iqtrain.data.synth import synthesize, synthesize_labelled
+from iqtrain.data.windows import LabelledSet, labelled_windows
 from iqtrain.errors import ConfigError, StorageError, WindowTooLongError
 from iqtrain.storage import storage_error
 
 __all__ = [
     "PROBE_WINDOWS_PER_ANNOTATION",
     "ensure_synthetic",
+    "ensure_synthetic_labelled",
     "ensure_synthetic_probe",
     "open_datasets",
+    "open_labelled",
     "probe_patterns",
     "report_skipped",
     "validation_patterns",
@@ -106,6 +109,83 @@ def ensure_synthetic_probe(s: SynthConfig, annotations: int, window: int) -> lis
 
         _generate(root, key, write)
     return [os.path.join(glob.escape(os.fspath(root)), "probe", "*.sigmf-meta")]
+
+
+def ensure_synthetic_labelled(s: SynthConfig, window: int) -> tuple[list[str], list[str]]:
+    """Generate (once) the synthetic labelled train/val sets a "classify" run uses when
+    data.train is empty: bursts of :data:`PROBE_WINDOWS_PER_ANNOTATION` windows, classes spread
+    evenly, as many samples in bursts as the next-patch set holds (``samples *
+    train_recordings``, ``samples * val_recordings``), each set with a seed of its own (neither
+    the next-patch sets' nor the probe set's); their glob patterns."""
+    burst = PROBE_WINDOWS_PER_ANNOTATION * window
+    sets = []
+    for part, recordings, k in (("train", s.train_recordings, 3), ("val", s.val_recordings, 4)):
+        seed = (s.seed + k * SYNTH_VAL_SEED_OFFSET) % (SYNTH_MAX_SEED + 1)
+        count = max(7, s.samples * recordings // burst)  # at least one burst per class
+        key = json.dumps(
+            {
+                "v": 1,
+                "labelled": part,
+                "annotations": count,
+                "burst": burst,
+                "datatype": s.datatype,
+                "seed": seed,
+            },
+            sort_keys=True,
+        )
+        root = Path(expand_path(s.cache_dir)) / _sha256_bytes(key.encode())[:16]
+        if not (root / "COMPLETE").is_file():
+
+            def write(tmp: Path, count: int = count, seed: int = seed, part: str = part) -> None:
+                synthesize_labelled(
+                    tmp / part,
+                    annotations=count,
+                    burst_samples=burst,
+                    datatype=s.datatype,
+                    seed=seed,
+                )
+
+            _generate(root, key, write)
+        sets.append([os.path.join(glob.escape(os.fspath(root)), part, "*.sigmf-meta")])
+    return sets[0], sets[1]
+
+
+def open_labelled(d: DataConfig) -> tuple[LabelledSet, LabelledSet]:
+    """A fine-tune's data (``model.objective = "classify"``): the windows of ``data.window``
+    samples inside the annotations carrying ``data.label_key``, on a grid of ``data.stride``
+    from each annotation's start (docs/design.md 1.6). The training set's selected as a
+    stream's dataset; the validation set's as well (every one once, in order), numbered by the
+    training set's classes. No labelled window, one class, or a validation class the training
+    set lacks: one DataError line naming the file (exit 2)."""
+    if d.is_synthetic and d.window * PROBE_WINDOWS_PER_ANNOTATION > d.synthetic.samples:
+        raise ConfigError(
+            f"data.seq_patches: a burst of {PROBE_WINDOWS_PER_ANNOTATION} windows of {d.window} "
+            f"samples is longer than data.synthetic.samples ({d.synthetic.samples})"
+        )
+    train, val = (
+        ensure_synthetic_labelled(d.synthetic, d.window) if d.is_synthetic else (d.train, d.val)
+    )
+    out: list[LabelledSet] = []
+    classes = None
+    for key, paths in (("data.train", train), ("data.val", val)):
+        try:
+            ls = labelled_windows(
+                paths,
+                d.window,
+                stride=d.stride,
+                key=d.label_key,
+                classes=classes,
+                select=True,
+                name=f"{key}: ",
+            )
+        except WindowTooLongError:
+            raise ConfigError(
+                f"data.seq_patches: a window of {d.window} samples "
+                f"(seq_patches x patch_len) is longer than every recording in {key}"
+            ) from None
+        classes = ls.classes
+        out.append(ls)
+    return out[0], out[1]
 
 
 def probe_patterns(probe: ProbeConfig, d: DataConfig) -> list[str]:

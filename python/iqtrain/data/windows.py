@@ -2,10 +2,11 @@
 
 Two ways to cut them, both windows of ``window`` samples that never cross a capture boundary:
 
-- :func:`labelled_windows`: inside every SigMF annotation that carries a ``core:label``, on a
-  grid anchored at the annotation's first sample with a stride of one window (what the probe,
-  ``iqtrain embed --per annotation`` and ``iqtrain score --per annotation`` read), each with
-  its class and its annotation (``groups``);
+- :func:`labelled_windows`: inside every SigMF annotation that carries a ``core:label`` (or
+  another key), on a grid anchored at the annotation's first sample with a stride of one window
+  (what the probe, ``iqtrain embed --per annotation`` and ``iqtrain score --per annotation``
+  read) or ``data.stride`` (a fine-tune's training windows), each with its class and its
+  annotation (``groups``);
 - :func:`grid_windows`: every window of each capture segment on a grid of one window from the
   segment's start (what ``IQDataset(window=L)`` enumerates: the validation windows when
   ``data.stride`` is the window), each with the label of the labelled annotation that holds it
@@ -26,12 +27,13 @@ import numpy as np
 
 from iqtrain.data.dataset import IQDataset
 from iqtrain.data.sigmf_meta import read_annotations
-from iqtrain.errors import ConfigError, DataError
+from iqtrain.errors import ConfigError, DataError, NoLabelledWindowError
 
 __all__ = [
     "FEATURE_BATCH",
     "LabelledSet",
     "WindowGrid",
+    "class_name",
     "grid_windows",
     "labelled_windows",
 ]
@@ -103,32 +105,109 @@ class LabelledSet:
 
 
 def _annotation_starts(
-    segments: list[tuple[int, int]], start: int, count: int, window: int
+    segments: list[tuple[int, int]], start: int, count: int, window: int, stride: int
 ) -> Iterator[tuple[int, int]]:
     """``(segment index, first sample)`` of each window of one annotation.
 
-    The grid starts at the annotation's first sample with a stride of one window; a window that
+    The grid starts at the annotation's first sample with a step of ``stride``; a window that
     would cross a capture boundary is dropped (training never reads one either), and the grid
     stays anchored at the annotation's start on the far side.
     """
     end = start + count
     for k, (a, n) in enumerate(segments):
-        lo = start if start >= a else start + -(-(a - start) // window) * window
-        for s in range(lo, min(end, a + n) - window + 1, window):
+        lo = start if start >= a else start + -(-(a - start) // stride) * stride
+        for s in range(lo, min(end, a + n) - window + 1, stride):
             yield k, s
 
 
+def class_name(value: Any) -> str | None:
+    """An annotation field's value as a class name: a printable string that is not blank (no
+    newline, NUL or other control character: names go into reports, TensorBoard tags and JSON
+    as they are), or an integer (its decimal digits); None for anything else."""
+    if isinstance(value, str) and value.strip() and value.isprintable():
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return None
+
+
 def labelled_windows(
-    patterns: str | Sequence[str], window: int, *, min_classes: int = 2
+    patterns: str | Sequence[str],
+    window: int,
+    *,
+    min_classes: int = 2,
+    stride: int | None = None,
+    key: str = "core:label",
+    classes: Sequence[str] | None = None,
+    select: bool = False,
+    name: str = "",
 ) -> LabelledSet:
-    """Every window of ``window`` samples inside a SigMF annotation with a ``core:label``.
+    """Every window of ``window`` samples inside a SigMF annotation that carries ``key``
+    (``core:label`` by default), on a grid of ``stride`` (default: ``window``) from each such
+    annotation's first sample, never crossing its end or a capture boundary.
 
     ``patterns``: .sigmf-meta paths or glob patterns, validated as training data is (a bad or
-    missing file, or a pattern matching nothing, is a DataError naming it). Unlabelled samples
-    are ignored. No labelled window at all, or fewer than ``min_classes`` classes (a probe
-    needs two; ``iqtrain embed`` one), is a DataError.
+    missing file, or a pattern matching nothing, is a DataError naming it). Samples outside such
+    annotations are ignored. A class is the field's value (a non-empty string, or an integer as
+    its digits; anything else is a DataError naming the annotation). No labelled window at all,
+    or fewer than ``min_classes`` classes (a probe needs two; ``iqtrain embed`` one), is a
+    DataError (:class:`~iqtrain.errors.NoLabelledWindowError` for the first). ``classes``: the
+    class names to number labels by (a fine-tune's validation set takes its training set's): a
+    label outside them is a DataError naming its annotation.
+
+    ``select``: ``dataset`` holds exactly these windows (``IQDataset(select=...)``: ``ids`` are
+    then ``0..n-1`` in this order), for a training stream; otherwise it holds every stride-1
+    window and ``ids`` index them. ``name`` prefixes every error (the config key).
     """
     dataset = IQDataset(patterns, window=window, stride=1)
+    rows, fields, places = _labelled_rows(
+        dataset, window, window if stride is None else stride, key, name
+    )
+    where = ", ".join(map(os.fspath, [patterns] if isinstance(patterns, str) else patterns))
+    if not rows:
+        raise NoLabelledWindowError(
+            f"{name}{where}: no labelled window: no annotation with a {key} holds a whole "
+            f"window of {window} samples (data.seq_patches * data.patch_len)"
+        )
+    if classes is None:
+        classes = tuple(sorted({row[2] for row in rows}))
+        if len(classes) < min_classes:
+            raise DataError(
+                f"{name}{where}: every labelled window is {classes[0]!r}; at least "
+                f"{min_classes} classes are needed"
+            )
+    classes = tuple(classes)
+    index = {c: i for i, c in enumerate(classes)}
+    for row in rows:
+        if row[2] not in index:
+            raise DataError(
+                f"{name}{places[row[1]]}: class {row[2]!r} is not one of the training set's "
+                f"{len(classes)} classes ({', '.join(map(repr, classes[:8]))}"
+                f"{', ...' if len(classes) > 8 else ''})"
+            )
+    ids = np.array([row[0] for row in rows], dtype=np.uint64)
+    if select:
+        dataset = IQDataset(patterns, window=window, stride=1, select=ids)
+        ids = np.arange(len(rows), dtype=np.uint64)
+    return LabelledSet(
+        dataset=dataset,
+        ids=ids,
+        labels=np.array([index[row[2]] for row in rows], dtype=np.int64),
+        groups=np.array([row[1] for row in rows], dtype=np.int64),
+        recordings=np.array([row[3] for row in rows], dtype=np.int64),
+        starts=np.array([row[4] for row in rows], dtype=np.int64),
+        classes=classes,
+        group_fields=tuple(fields),
+        group_where=tuple(places),
+    )
+
+
+def _labelled_rows(
+    dataset: IQDataset, window: int, stride: int, key: str, name: str
+) -> tuple[list[tuple[int, int, str, int, int]], list[dict[str, Any]], list[str]]:
+    """:func:`labelled_windows`' windows of ``dataset`` (opened with stride 1): ``(stride-1 id,
+    annotation, class name, recording, first sample)`` each, with each annotation's fields and
+    where it was written."""
     rows: list[tuple[int, int, str, int, int]] = []  # id, group, label, recording, start
     fields: list[dict[str, Any]] = []
     places: list[str] = []
@@ -140,11 +219,19 @@ def labelled_windows(
             offsets.append(base)
             base += max(n - window + 1, 0)
         for i, ann in enumerate(read_annotations(rec)):
-            if ann.label is None:
+            if key not in ann.fields:
                 continue
+            label = class_name(ann.fields[key])
+            if label is None:
+                raise DataError(
+                    f"{name}{rec.meta_path}: annotations[{i}] {key} is {ann.fields[key]!r:.60}, "
+                    "not a class name (a printable, non-blank string or an integer)"
+                )
             found = [
-                (offsets[k] + s - segments[k][0], group, ann.label, r, s)
-                for k, s in _annotation_starts(segments, ann.sample_start, ann.sample_count, window)
+                (offsets[k] + s - segments[k][0], group, label, r, s)
+                for k, s in _annotation_starts(
+                    segments, ann.sample_start, ann.sample_count, window, stride
+                )
             ]
             rows += found
             if found:
@@ -152,30 +239,7 @@ def labelled_windows(
                 places.append(f"{rec.meta_path}: annotations[{i}]")
             group += bool(found)
     assert base == dataset.num_windows, "window numbering disagrees with the native dataset"
-    where = ", ".join(map(os.fspath, [patterns] if isinstance(patterns, str) else patterns))
-    if not rows:
-        raise DataError(
-            f"{where}: no labelled window: no annotation with a core:label holds a whole "
-            f"window of {window} samples (data.seq_patches * data.patch_len)"
-        )
-    classes = tuple(sorted({row[2] for row in rows}))
-    if len(classes) < min_classes:
-        raise DataError(
-            f"{where}: every labelled window is {classes[0]!r}; a probe needs at least "
-            f"{min_classes} classes"
-        )
-    index = {c: i for i, c in enumerate(classes)}
-    return LabelledSet(
-        dataset=dataset,
-        ids=np.array([row[0] for row in rows], dtype=np.uint64),
-        labels=np.array([index[row[2]] for row in rows], dtype=np.int64),
-        groups=np.array([row[1] for row in rows], dtype=np.int64),
-        recordings=np.array([row[3] for row in rows], dtype=np.int64),
-        starts=np.array([row[4] for row in rows], dtype=np.int64),
-        classes=classes,
-        group_fields=tuple(fields),
-        group_where=tuple(places),
-    )
+    return rows, fields, places
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,8 @@ from iqtrain.checkpoint.files import (
     list_checkpoints,
     verify_checkpoint,
 )
-from iqtrain.checkpoint.state import CheckpointState, init_record_problem
+from iqtrain.checkpoint.state import CheckpointState, classes_problem, init_record_problem
+from iqtrain.config.sections import monitored
 from iqtrain.errors import CheckpointError
 from iqtrain.evidence.attempts import utc_now
 from iqtrain.evidence.metrics import MetricCursor, read_metrics, verify_prefix
@@ -26,6 +27,7 @@ from iqtrain.storage import file_digest, write_json_atomic
 __all__ = [
     "ManifestError",
     "checkpoint_problems",
+    "classes_problems",
     "init_problems",
     "publish_manifest",
     "verify_manifest",
@@ -206,7 +208,8 @@ def _check_checkpoints(attempt: Path, manifest: dict, problems: list[str]) -> in
 def _check_against_records(
     attempt: Path, manifest: dict, latest_step: int, problems: list[str]
 ) -> None:
-    """latest is the last train step; best is the first minimum of the validation records."""
+    """latest is the last train step; best is the first minimum of the validation records'
+    loss (the first maximum of their accuracy for "classify", whose best also records it)."""
 
     try:
         recs = read_metrics(attempt / "metrics.jsonl")
@@ -220,6 +223,16 @@ def _check_against_records(
             f"manifest.json latest.step: {latest_step}, but the last train record is step "
             f"{train[-1].get('step')}"
         )
+    objective = _objective(attempt)
+    if objective == "classify":
+        want = _best_by_accuracy(attempt, val)
+    else:
+        want = _best_by_loss(attempt, val)
+    _check_best(attempt, manifest.get("best"), want, objective, problems)
+
+
+def _best_by_loss(attempt: Path, val: list[dict]) -> dict | None:
+    """The best validation record of a next-patch attempt: the first of the lowest loss."""
     want = None
     try:
         for r in val:
@@ -229,11 +242,33 @@ def _check_against_records(
         raise ManifestError(
             f"{attempt / 'metrics.jsonl'}: a val record lacks its loss: {exc}"
         ) from None
-    best = manifest.get("best")
+    return want
+
+
+def _check_best(
+    attempt: Path, best: Any, want: dict | None, objective: str | None, problems: list[str]
+) -> None:
+    """The manifest's ``best`` against the best validation record ``want``: its step and loss,
+    and for "classify" its accuracy (which no other objective records)."""
+    if isinstance(best, dict) and objective not in (None, "classify") and "val_accuracy" in best:
+        problems.append(
+            f"manifest.json best: records val_accuracy, but config.toml model.objective is "
+            f"{objective!r}"
+        )
     if want is None and best is not None:
         problems.append("manifest.json best: set, but no validation record exists")
     elif want is not None and best is None:
         problems.append(f"manifest.json best: missing; validation step {want['step']} is best")
+    elif want is not None and best is not None and objective == "classify":
+        _, best_step = _ckpt_ref(attempt, best, "best")
+        got = (best_step, best.get("val_accuracy"), best.get("val_loss"))
+        if got != (want["step"], want["accuracy"], want.get("loss")):
+            problems.append(
+                f"manifest.json best: step {best_step}, val_accuracy "
+                f"{best.get('val_accuracy')!r}, val_loss {best.get('val_loss')!r}, but the best "
+                f"validation record (the first of the highest accuracy) is step {want['step']}, "
+                f"accuracy {want['accuracy']!r}, loss {want.get('loss')!r}"
+            )
     elif want is not None and best is not None:
         _, best_step = _ckpt_ref(attempt, best, "best")
         if best_step != want["step"] or best.get("val_loss") != want["loss"]:
@@ -241,6 +276,80 @@ def _check_against_records(
                 f"manifest.json best: step {best_step}, val_loss {best.get('val_loss')!r}, "
                 f"but the best validation record is step {want['step']}, loss {want['loss']!r}"
             )
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _best_by_accuracy(attempt: Path, val: list[dict]) -> dict | None:
+    """The best validation record of a "classify" attempt: the first of the highest accuracy
+    (a later one must be strictly higher); None without validation records."""
+    want = None
+    for r in val:
+        if not _is_number(r.get("accuracy")):
+            raise ManifestError(
+                f"{attempt / 'metrics.jsonl'}: a val record lacks its accuracy: "
+                f"step {r.get('step')!r}, accuracy {r.get('accuracy')!r}"
+            )
+        if want is None or r["accuracy"] > want["accuracy"]:
+            want = r
+    return want
+
+
+def _objective(attempt: Path) -> str | None:
+    """``model.objective`` of the attempt's config.toml (bound by its hash; "mse" when it names
+    none); None when it cannot be read (the config checks report that, and the checks that
+    depend on the objective keep to what they check for "mse")."""
+    import tomllib
+
+    try:
+        model = tomllib.loads((attempt / "config.toml").read_text()).get("model", {})
+        objective = model.get("objective", "mse")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return objective if isinstance(objective, str) else None
+
+
+def classes_problems(attempt: Path, info: dict) -> list[str]:
+    """The class names of a ``model.objective = "classify"`` attempt: attempt.json ``classes``
+    is well formed (:func:`~iqtrain.checkpoint.state.classes_problem`) and equal to the
+    ``classes`` of every checkpoint of the attempt (their state.json, bound by checkpoint.json
+    and the manifest); any other objective records none in either. Nothing is checked when
+    config.toml cannot be read (the config checks report it)."""
+    objective = _objective(attempt)
+    if objective is None:
+        return []
+    problems: list[str] = []
+    wanted = info.get("classes")
+    if objective != "classify":
+        if "classes" in info:
+            problems.append(
+                f"attempt.json classes: recorded, but config.toml model.objective is {objective!r}"
+            )
+        wanted = None
+    elif wanted is None:
+        return ["attempt.json classes: missing, but config.toml model.objective is 'classify'"]
+    elif (problem := classes_problem(wanted)) is not None:
+        return [f"attempt.json {problem}"]
+    for ckpt in list_checkpoints(attempt / "checkpoints"):
+        got = _state_classes(ckpt)
+        if got is not _UNREADABLE and got != wanted:
+            problems.append(
+                f"{ckpt / 'state.json'}: classes {got!r:.200} differ from attempt.json classes "
+                f"{wanted!r:.200}"
+            )
+    return problems
+
+
+def _state_classes(ckpt: Path) -> Any:
+    """A checkpoint's recorded ``classes`` as written (None when absent), so a malformed one
+    differs from attempt.json's; the checkpoint checks report a state.json that is not JSON."""
+    try:
+        state = json.loads((ckpt / "state.json").read_text())
+    except (OSError, ValueError):
+        return _UNREADABLE
+    return state.get("classes") if isinstance(state, dict) else _UNREADABLE
 
 
 def _check_inherited(attempt: Path, manifest: dict, info: dict, problems: list[str]) -> None:
@@ -478,11 +587,13 @@ def _stopped_early_settings(attempt: Path, latest_step: int) -> str | None:
 
 def _stopped_early_counts(attempt: Path, manifest: dict, info: dict) -> str | None:
     """Early stopping ends an attempt when ``early_stop_patience`` validations in a row did not
-    beat the reference by more than ``early_stop_min_delta``: the latest checkpoint's loop state
-    must count that many, and so must the validation records this attempt wrote, replayed from
-    the count its parent's checkpoint carried."""
+    beat the reference by more than ``early_stop_min_delta`` (a lower loss; a higher accuracy
+    for "classify"): the latest checkpoint's loop state must count that many, and so must the
+    validation records this attempt wrote, replayed from the count its parent's checkpoint
+    carried."""
 
     patience, _, min_delta = _early_stop_settings(attempt)
+    field, higher = monitored(_objective(attempt) or "mse")
     try:
         state = CheckpointState.read(attempt / manifest["latest"]["path"])
         stale = state.stale_validations
@@ -505,11 +616,16 @@ def _stopped_early_counts(attempt: Path, manifest: dict, info: dict) -> str | No
     for record in records:
         if record.get("kind") != "val":
             continue
-        loss = record.get("loss")
-        if not isinstance(loss, float):
-            return f"a validation record has no loss: {record!r}"
-        if ref is None or loss < ref - min_delta:
-            ref, count = loss, 0
+        value = record.get(field)
+        # A loss is a float, as always; an accuracy may be any number.
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or (not isinstance(value, float) and not higher)
+        ):
+            return f"a validation record has no {field}: {record!r}"
+        if ref is None or (value > ref + min_delta if higher else value < ref - min_delta):
+            ref, count = value, 0
         else:
             count += 1
     if count != patience:
@@ -525,6 +641,14 @@ def _ref(attempt: Path, path: Path, **extra: Any) -> dict[str, Any]:
     return {"path": os.path.relpath(path, attempt), "step": checkpoint_step(path), **index, **extra}
 
 
+def _best_ref(
+    attempt: Path, path: Path, val_loss: float, val_accuracy: float | None = None
+) -> dict[str, Any]:
+    if val_accuracy is None:  # the other objectives' best is what it always was
+        return _ref(attempt, path, val_loss=val_loss)
+    return _ref(attempt, path, val_loss=val_loss, val_accuracy=val_accuracy)
+
+
 def publish_manifest(
     attempt: Path,
     *,
@@ -532,14 +656,15 @@ def publish_manifest(
     records: int,
     inherited: dict | None,
     checkpoints: list[Path],
-    best: tuple[Path, float] | None,
+    best: tuple[Path, float] | tuple[Path, float, float | None] | None,
     record: dict,
     stopped_early: dict | None = None,
 ) -> None:
     """Freeze the evidence and bind it: config, metric stream, every checkpoint, latest, best
-    (its checkpoint and validation loss), why the attempt ended before its max_steps when
-    early stopping ended it, and, as ``record`` (attempt.json) states them, the parent a resume
-    continues and the source of the lineage's first weights (``init``)."""
+    (``(checkpoint, validation loss[, validation accuracy])``: the accuracy of a "classify"
+    attempt, written as ``val_accuracy`` when it is not None), why the attempt ended before its
+    max_steps when early stopping ended it, and, as ``record`` (attempt.json) states them, the
+    parent a resume continues and the source of the lineage's first weights (``init``)."""
     metrics_path = attempt / "metrics.jsonl"
     config_path = attempt / "config.toml"
     for p in (metrics_path, config_path):
@@ -555,7 +680,7 @@ def publish_manifest(
         "metrics": {"path": "metrics.jsonl", "records": records, **file_digest(metrics_path)},
         "inherited_metrics": inherited,
         "latest": _ref(attempt, checkpoints[-1]),
-        "best": None if best is None else _ref(attempt, best[0], val_loss=best[1]),
+        "best": None if best is None else _best_ref(attempt, *best),
         "checkpoints": [_ref(attempt, p) for p in checkpoints],
         "stopped_early": stopped_early,
         "published": utc_now(),

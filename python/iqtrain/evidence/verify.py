@@ -20,6 +20,7 @@ from iqtrain.evidence.lock import attempt_status, read_attempt_info
 from iqtrain.evidence.manifest import (
     ManifestError,
     checkpoint_problems,
+    classes_problems,
     init_problems,
     verify_manifest,
 )
@@ -105,6 +106,7 @@ def check_attempt(attempt: Path) -> AttemptCheck:
     problems, notes = init_problems(attempt, info)
     check.problems += problems
     check.notes += notes
+    check.problems += classes_problems(attempt, info)
     check.problems = list(dict.fromkeys(check.problems))  # one line per problem
     return check
 

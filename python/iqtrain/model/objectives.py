@@ -32,6 +32,7 @@ from iqtrain.config.sections import ModelConfig
 
 __all__ = [
     "bin_centres",
+    "classify_loss",
     "next_patch_loss",
     "objective_loss",
     "predicted_mean",
@@ -127,6 +128,26 @@ def objective_loss(
         mean_pred = predicted_mean(out[:, :-1], config)
         se = (mean_pred - target).square().sum()
         return nll / count, nll, count, se
+
+
+def classify_loss(logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor, int, Tensor]:
+    """``model.objective = "classify"``: ``(mean, sum, count, predictions)`` of the logits
+    ``[B, classes]`` against ``labels [B]`` (int64 class indices): the cross-entropy of each
+    window in nats, summed over the ``count = B`` windows, and each window's arg-max class
+    (int64). fp32 even under autocast. A non-finite logit makes the loss NaN (the step's finite
+    check rejects it)."""
+    if logits.ndim != 2 or labels.shape != logits.shape[:1]:
+        raise ValueError(
+            f"logits must be [B, classes] and labels [B], got {tuple(logits.shape)} and "
+            f"{tuple(labels.shape)}"
+        )
+    with torch.autocast(device_type=logits.device.type, enabled=False):
+        lf = logits.float()
+        total = F.cross_entropy(lf, labels, reduction="sum")
+        # cross_entropy of a row with +inf and finite logits is finite; the sum is not.
+        total = total + 0.0 * lf.sum()
+        count = logits.shape[0]
+        return total / count, total, count, lf.argmax(dim=1)
 
 
 def window_losses(out: Tensor, patches: Tensor, config: ModelConfig) -> Tensor:

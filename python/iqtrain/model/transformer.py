@@ -1,4 +1,5 @@
-"""The next-patch-prediction transformer and its loss (docs/design.md section 4).
+"""The next-patch-prediction transformer and its loss (docs/design.md section 4), and its
+fine-tuned form, the window classifier (``model.objective = "classify"``, section 4.7).
 
 A window of complex baseband samples arrives as patches ``[B, N, 2P]`` (``prepare_iq_input``:
 patch j holds samples ``[jP, (j+1)P)`` interleaved ``I0, Q0, I1, Q1, ...``, divided by one real
@@ -6,7 +7,10 @@ scale per window). The model embeds each patch with ``Linear(2P, dim)``, runs pr
 transformer blocks (RMSNorm, rotary attention through ``scaled_dot_product_attention``, SwiGLU MLP)
 and maps back with ``Linear(dim, 2P x outputs_per_value)``: the output at position t is the
 prediction of patch t+1, either its values (``model.objective = "mse"``) or ``model.bins`` logits
-per value ("categorical"; :mod:`iqtrain.model.objectives`).
+per value ("categorical"; :mod:`iqtrain.model.objectives`). "classify" keeps the same trunk (the
+embedding, the blocks, the final norm) and replaces the head: the final states are pooled over
+patches (their mean, or ``model.pool = "attention"``: softmax weights from one learned query)
+and ``Linear(dim, classes)`` gives one logit per class and window.
 """
 
 from __future__ import annotations
@@ -119,9 +123,28 @@ class Block(nn.Module):
 # --------------------------------------------------------------------------- the model
 
 
+class AttentionPool(nn.Module):
+    """``[B, N, dim] -> [B, dim]``: the states weighted by the softmax, over patches, of their
+    dot product with one learned query (scaled by ``1/sqrt(dim)``), in fp32."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.query = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float()
+        weights = (xf @ self.query.float() / math.sqrt(x.shape[-1])).softmax(dim=1)
+        return (weights.unsqueeze(-1) * xf).sum(dim=1).to(x.dtype)
+
+
+#: Parameter name prefixes of the "classify" head: what is not the trunk.
+HEAD_PREFIXES = ("head.", "pool.")
+
+
 class NextPatchModel(nn.Module):
     """``forward(patches [B, N, 2P]) -> [B, N, 2P x outputs_per_value]``; output t predicts
-    patch t+1 (its values, or per value ``model.bins`` logits)."""
+    patch t+1 (its values, or per value ``model.bins`` logits). With ``model.objective =
+    "classify"`` (``classes`` >= 2 required): ``forward(patches) -> [B, classes]`` logits."""
 
     # Modules whose weights are embeddings: AdamW does not decay them (see step.py). The patch
     # embedding is a matrix, but decaying it shrinks the input representation, not capacity.
@@ -130,11 +153,17 @@ class NextPatchModel(nn.Module):
     rope_cos: Tensor
     rope_sin: Tensor
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, classes: int = 0) -> None:
         super().__init__()
         if not isinstance(config, ModelConfig):
             raise TypeError(f"NextPatchModel needs a ModelConfig, got {type(config).__name__}")
+        classify = config.objective == "classify"
+        if classify and (isinstance(classes, bool) or not isinstance(classes, int) or classes < 2):
+            raise ValueError(f"a 'classify' model needs classes >= 2, got {classes!r}")
+        if not classify and classes:
+            raise ValueError(f"classes is for model.objective 'classify', not {config.objective!r}")
         self.config = config
+        self.classes = classes
         width = 2 * config.patch_len
         # Biases on the input and output maps only: they absorb a DC offset in I/Q; inside the
         # blocks the norms make biases redundant.
@@ -142,7 +171,9 @@ class NextPatchModel(nn.Module):
         self.embed_dropout = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.layers))
         self.norm = RMSNorm(config.dim)
-        self.head = nn.Linear(config.dim, width * config.outputs_per_value)
+        self.pool = AttentionPool(config.dim) if classify and config.pool == "attention" else None
+        out = classes if classify else width * config.outputs_per_value
+        self.head = nn.Linear(config.dim, out)
         cos, sin = rope_tables(config.max_patches, config.head_dim, config.rope_theta)
         # Non-persistent: derived from the config, so checkpoints neither store nor need them.
         self.register_buffer("rope_cos", cos, persistent=False)
@@ -162,9 +193,26 @@ class NextPatchModel(nn.Module):
                     nn.init.zeros_(module.bias)
             elif isinstance(module, RMSNorm):
                 nn.init.ones_(module.weight)
+            elif isinstance(module, AttentionPool):
+                nn.init.zeros_(module.query)  # uniform weights: the mean, to start
 
     def forward(self, patches: Tensor) -> Tensor:
-        return self.head(self.hidden_states(patches))
+        states = self.hidden_states(patches)
+        if self.classes:
+            pooled = states.mean(dim=1) if self.pool is None else self.pool(states)
+            return self.head(pooled)
+        return self.head(states)
+
+    def is_head(self, name: str) -> bool:
+        """Whether parameter ``name`` belongs to the "classify" head (pool and linear head):
+        what ``model.freeze_trunk`` leaves trainable and ``optimizer.trunk_lr_scale`` does not
+        scale. For the next-patch objectives there is no such split: False."""
+        return bool(self.classes) and name.startswith(HEAD_PREFIXES)
+
+    def trunk_state(self, state: dict[str, Tensor]) -> dict[str, Tensor]:
+        """``state`` without the head's tensors (its pool's and its linear map's): the
+        weights a "classify" model takes from a pretrained one."""
+        return {k: v for k, v in state.items() if not k.startswith(HEAD_PREFIXES)}
 
     def hidden_states(self, patches: Tensor) -> Tensor:
         """The final hidden states ``[B, N, dim]``: after the final norm, before the head.
@@ -236,10 +284,45 @@ class NextPatchModel(nn.Module):
         d, w, n = cfg.dim, 2 * cfg.patch_len, seq_patches
         assert cfg.mlp_hidden is not None  # resolved by ModelConfig.__post_init__
         h = cfg.mlp_hidden
+        if self.classes:  # the window's head, spread over its patches
+            return self._trunk_flops(n) + self._classify_head_flops(n) // n
         embed_and_head = 2 * w * d * (1 + cfg.outputs_per_value)
         attention = 2 * d * 3 * d + 2 * (2 * n * d) + 2 * d * d
         mlp = 2 * d * 2 * h + 2 * h * d
         return embed_and_head + cfg.layers * (attention + mlp)
+
+    def _trunk_flops(self, n: int) -> int:
+        """Forward FLOPs per patch of the embedding and the blocks (as above)."""
+        cfg = self.config
+        d, w = cfg.dim, 2 * cfg.patch_len
+        assert cfg.mlp_hidden is not None
+        h = cfg.mlp_hidden
+        attention = 2 * d * 3 * d + 2 * (2 * n * d) + 2 * d * d
+        return 2 * w * d + cfg.layers * (attention + 2 * d * 2 * h + 2 * h * d)
+
+    def _classify_head_flops(self, n: int) -> int:
+        """Forward FLOPs per window of the "classify" head: the attention pool's scores and
+        weighted sum (``2nd`` each; the mean pool's sum is elementwise work, not counted) and
+        ``Linear(dim, classes)``: ``2 * dim * classes``."""
+        d = self.config.dim
+        pool = 4 * n * d if self.pool is not None else 0
+        return pool + 2 * d * self.classes
+
+    def train_flops_per_window(self, seq_patches: int) -> int:
+        """Model FLOPs of one training step per window of ``seq_patches`` patches: 3x the
+        forward (:meth:`train_flops_per_patch` x ``seq_patches``), except for a "classify"
+        model with ``model.freeze_trunk``: the trunk runs forward only (nothing in it needs a
+        gradient, so autograd stops at the head), the head forward and backward."""
+        if isinstance(seq_patches, bool) or not isinstance(seq_patches, int) or seq_patches < 1:
+            raise ValueError(f"seq_patches: expected an integer >= 1, got {seq_patches!r}")
+        n = seq_patches
+        if self.classes:
+            trunk = self._trunk_flops(n) * n
+            head = self._classify_head_flops(n)
+            if self.config.freeze_trunk:
+                return trunk + 3 * head
+            return 3 * (trunk + head)
+        return self.train_flops_per_patch(n) * n
 
     def train_flops_per_patch(self, seq_patches: int) -> int:
         """Model FLOPs of one training step per patch position: 3x the forward.

@@ -4,8 +4,11 @@
 The source is resolved and verified as a resume verifies its parent (its optimizer tensors are
 not read: optimizer, schedule, stream and step start fresh). Every architecture key of
 ``[model]`` must match the source's (:data:`ARCHITECTURE_KEYS`): the first that differs is one
-ConfigError line naming it, before anything is created. The record an attempt keeps of its
-source (:class:`InitSource.record`) is what ``attempt.json`` and the manifest hold as ``init``.
+ConfigError line naming it, before anything is created. A "classify" attempt (a fine-tune)
+takes the trunk (:data:`TRUNK_KEYS` must match) and a new head, unless its source is a
+"classify" model with the same classes and ``model.pool``: then every weight. The record an
+attempt keeps of its source (:class:`InitSource.record`) is what ``attempt.json`` and the
+manifest hold as ``init``.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from iqtrain.evidence.lineage import load_parent
 from iqtrain.model.transformer import NextPatchModel
 from iqtrain.pretrained.load import load_weights, source_config, source_ref
 
-__all__ = ["ARCHITECTURE_KEYS", "InitSource", "first_difference", "load_init"]
+__all__ = ["ARCHITECTURE_KEYS", "TRUNK_KEYS", "InitSource", "first_difference", "load_init"]
 
 #: ``[model]`` keys that shape the weights or what they compute: a checkpoint's tensors mean
 #: what they meant in training only with every one of these equal. (``dropout`` and
@@ -41,6 +44,9 @@ ARCHITECTURE_KEYS = (
     "bins",
     "bin_range",
 )
+#: The keys that shape the trunk (every weight but the head's): what a fine-tune's
+#: ``[model]`` must share with the pretrained checkpoint it starts from.
+TRUNK_KEYS = ARCHITECTURE_KEYS[:7]
 
 
 @dataclass(frozen=True)
@@ -49,23 +55,37 @@ class InitSource:
 
     record: dict[str, Any]  # {attempt, checkpoint, step, model_sha256}
     model_state: dict[str, torch.Tensor]
+    #: A fine-tune from another head: only the trunk's weights are loaded.
+    trunk_only: bool = False
 
     def load_into(self, model: NextPatchModel) -> None:
-        """Every weight of ``model`` from the source (strict: the architectures matched)."""
+        """Every weight of ``model`` from the source (strict: the architectures matched), or
+        with ``trunk_only`` every weight but the head's (the head keeps its initialisation)."""
         path = Path(self.record["attempt"], "checkpoints", self.record["checkpoint"])
-        load_weights(model, self.model_state, path / "model.safetensors")
+        if not self.trunk_only:
+            load_weights(model, self.model_state, path / "model.safetensors")
+            return
+        head = {k: v for k, v in model.state_dict().items() if model.is_head(k)}
+        load_weights(
+            model, {**model.trunk_state(self.model_state), **head}, path / "model.safetensors"
+        )
 
 
-def first_difference(mine: ModelConfig, source: ModelConfig) -> str | None:
-    """The first architecture key (in :data:`ARCHITECTURE_KEYS` order) whose value differs."""
-    for key in ARCHITECTURE_KEYS:
+def first_difference(
+    mine: ModelConfig, source: ModelConfig, keys: tuple[str, ...] = ARCHITECTURE_KEYS
+) -> str | None:
+    """The first of ``keys`` (architecture keys, in order) whose value differs."""
+    for key in keys:
         if getattr(mine, key) != getattr(source, key):
             return key
     return None
 
 
-def load_init(init: InitConfig, model: ModelConfig) -> InitSource | None:
-    """The source ``[init]`` names, verified, or None when ``init.from`` is empty.
+def load_init(
+    init: InitConfig, model: ModelConfig, classes: tuple[str, ...] | None = None
+) -> InitSource | None:
+    """The source ``[init]`` names, verified, or None when ``init.from`` is empty (``classes``:
+    a fine-tune's training classes).
 
     CheckpointError names a source that fails verification; ConfigError names the first
     architecture key of ``model`` that differs from the source's."""
@@ -77,17 +97,26 @@ def load_init(init: InitConfig, model: ModelConfig) -> InitSource | None:
     except CheckpointError as exc:
         raise CheckpointError(f"init.from: {exc}") from None
     source = source_config(parent, name="init.from: ").model
-    key = first_difference(model, source)
+    fine_tune = model.objective == "classify"
+    keys = TRUNK_KEYS if fine_tune else ARCHITECTURE_KEYS
+    key = first_difference(model, source, keys)
     if key is not None:
+        what = "trunk" if fine_tune else "architecture"
         raise ConfigError(
             f"model.{key}: {getattr(model, key)!r} here, but the init.from checkpoint "
             f"({parent.checkpoint}) was trained with {getattr(source, key)!r}; every "
-            f"architecture key must match its source's"
+            f"{what} key must match its source's"
         )
+    # A classifier continues its own head only over the same classes, pooled the same way.
+    trunk_only = fine_tune and not (
+        source.objective == "classify"
+        and source.pool == model.pool
+        and parent.state.classes == list(classes or ())
+    )
     record = {
         "attempt": os.fspath(parent.attempt.resolve()),
         "checkpoint": parent.checkpoint.name,
         "step": parent.state.step,
         "model_sha256": listed_sha256(parent.checkpoint),
     }
-    return InitSource(record, parent.model_state)
+    return InitSource(record, parent.model_state, trunk_only)

@@ -48,6 +48,7 @@ __all__ = [
     "source_config",
     "source_ref",
     "window_features",
+    "window_log_probs",
     "window_scores",
 ]
 
@@ -55,12 +56,13 @@ __all__ = [
 POOLS = ("mean", None)
 
 
-def random_init_model(config: ModelConfig, seed: int) -> NextPatchModel:
-    """The model training starts from: ``torch.manual_seed(seed)`` then ``NextPatchModel``,
-    built under ``fork_rng`` so the caller's global RNG state is left as it was."""
+def random_init_model(config: ModelConfig, seed: int, classes: int = 0) -> NextPatchModel:
+    """The model training starts from: ``torch.manual_seed(seed)`` then ``NextPatchModel``
+    (``classes``: a "classify" model's), built under ``fork_rng`` so the caller's global RNG
+    state is left as it was."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return NextPatchModel(config)
+        return NextPatchModel(config, classes)
 
 
 def parse_layer(text: str | int | None, layers: int, name: str = "--layer") -> int | str:
@@ -148,7 +150,9 @@ class Pretrained:
     ``model`` (eval mode, on its device), ``config`` (the writing attempt's resolved config),
     ``step``, ``checkpoint`` (the directory), ``attempt`` (the attempt that wrote it),
     ``model_sha256`` (of its ``model.safetensors``), ``precision`` (``bf16``: forwards under
-    bf16 autocast on CUDA; features and losses are returned in fp32 either way).
+    bf16 autocast on CUDA; features and losses are returned in fp32 either way), ``classes``
+    (a "classify" model's class names, in the order of its outputs; None for a pretraining
+    model).
     """
 
     model: NextPatchModel
@@ -158,6 +162,7 @@ class Pretrained:
     attempt: Path
     model_sha256: str
     precision: str = "fp32"
+    classes: tuple[str, ...] | None = None
 
     @property
     def window(self) -> int:
@@ -172,8 +177,18 @@ class Pretrained:
         """The same config with the random initialisation of ``run.seed`` (training's step 0
         for an attempt without ``[init]``): the baseline every pretrained number is read
         against."""
-        model = random_init_model(self.config.model, self.config.run.seed).to(self.device).eval()
-        return Pretrained(model, self.config, 0, self.checkpoint, self.attempt, "", self.precision)
+        n = 0 if self.classes is None else len(self.classes)
+        model = random_init_model(self.config.model, self.config.run.seed, n)
+        return Pretrained(
+            model.to(self.device).eval(),
+            self.config,
+            0,
+            self.checkpoint,
+            self.attempt,
+            "",
+            self.precision,
+            self.classes,
+        )
 
     # ------------------------------------------------------------------ inference
 
@@ -208,8 +223,32 @@ class Pretrained:
     def score(self, iq: Any, *, batch_size: int = FEATURE_BATCH) -> np.ndarray:
         """``[N]`` float64: each window's mean next-patch loss under the model's objective, in
         the units validation records (categorical: nats per complex sample; mse: NMSE). A
-        likelihood-based novelty score: the higher, the more surprising to the model."""
+        likelihood-based novelty score: the higher, the more surprising to the model. A
+        "classify" model predicts no next patch: ConfigError (use :meth:`predict`)."""
         return self.losses(_batches(iq, self.window, batch_size))
+
+    def predict(self, iq: Any, *, batch_size: int = FEATURE_BATCH) -> np.ndarray:
+        """``[N, classes]`` float64: each window's log-probability of each class (a "classify"
+        model; columns in :attr:`classes` order), from the forward training validates with.
+        ``self.classes[p.argmax(axis=1)]`` names the predicted classes. A pretraining model
+        (no classes) is a ConfigError; a window with non-finite samples an InputError."""
+        if self.classes is None:
+            raise ConfigError(
+                f"{self.attempt}: model.objective is {self.config.model.objective!r}: predict "
+                "needs a 'classify' (fine-tuned) attempt"
+            )
+        out = self.log_probs(_batches(iq, self.window, batch_size))
+        bad = nonfinite_rows(out)
+        if bad.size:
+            raise InputError(
+                f"iq: window {int(bad[0])} gives non-finite class probabilities ({bad.size} "
+                "window(s) in all): non-finite samples in it?"
+            )
+        return out
+
+    def log_probs(self, batches: Iterable[np.ndarray]) -> np.ndarray:
+        """:func:`window_log_probs` of this model."""
+        return window_log_probs(self.model, self.config.data, batches, precision=self.precision)
 
     def features(
         self, batches: Iterable[np.ndarray], layers: Sequence[int], *, pool: str | None = "mean"
@@ -220,7 +259,13 @@ class Pretrained:
         )
 
     def losses(self, batches: Iterable[np.ndarray]) -> np.ndarray:
-        """:func:`window_scores` of this model."""
+        """:func:`window_scores` of this model (a pretraining model's: ConfigError naming the
+        attempt for a "classify" one, which predicts no next patch)."""
+        if self.classes is not None:
+            raise ConfigError(
+                f"{self.attempt}: a 'classify' model scores no next patch; score needs a "
+                "pretraining attempt (predict classifies)"
+            )
         return window_scores(self.model, self.config.data, batches, precision=self.precision)
 
 
@@ -300,6 +345,25 @@ def window_scores(
     return torch.cat(out).numpy() if out else np.zeros(0)
 
 
+def window_log_probs(
+    model: NextPatchModel,
+    data: DataConfig,
+    batches: Iterable[np.ndarray],
+    *,
+    precision: str = "fp32",
+) -> np.ndarray:
+    """``[n, classes]`` float64: a "classify" model's log-softmax over its classes for every
+    window of ``batches``, one forward per batch in eval mode under no_grad (non-finite rows
+    as they come: the caller names the window)."""
+    device = next(model.parameters()).device
+    out = []
+    with _evaluating(model, precision):
+        for raw in batches:
+            logits = model(_patches(raw, data, device)).float()
+            out.append(logits.log_softmax(dim=1).double().cpu())
+    return torch.cat(out).numpy() if out else np.zeros((0, model.classes))
+
+
 def nonfinite_rows(values: np.ndarray) -> np.ndarray:
     """Indices of the rows (first dimension) of ``values`` that hold a non-finite value."""
     values = np.asarray(values)
@@ -315,16 +379,31 @@ def _batches(iq: Any, window: int, batch_size: int) -> Iterable[np.ndarray]:
 
 def source_config(parent: Parent, name: str = "") -> Config:
     """The resolved config of the attempt that wrote ``parent``'s checkpoint; one this version
-    cannot build is a CheckpointError naming its config.toml (prefixed ``name``)."""
+    cannot build is a CheckpointError naming its config.toml (prefixed ``name``). An ``[init]``
+    table without ``from`` (random initialisation; early attempts wrote ``which`` beside an
+    empty ``from``) says nothing and is read as absent."""
+    tables = parent.config_tables
+    init = tables.get("init")
+    if isinstance(init, dict) and not init.get("from"):
+        tables = {k: v for k, v in tables.items() if k != "init"}
     try:
-        return build_config(parent.config_tables)
+        return build_config(tables)
     except ConfigError as exc:
         raise CheckpointError(f"{name}{parent.attempt / 'config.toml'}: {exc}") from None
 
 
 def _model_of(parent: Parent) -> tuple[NextPatchModel, Config]:
     config = source_config(parent)
-    model = random_init_model(config.model, config.run.seed)  # every weight is overwritten
+    classes = parent.state.classes
+    if (config.model.objective == "classify") != (classes is not None) or (
+        classes is not None and len(classes) < 2
+    ):
+        raise CheckpointError(
+            f"{parent.checkpoint / 'state.json'}: classes {classes!r} do not fit "
+            f"model.objective {config.model.objective!r}"
+        )
+    # every weight is overwritten
+    model = random_init_model(config.model, config.run.seed, len(classes or ()))
     load_weights(model, parent.model_state, parent.checkpoint / "model.safetensors")
     return model, config
 
@@ -358,4 +437,5 @@ def load_pretrained(
         attempt=parent.attempt,
         model_sha256=listed_sha256(parent.checkpoint),
         precision=_precision(precision, config.training.precision, dev),
+        classes=None if parent.state.classes is None else tuple(parent.state.classes),
     )

@@ -1,5 +1,5 @@
-"""A pretrained model over SigMF recordings: what ``iqtrain embed`` and ``iqtrain score`` do
-(docs/design.md section 10.6).
+"""A pretrained model over SigMF recordings: what ``iqtrain embed``, ``iqtrain score`` and
+``iqtrain predict`` do (docs/design.md section 10.6).
 
 Rows are windows or annotations of the recordings (:mod:`iqtrain.data.windows`):
 
@@ -7,7 +7,9 @@ Rows are windows or annotations of the recordings (:mod:`iqtrain.data.windows`):
   window of each capture segment on a grid of one window from its start, labelled where a
   labelled annotation holds it whole (-1 elsewhere);
 - ``per="annotation"``: the windows inside each labelled annotation, on a grid anchored at its
-  start (the probe's windows), mean-pooled (embed) or averaged (score) per annotation.
+  start (the probe's windows), mean-pooled (embed) or averaged (score) per annotation;
+  ``predict --per annotation`` reads every annotation, labelled or not, and averages its
+  windows' log-probabilities.
 
 Embeddings are written as one safetensors file (:func:`write_embeddings`) through a temporary
 name and a rename: an existing file is refused unless ``force``.
@@ -27,19 +29,27 @@ from typing import Any
 import numpy as np
 
 from iqtrain.console import note
-from iqtrain.data.windows import FEATURE_BATCH, grid_windows, labelled_windows
-from iqtrain.errors import ConfigError, DataError
+from iqtrain.data.windows import FEATURE_BATCH, class_name, grid_windows, labelled_windows
+from iqtrain.errors import ConfigError, DataError, NoLabelledWindowError
 from iqtrain.pretrained.load import Pretrained, nonfinite_rows, parse_layer
 from iqtrain.storage import write_bytes_atomic
 
 __all__ = [
     "EMBED_PER",
     "FORMAT",
+    "PREDICT_PER",
     "SCORE_PER",
     "Embeddings",
+    "PredictRow",
+    "Prediction",
+    "Scores",
     "ScoreRow",
+    "accuracy_scores",
     "check_output",
     "embed_recordings",
+    "mean_log_probs",
+    "predict_recordings",
+    "predicted",
     "score_recordings",
     "unit_of",
     "write_embeddings",
@@ -299,3 +309,283 @@ def unit_of(pre: Pretrained) -> str:
     if pre.config.model.objective == "mse":
         return "NMSE"
     return "nats per complex sample"
+
+
+# --------------------------------------------------------------------------- predictions
+
+PREDICT_PER = ("annotation", "window")
+
+
+@dataclass(frozen=True)
+class PredictRow:
+    """One predicted row: an annotation (its windows' mean log-probabilities) or a window.
+
+    ``predicted`` (a class of the model), ``probability`` (the softmax of the row's log-prob
+    vector at ``predicted``), ``label`` (the row's ``data.label_key`` value; None when it has
+    none; it may be a class the model does not know)."""
+
+    recording: Path
+    start: int  # the annotation's core:sample_start, or the window's first sample
+    windows: int
+    predicted: str
+    probability: float
+    label: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "recording": os.fspath(self.recording),
+            "start": self.start,
+            "windows": self.windows,
+            "predicted": self.predicted,
+            "probability": self.probability,
+            "label": self.label,
+        }
+
+
+@dataclass(frozen=True)
+class Scores:
+    """Accuracy of predictions against known labels (indices into ``classes``): ``accuracy``
+    (None without a known label), ``class_accuracy`` (per class, None for a class no row has),
+    ``confusion`` ``[C][C]`` (rows the true class, columns the predicted, ``classes`` order)
+    and ``labelled`` (the rows counted)."""
+
+    labelled: int
+    accuracy: float | None
+    class_accuracy: dict[str, float | None]
+    confusion: list[list[int]]
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What ``iqtrain predict`` reports: ``rows`` in data order, ``classes`` (the model's, in
+    the order of its outputs), ``scores`` over the rows whose label is one of ``classes``
+    (``unknown``: how many rows carry each label the model does not know; not scored), and
+    with ``per="annotation"`` ``window_scores`` (each window's own prediction against its
+    annotation's label: the validation record's accuracy, for its recordings and windows)."""
+
+    per: str
+    classes: tuple[str, ...]
+    rows: list[PredictRow]
+    scores: Scores
+    unknown: dict[str, int]
+    window_scores: Scores | None = None
+    label_key: str = "core:label"
+
+    def to_dict(self) -> dict[str, Any]:
+        s = self.scores
+        out: dict[str, Any] = {
+            "per": self.per,
+            "label_key": self.label_key,
+            "classes": list(self.classes),
+            "rows": [r.to_dict() for r in self.rows],
+            "labelled": s.labelled,
+            "accuracy": s.accuracy,
+            "class_accuracy": s.class_accuracy,
+            "confusion": s.confusion,
+            "unknown_labels": dict(self.unknown),
+        }
+        if self.window_scores is not None:
+            out["windows"] = self.window_scores.labelled
+            out["window_accuracy"] = self.window_scores.accuracy
+            out["window_class_accuracy"] = self.window_scores.class_accuracy
+        return out
+
+
+def mean_log_probs(log_probs: np.ndarray, groups: np.ndarray, count: int) -> np.ndarray:
+    """``[count, classes]`` float64: the mean of each group's rows of ``log_probs``."""
+    return _group_mean(np.asarray(log_probs, dtype=np.float64), groups, count)
+
+
+def predicted(log_probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of ``log_probs`` ``[n, classes]`` (log-probabilities, or a mean of them): the
+    class maximising it (the first on a tie) and its probability under the softmax of the row
+    (for a row of true log-probabilities, exp of its maximum)."""
+    lp = np.asarray(log_probs, dtype=np.float64)
+    if not len(lp):
+        return np.zeros(0, dtype=np.int64), np.zeros(0)
+    k = lp.argmax(axis=1)
+    top = lp[np.arange(len(lp)), k]
+    return k.astype(np.int64), 1.0 / np.exp(lp - top[:, None]).sum(axis=1)
+
+
+def accuracy_scores(truth: np.ndarray, guess: np.ndarray, classes: Sequence[str]) -> Scores:
+    """:class:`Scores` of predictions ``guess`` against ``truth`` (class indices; a negative
+    truth is not scored)."""
+    truth = np.asarray(truth, dtype=np.int64)
+    guess = np.asarray(guess, dtype=np.int64)
+    known = truth >= 0
+    c = len(classes)
+    confusion = np.zeros((c, c), dtype=np.int64)
+    np.add.at(confusion, (truth[known], guess[known]), 1)
+    per = confusion.sum(axis=1)
+    n = int(known.sum())
+    return Scores(
+        labelled=n,
+        accuracy=float(np.trace(confusion) / n) if n else None,
+        class_accuracy={
+            name: (float(confusion[k, k] / per[k]) if per[k] else None)
+            for k, name in enumerate(classes)
+        },
+        confusion=confusion.tolist(),
+    )
+
+
+def _annotation_label(fields: dict[str, Any], key: str) -> str | None:
+    """The ``key`` value of an annotation as a label (None without one). A value that is no
+    class name (a bool, a float, a list...) is no class of any model: its ``repr`` (at most 40
+    characters) stands for it, predicted and counted as a label the model does not know."""
+    if key not in fields:
+        return None
+    value = fields[key]
+    label = class_name(value)
+    return label if label is not None else f"{value!r:.40}"
+
+
+def _grid_labels(grid: Any, key: str, window: int) -> list[str | None]:
+    """Per window of ``grid``: the ``key`` value of the first annotation (metadata order)
+    carrying ``key`` that holds the window whole, else None (as :func:`grid_windows` labels by
+    ``core:label``)."""
+    from iqtrain.data.sigmf_meta import read_annotations
+
+    names: dict[str, int] = {}
+    code = np.full(len(grid), -1, dtype=np.int64)
+    for r, rec in enumerate(grid.dataset.recordings):
+        idx = np.flatnonzero(grid.recordings == r)  # a recording's starts ascend
+        if not idx.size:
+            continue
+        first = grid.starts[idx]
+        held = []
+        for ann in read_annotations(rec):
+            label = _annotation_label(ann.fields, key)
+            if label is None:
+                continue
+            lo = int(np.searchsorted(first, ann.sample_start, side="left"))
+            end = ann.sample_start + ann.sample_count - window
+            hi = int(np.searchsorted(first, end, side="right"))
+            held.append((lo, hi, names.setdefault(label, len(names))))
+        for lo, hi, c in reversed(held):  # the first annotation in metadata order wins
+            code[idx[lo:hi]] = c
+    by_code = list(names)
+    return [by_code[c] if c >= 0 else None for c in code.tolist()]
+
+
+def _number(labels: Sequence[str | None], classes: Sequence[str]) -> tuple[np.ndarray, dict]:
+    """Labels as indices into ``classes`` (-1: none, or one the model does not know), and the
+    count of each unknown label."""
+    index = {c: i for i, c in enumerate(classes)}
+    unknown: dict[str, int] = {}
+    out = np.full(len(labels), -1, dtype=np.int64)
+    for i, lab in enumerate(labels):
+        if lab is None:
+            continue
+        if lab in index:
+            out[i] = index[lab]
+        else:
+            unknown[lab] = unknown.get(lab, 0) + 1
+    return out, dict(sorted(unknown.items()))
+
+
+def predict_recordings(
+    pre: Pretrained,
+    patterns: Sequence[str],
+    *,
+    per: str = "annotation",
+    stride: int | None = None,
+) -> Prediction:
+    """A "classify" model's predictions over ``patterns`` (docs/design.md 10.6).
+
+    ``per="annotation"``: every SigMF annotation holding at least one whole window, labelled or
+    not, its windows on a grid of ``stride`` samples (default: one window; the run's
+    ``data.stride`` gives its validation windows) from its first sample; the
+    prediction is the class maximising the mean of its windows' log-probabilities, and its
+    probability the softmax of that mean vector at that class. ``per="window"``: every window
+    on a grid of one window from each capture segment's start (:func:`grid_windows`), each
+    with the class of highest log-probability and exp of it. A row's label is the
+    ``data.label_key`` value (the field the model was trained on) of its annotation, or, for a
+    window, of the first annotation carrying the key that holds it whole. Accuracy, per-class
+    accuracy and the confusion matrix count the rows whose label is one of the model's classes.
+
+    A label value that is no class name (a bool, a float...) is shown as its ``repr`` and, like
+    any label the model does not know, predicted but not scored. A pretraining model is a
+    ConfigError naming the attempt; no annotation holding a window
+    (``per="annotation"``) and a window with non-finite output are DataErrors naming the data.
+    """
+    if per not in PREDICT_PER:
+        raise ConfigError(f"--per: expected one of {', '.join(PREDICT_PER)}, got {per!r}")
+    if pre.classes is None:
+        raise ConfigError(
+            f"{pre.attempt}: model.objective is {pre.config.model.objective!r}, a pretraining "
+            "attempt: predict needs a 'classify' (fine-tuned) attempt"
+        )
+    classes = tuple(pre.classes)
+    key = pre.config.data.label_key
+    if per == "annotation":
+        return _predict_annotations(pre, patterns, classes, key, stride)
+    grid = grid_windows(patterns, pre.window)
+    recs = tuple(r.meta_path for r in grid.dataset.recordings)
+    lp = pre.log_probs(_progress(grid.batches(FEATURE_BATCH), len(grid), "predict"))
+    _check_rows(nonfinite_rows(lp), recs, grid.recordings, grid.starts)
+    guess, prob = predicted(lp)
+    labels = _grid_labels(grid, key, pre.window)
+    truth, unknown = _number(labels, classes)
+    rows = [
+        PredictRow(recs[int(r)], int(s), 1, classes[int(k)], float(p), lab)
+        for r, s, k, p, lab in zip(grid.recordings, grid.starts, guess, prob, labels, strict=True)
+    ]
+    return Prediction(
+        per, classes, rows, accuracy_scores(truth, guess, classes), unknown, label_key=key
+    )
+
+
+#: Every SigMF annotation carries this field (an integer): the key that selects them all.
+_EVERY_ANNOTATION = "core:sample_start"
+
+
+def _predict_annotations(
+    pre: Pretrained,
+    patterns: Sequence[str],
+    classes: tuple[str, ...],
+    key: str,
+    stride: int | None,
+) -> Prediction:
+    try:
+        ls = labelled_windows(
+            patterns, pre.window, min_classes=1, key=_EVERY_ANNOTATION, stride=stride
+        )
+    except NoLabelledWindowError:
+        where = ", ".join(map(os.fspath, [patterns] if isinstance(patterns, str) else patterns))
+        raise DataError(
+            f"{where}: no annotation holds a whole window of {pre.window} samples "
+            "(data.seq_patches * data.patch_len): nothing to predict per annotation "
+            "(--per window predicts every window)"
+        ) from None
+    recs = tuple(r.meta_path for r in ls.dataset.recordings)
+    lp = pre.log_probs(_progress(ls.batches(FEATURE_BATCH), len(ls), "predict"))
+    _check_rows(nonfinite_rows(lp), recs, ls.recordings, ls.starts)
+    count = int(ls.groups.max()) + 1
+    guess, prob = predicted(mean_log_probs(lp, ls.groups, count))
+    labels = [_annotation_label(ls.group_fields[g], key) for g in range(count)]
+    truth, unknown = _number(labels, classes)
+    first = np.unique(ls.groups, return_index=True)[1]
+    sizes = np.bincount(ls.groups, minlength=count)
+    rows = [
+        PredictRow(
+            recs[int(ls.recordings[first[g]])],
+            ls.group_start(g),
+            int(sizes[g]),
+            classes[int(guess[g])],
+            float(prob[g]),
+            labels[g],
+        )
+        for g in range(count)
+    ]
+    window_guess, _ = predicted(lp)
+    return Prediction(
+        "annotation",
+        classes,
+        rows,
+        accuracy_scores(truth, guess, classes),
+        unknown,
+        window_scores=accuracy_scores(truth[ls.groups], window_guess, classes),
+        label_key=key,
+    )

@@ -7,7 +7,10 @@ first validation record, spikes; log scale, SNR in dB on the right), learning ra
 annotations per class when the last such record has them). A resumed attempt's stream already
 holds its whole lineage (each child starts with its parent's records up to the checkpoint it
 resumed from); every resume point of that lineage is a dashed vertical line labelled
-``resumed from attempt N``.
+``resumed from attempt N``. A ``model.objective = "classify"`` attempt (validation records with
+``accuracy``) has a cross-entropy loss panel (train and validation loss, no baselines or SNR)
+and below it a validation accuracy panel: accuracy with its best point (the first of the
+highest), each class's accuracy as a faint line, and the majority-class baseline.
 
 matplotlib is an optional extra (``pip install 'iqtrain[plot]'``), imported only when a figure is
 built, and drawn with the Agg canvas (no display, no pyplot state). This module imports no torch.
@@ -23,7 +26,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from iqtrain.errors import ConfigError
-from iqtrain.report.summary import AttemptView, Lineage, load_attempt, number, resume_points
+from iqtrain.report.summary import (
+    AttemptView,
+    Lineage,
+    best_by_accuracy,
+    is_classify,
+    load_attempt,
+    number,
+    resume_points,
+)
 from iqtrain.storage import creatable_dir
 
 if TYPE_CHECKING:
@@ -105,8 +116,11 @@ def _train_loss(ax: Axes, train: list[dict[str, Any]]) -> bool:
 
 def _val_loss(ax: Axes, val: list[dict[str, Any]]) -> bool:
     """Validation loss and its best point, then the first validation's baselines; False if
-    there is no validation loss."""
+    there is no validation loss. ("classify": the loss alone; its best follows accuracy.)"""
     steps, loss = _series(val, "loss")
+    if steps and is_classify(val):
+        ax.plot(steps, loss, color=VAL, marker="o", ms=3.5, lw=1.4, label="val loss")
+        return True
     if steps:
         ax.plot(steps, loss, color=VAL, marker="o", ms=3.5, lw=1.4, label="val loss")
         i = min(range(len(loss)), key=loss.__getitem__)
@@ -142,6 +156,50 @@ def _loss_panel(ax: Axes, view: AttemptView) -> None:
         return
     _plain_log(ax)
     ax.legend(loc="upper right", fontsize=8, framealpha=0.85)
+
+
+def _accuracy_panel(ax: Axes, val: list[dict[str, Any]]) -> None:
+    """A "classify" attempt's validation accuracy: the accuracy with its best point (the first
+    of the highest: the best checkpoint's), each class's accuracy as a faint line (a class
+    without validation windows has none), and the first validation's majority-class
+    baseline."""
+    steps, acc = _series(val, "accuracy")
+    per_class = [r["class_accuracy"] for r in val if isinstance(r.get("class_accuracy"), dict)]
+    names = list(dict.fromkeys(name for per in per_class for name in per))
+    drawn = 0
+    for name in names:
+        rows = [
+            (step, value)
+            for r in val
+            if (step := number(r, "step")) is not None
+            and isinstance(r.get("class_accuracy"), dict)
+            and (value := number(r["class_accuracy"], name)) is not None
+        ]
+        if not rows:
+            continue
+        label = f"per-class accuracy ({len(names)} classes)" if not drawn else f"_{name}"
+        c_steps, values = zip(*rows, strict=True)
+        faint: dict[str, Any] = dict(color="0.5", lw=0.8, alpha=0.35, gid="class_accuracy")
+        ax.plot(c_steps, values, label=label, **faint)
+        drawn += 1
+    if steps:
+        ax.plot(steps, acc, color=VAL, marker="o", ms=3.5, lw=1.4, label="val accuracy")
+        best = best_by_accuracy(val) or {}
+        b_step, b_acc = number(best, "step"), number(best, "accuracy")
+        if b_step is not None and b_acc is not None:
+            star: dict[str, Any] = dict(ls="none", marker="*", ms=12, color=VAL, mec="k", mew=0.6)
+            ax.plot([b_step], [b_acc], label=f"best val {b_acc:.4f} (step {b_step:.0f})", **star)
+    base = next((r for r in val if "baseline_majority_accuracy" in r), {})
+    majority = number(base, "baseline_majority_accuracy")
+    if majority is not None:
+        ax.axhline(majority, color="0.25", ls=":", lw=1.1, label=f"majority class {majority:.4f}")
+    if not steps and not drawn and majority is None:
+        ax.text(
+            0.5, 0.5, "no validation accuracy", ha="center", va="center", transform=ax.transAxes
+        )
+        return
+    ax.set_ylim(0, 1.02)
+    ax.legend(loc="best", fontsize=8, framealpha=0.85)
 
 
 def _plain_log(ax: Axes) -> None:
@@ -359,7 +417,8 @@ def _title(view: AttemptView) -> str:
 def build_figure(attempt: Path) -> Figure:
     """The figure of attempt directory ``attempt`` (not saved; see :func:`write_plot`).
 
-    Axes, top to bottom, each with its ``get_label()``: ``loss``, ``lr``, ``grad_norm`` and,
+    Axes, top to bottom, each with its ``get_label()``: ``loss``, ``val_accuracy`` (only for
+    a "classify" attempt: validation records with ``accuracy``), ``lr``, ``grad_norm`` and,
     only when the stream has probe records, ``probe``, then ``probe_by`` (a probe record with
     ``by``) and ``probe_shots`` (a probe record with ``shots``). ``ConfigError`` without
     matplotlib; ``CheckpointError`` if ``attempt`` is not an attempt directory.
@@ -380,27 +439,42 @@ def build_figure(attempt: Path) -> Figure:
         for record in [_last_with(probes, key)]
         if record is not None
     ]
-    names = ["loss", "lr", "grad_norm"] + (["probe"] if probes else [])
-    ratios = [3.0, 1.1, 1.3] + ([1.4] if probes else []) + [1.6] * len(extra)
+    classify = is_classify(view.records("val"))
+    names = ["loss", *(["val_accuracy"] if classify else []), "lr", "grad_norm"]
+    names += ["probe"] if probes else []
+    ratios = [3.0, *([2.2] if classify else []), 1.1, 1.3] + ([1.4] if probes else [])
+    ratios += [1.6] * len(extra)
     fig = Figure(figsize=(11, 2.0 + 1.9 * sum(ratios)), dpi=110, layout="constrained")
     FigureCanvasAgg(fig)
     every = fig.subplots(len(ratios), 1, gridspec_kw={"height_ratios": ratios})
     axes = list(every[: len(names)])  # the panels over steps share their x axis
     for ax in axes[1:]:
         ax.sharex(axes[0])
-    ylabels = ["loss (NMSE)", "learning rate", "grad norm", "probe accuracy"]
-    if _objective_loss_differs(view.records("val")):
-        ylabels[0] = "loss (objective; NMSE dashed)"
-    for ax, name, ylabel in zip(axes, names, ylabels, strict=False):
+    ylabels = {
+        "loss": "loss (NMSE)",
+        "val_accuracy": "val accuracy",
+        "lr": "learning rate",
+        "grad_norm": "grad norm",
+        "probe": "probe accuracy",
+    }
+    if classify:  # a cross-entropy in nats: no NMSE, no SNR axis
+        ylabels["loss"] = "loss (cross-entropy, nats)"
+    elif _objective_loss_differs(view.records("val")):
+        ylabels["loss"] = "loss (objective; NMSE dashed)"
+    panel = dict(zip(names, axes, strict=True))
+    for name, ax in panel.items():
         ax.set_label(name)
-        ax.set_ylabel(ylabel)
+        ax.set_ylabel(ylabels[name])
         ax.grid(True, which="major", alpha=0.3)
-    _loss_panel(axes[0], view)
-    _snr_axis(axes[0])
-    _lr_panel(axes[1], view)
-    _grad_panel(axes[2], view)
+    _loss_panel(panel["loss"], view)
+    if classify:
+        _accuracy_panel(panel["val_accuracy"], view.records("val"))
+    else:
+        _snr_axis(panel["loss"])
+    _lr_panel(panel["lr"], view)
+    _grad_panel(panel["grad_norm"], view)
     if probes:
-        _probe_panel(axes[3], probes)
+        _probe_panel(panel["probe"], probes)
     _mark_resumes(axes, lineage)
     axes[-1].set_xlabel("step")
     for ax, (name, record, draw) in zip(every[len(names) :], extra, strict=True):

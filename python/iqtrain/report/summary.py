@@ -30,6 +30,8 @@ __all__ = [
     "AttemptView",
     "Lineage",
     "ResumePoint",
+    "best_by_accuracy",
+    "is_classify",
     "load_attempt",
     "number",
     "report",
@@ -164,7 +166,61 @@ def _train_lines(train: list[dict[str, Any]]) -> list[str]:
     return [line]
 
 
+def is_classify(val: list[dict[str, Any]]) -> bool:
+    """Whether validation records are a "classify" attempt's (they have ``accuracy``; the
+    next-patch objectives' have ``nmse``)."""
+    return any("accuracy" in r for r in val)
+
+
+def best_by_accuracy(val: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The best validation record of a "classify" attempt: the first of the highest accuracy
+    (the record ``best`` marks); None when no record has one."""
+    scored = [(v, r) for r in val if (v := number(r, "accuracy")) is not None]
+    if not scored:
+        return None
+    return max(scored, key=lambda pair: pair[0])[1]  # ties: the first
+
+
+def _class_accuracy(record: dict[str, Any]) -> str:
+    """``name 0.XXXX, …`` of a record's ``class_accuracy`` (``-``: no validation window of
+    that class)."""
+    per = record.get("class_accuracy")
+    per = per if isinstance(per, dict) else {}
+    return ", ".join(
+        f"{name} " + ("-" if value is None else _fmt(number(per, name), ".4f"))
+        for name, value in per.items()
+    )
+
+
+def _classify_lines(val: list[dict[str, Any]]) -> list[str]:
+    """The validations of a "classify" attempt: accuracy and loss (cross-entropy, nats per
+    window), the majority-class baseline, the best (highest accuracy) and its classes."""
+    lines = []
+    base = next((r for r in val if "baseline_majority_accuracy" in r), None)
+    if base:
+        majority = _fmt(number(base, "baseline_majority_accuracy"), ".4f")
+        lines.append(f"  baselines: majority class {majority}")
+    for r in val:
+        lines.append(
+            f"  val step {str(r.get('step', '?')):>7}: loss {_fmt(number(r, 'loss'), '.5f')}, "
+            f"accuracy {_fmt(number(r, 'accuracy'), '.4f')}"
+            + ("  best" if r.get("best") is True else "")
+        )
+    best = best_by_accuracy(val)
+    if best is not None:
+        step = best.get("step", "?")
+        lines.append(
+            f"  best val accuracy {_fmt(number(best, 'accuracy'), '.4f')} at step {step} "
+            f"(loss {_fmt(number(best, 'loss'), '.5f')})"
+        )
+        if isinstance(best.get("class_accuracy"), dict) and best["class_accuracy"]:
+            lines.append(f"  class accuracy at step {step}: {_class_accuracy(best)}")
+    return lines
+
+
 def _val_lines(val: list[dict[str, Any]]) -> list[str]:
+    if is_classify(val):
+        return _classify_lines(val)
     lines = []
     base = next((r for r in val if "baseline_zero_loss" in r), None)
     if base:

@@ -3,9 +3,11 @@
 Every finite number of every record becomes the scalar ``<kind>/<field>`` at the record's step
 (``train/loss``, ``train/lr``, ``train/grad_norm``, ``train/samples_per_s``, ``train/tflops``,
 ``train/mfu`` where recorded, ``val/loss``, ``val/pred_snr_db``, ``probe/accuracy``, …), except
-``step`` and the constant counters ``samples`` and ``patches``; booleans are left out. The
-baselines of the first validation record (``val/baseline_zero_loss``,
-``val/baseline_copy_last_loss``: model-independent, on the same fixed validation set) are
+``step`` and the constant counters ``samples`` and ``patches``; booleans are left out. A
+"classify" validation adds ``val/accuracy`` and one ``val/class_accuracy/<class>`` per class
+that has validation windows. The baselines of the first validation record
+(``val/baseline_zero_loss``, ``val/baseline_copy_last_loss``, or "classify"'s
+``val/baseline_majority_accuracy``: model-independent, on the same fixed validation set) are
 written at every validation step, so TensorBoard draws them as lines. Wall times are
 reconstructed: the attempt's start plus the step and validation time of the records before,
 so TensorBoard's "relative" axis shows compute time. A resumed attempt's stream holds its
@@ -54,7 +56,12 @@ __all__ = [
 TB_EXTRA = "needs tensorboard: pip install 'iqtrain[tensorboard]'"
 EVENT_PREFIX = "events.out.tfevents."
 SKIPPED = frozenset({"kind", "step", "samples", "patches"})
-BASELINES = ("baseline_zero_loss", "baseline_copy_last_loss")
+#: The first validation's model-independent baselines: the next-patch objectives' two, or
+#: "classify"'s majority-class accuracy.
+BASELINES = ("baseline_zero_loss", "baseline_copy_last_loss", "baseline_majority_accuracy")
+#: A record field holding ``{name: number or null}``, written as ``<kind>/<field>/<name>``
+#: (a "classify" validation's accuracy per class; null: no window of the class).
+PER_CLASS = ("class_accuracy",)
 TIME_FIELDS = ("step_time_s", "time_s")
 
 
@@ -131,7 +138,9 @@ def lineage_baselines(records: Iterable[dict[str, Any]]) -> dict[str, float]:
     """The model-independent baselines of the lineage (``{"val/baseline_zero_loss": …}``):
     those of the first validation record that has them (the lineage's first validation);
     empty if none has. Stops reading ``records`` at that record."""
-    base = next((r for r in records if r.get("kind") == "val" and BASELINES[0] in r), {})
+    base = next(
+        (r for r in records if r.get("kind") == "val" and any(k in r for k in BASELINES)), {}
+    )
     return {f"val/{k}": v for k in BASELINES if (v := number(base, k)) is not None}
 
 
@@ -139,9 +148,10 @@ def record_scalars(
     record: dict[str, Any], baselines: dict[str, float]
 ) -> tuple[int, dict[str, float]] | None:
     """``(step, {tag: value})`` of one metric record: every finite number as ``<kind>/<field>``
-    but ``kind, step, samples, patches`` (booleans and dicts are not numbers), a validation's
-    with the lineage's ``baselines``; None for a record without an integer step, a string kind
-    or any such number."""
+    but ``kind, step, samples, patches`` (booleans and dicts are not numbers), every finite
+    number of a :data:`PER_CLASS` dict as ``<kind>/<field>/<name>``, a validation's with the
+    lineage's ``baselines``; None for a record without an integer step, a string kind or any
+    such number."""
     step, kind = record.get("step"), record.get("kind")
     if not isinstance(step, int) or isinstance(step, bool) or not isinstance(kind, str):
         return None
@@ -150,6 +160,12 @@ def record_scalars(
         for k in record
         if k not in SKIPPED and (v := number(record, k)) is not None
     }
+    for k in PER_CLASS:
+        per = record.get(k)
+        if isinstance(per, dict):
+            values.update(
+                (f"{kind}/{k}/{name}", v) for name in per if (v := number(per, name)) is not None
+            )
     if kind == "val":
         values.update(baselines)
     return (step, values) if values else None

@@ -41,12 +41,14 @@ from iqtrain.data.identity import (
     compute_share,
     merge_shares,
 )
-from iqtrain.data.sources import open_datasets, report_skipped
+from iqtrain.data.sources import open_datasets, open_labelled, report_skipped
+from iqtrain.data.windows import LabelledSet
 from iqtrain.distributed.world import PeerError, RankExit, World, agree, join
 from iqtrain.errors import (
     EXIT_FAILURE,
     CheckpointError,
     ConfigError,
+    DataError,
     IQTrainError,
     NonFiniteError,
     TrainingError,
@@ -86,6 +88,9 @@ class AttemptResult:
     final_val_nmse: float | None = None
     objective: str = "mse"
     probe: dict[str, Any] | None = None  # the last probe record (rank 0)
+    # "classify": the last validation's accuracy and the best one's.
+    final_val_accuracy: float | None = None
+    best_val_accuracy: float | None = None
 
 
 def _sha256_bytes(data: bytes) -> str:
@@ -164,6 +169,8 @@ class _Opened:
     train: IQDataset
     val: IQDataset
     init: dict[str, Any] | None = None
+    #: "classify": the labelled windows (their datasets are ``train`` and ``val``).
+    labelled: tuple[LabelledSet, LabelledSet] | None = None
 
 
 def _preflight(config: Config, ref: ParentRef | None, world: World) -> _Opened:
@@ -177,11 +184,22 @@ def _preflight(config: Config, ref: ParentRef | None, world: World) -> _Opened:
         check_live(config.logging)
     parent = load_parent(ref) if ref is not None else None
     changes = config_changes(parent.config_tables, config) if parent is not None else {}
-    # A resume continues its parent's weights; only a new lineage starts from [init].
-    source = load_init(config.init, config.model) if parent is None else None
     t = config.training
+    labelled, classes = None, None
+    if config.model.objective == "classify":  # the classes size the head: data first
+        if world.is_main and ref is None:
+            _check_run_dir(Path(config.run.dir))
+        labelled = open_labelled(config.data)
+        classes = labelled[0].classes
+        if parent is not None and parent.state.classes != list(classes):
+            raise DataError(
+                f"data.train: its classes {list(classes)} are not the parent's "
+                f"{parent.state.classes}"
+            )
+    # A resume continues its parent's weights; only a new lineage starts from [init].
+    source = load_init(config.init, config.model, classes) if parent is None else None
     torch.manual_seed(config.run.seed)  # the same initial weights on every rank
-    model = NextPatchModel(config.model)
+    model = NextPatchModel(config.model, 0 if labelled is None else len(labelled[0].classes))
     if source is not None:
         source.load_into(model)
     stepper = TrainStep(
@@ -195,14 +213,17 @@ def _preflight(config: Config, ref: ParentRef | None, world: World) -> _Opened:
     )
     if world.rank > 0:  # rank 0 continues the one-process stream; the others their own
         torch.manual_seed(config.run.seed + 1_000_003 * world.rank)
-    if world.is_main and ref is None:
-        _check_run_dir(Path(config.run.dir))
-    # Data last: the synthetic default is generated only once every other check has passed.
-    train, val = open_datasets(config.data)
+    if labelled is not None:
+        train, val = labelled[0].dataset, labelled[1].dataset
+    else:
+        if world.is_main and ref is None:
+            _check_run_dir(Path(config.run.dir))
+        # Data last: the synthetic default is generated only once every other check passed.
+        train, val = open_datasets(config.data)
     init = None if source is None else source.record
     if parent is not None:  # a resume carries its lineage's record, from the parent's state
         init = parent.state.init
-    return _Opened(parent, changes, stepper, train, val, init)
+    return _Opened(parent, changes, stepper, train, val, init, labelled)
 
 
 def _checked(
@@ -247,6 +268,10 @@ def _checked(
     if world.is_main and config.probe.every:
         probe = TrainingProbe(config.probe, config.data, config.model, config.run.seed)
     parts = LoopParts(stepper, stream, val, plan, loop, identity, probe, init=opened.init)
+    if opened.labelled is not None:
+        parts.train_labels = opened.labelled[0].labels
+        parts.val_labels = opened.labelled[1].labels
+        parts.classes = opened.labelled[0].classes
     return _Ready(parent, opened.changes, start_step, parts, init=opened.init)
 
 
@@ -287,6 +312,8 @@ def _attempt_info(config: Config, run_dir: Path, ready: _Ready, world: World) ->
         },
         "init": ready.init,
     }
+    if ready.parts.classes is not None:  # "classify": the classes the head's outputs mean
+        info["classes"] = list(ready.parts.classes)
     p = ready.parent
     if p is not None:
         info["parent"] = {
@@ -487,7 +514,7 @@ def _lead(
         loop = trainer.loop
         best = None
         if loop.best_checkpoint is not None and loop.best_val_loss is not None:
-            best = (run_dir / loop.best_checkpoint, loop.best_val_loss)
+            best = (run_dir / loop.best_checkpoint, loop.best_val_loss, loop.best_val_accuracy)
         publish_manifest(
             attempt,
             config_sha=trainer.config_sha,
@@ -584,9 +611,11 @@ def _result(trainer: Trainer, attempt: Path, world: World) -> AttemptResult:
         best_checkpoint=trainer.loop.best_checkpoint,
         rank=world.rank,
         stopped_early=trainer.stopped_early,
-        final_val_nmse=None if trainer.last_val is None else trainer.last_val["nmse"],
+        final_val_nmse=None if trainer.last_val is None else trainer.last_val.get("nmse"),
         objective=trainer.stepper.model.config.objective,
         probe=trainer.last_probe,
+        final_val_accuracy=None if trainer.last_val is None else trainer.last_val.get("accuracy"),
+        best_val_accuracy=trainer.loop.best_val_accuracy,
     )
 
 

@@ -3,7 +3,8 @@
 The checks worth doing before tuning anything: where the batch comes from and its shape and
 dtype at each stage, how many parameters require gradients, how many samples, patches and
 predicted patches one optimizer step consumes, and the loss of the untrained model next to the
-zero-prediction baseline (~1.0 on window-normalised data).
+zero-prediction baseline (~1.0 on window-normalised data). A classifier ("classify"): its
+labelled windows and classes, the batch's labels, and the untrained loss next to ``ln C``.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ import os
 
 import torch
 
-from iqtrain.config.schema import config_to_dict, dumps_toml, load_config
+from iqtrain.config.schema import Config, config_to_dict, dumps_toml, load_config
 from iqtrain.data.dataset import TrainStream
-from iqtrain.data.sources import open_datasets
+from iqtrain.data.sources import open_datasets, open_labelled
 from iqtrain.model.transformer import NextPatchModel
 from iqtrain.train.schedule import Plan, lr_at
 from iqtrain.train.step import TrainStep
@@ -34,13 +35,20 @@ def inspect_config(path: str | os.PathLike, overrides: list[str] | None = None) 
     emit = lines.append
     config = load_config(path, overrides)
     d, t = config.data, config.training
-    train, val = open_datasets(config.data)
+    classify = config.model.objective == "classify"
+    labelled = open_labelled(config.data) if classify else None
+    train, val = (labelled[0].dataset, labelled[1].dataset) if labelled else open_datasets(d)
     emit(
         "resolved config:\n"
         + "".join(f"  {line}\n" for line in dumps_toml(config_to_dict(config)).splitlines())
     )
     emit(f"train: {train!r}\n  fingerprint {train.fingerprint}")
     emit(f"val:   {val!r}\n  fingerprint {val.fingerprint}")
+    if labelled is not None:
+        counts = ", ".join(
+            f"{c} {int((labelled[0].labels == k).sum())}" for k, c in enumerate(labelled[0].classes)
+        )
+        emit(f"classes ({len(labelled[0].classes)}, training windows each): {counts}")
 
     stream = TrainStream(train, batch_size=d.batch_size, seed=config.run.seed, prefetch=0)
     raw = next(stream)
@@ -48,9 +56,13 @@ def inspect_config(path: str | os.PathLike, overrides: list[str] | None = None) 
         f"1 loader batch (numpy): shape {raw.shape} dtype {raw.dtype} "
         f"ids {stream.last_ids()[:4].tolist()}…"
     )
+    labels = None
+    if labelled is not None:
+        labels = torch.from_numpy(labelled[0].labels[stream.last_ids().astype("int64")])
+        emit(f"  labels {labels[:8].tolist()}… (indices into the classes)")
     torch.manual_seed(config.run.seed)
     stepper = TrainStep(
-        NextPatchModel(config.model),
+        NextPatchModel(config.model, 0 if labelled is None else len(labelled[0].classes)),
         config.optimizer,
         device=t.device,
         precision=t.precision,
@@ -75,7 +87,13 @@ def inspect_config(path: str | os.PathLike, overrides: list[str] | None = None) 
         f"  weight decay on {len(stepper.decay_param_names)} tensors, "
         f"none on {len(stepper.no_decay_param_names)}"
     )
-    loss_t, count, squared_t = stepper.eval_sums(patches)
+    loss_t, count, squared_t = stepper.eval_sums(patches, labels)
+    if labels is not None:
+        emit(
+            f"5 untrained loss {float(loss_t) / count:.4f} nats per window (uniform "
+            f"ln {pred.shape[1]} = {math.log(pred.shape[1]):.4f}; windows per batch: {count})"
+        )
+        return _plan_lines(lines, config, train.num_windows)
     loss_sum, squared = float(loss_t), float(squared_t)
     zero = patches.float()[:, 1:].square().sum().item() / count
     objective = config.model.objective
@@ -90,15 +108,26 @@ def inspect_config(path: str | os.PathLike, overrides: list[str] | None = None) 
             f"{2 * math.log(config.model.bins):.4f}), predicted-mean NMSE {squared / count:.4f} "
             f"vs zero-prediction {zero:.4f} (targets per batch: {count:,} complex samples)"
         )
+    return _plan_lines(lines, config, train.num_windows)
+
+
+def _plan_lines(lines: list[str], config: Config, windows: int) -> str:
+    """The step's size, the epoch and the lr plan, after ``lines``; all of it as one text."""
+    emit = lines.append
+    d, t = config.data, config.training
     per_step = d.batch_size * t.grad_accum
     emit(
         f"per optimizer step: {per_step} windows = {per_step * d.window:,} samples, "
-        f"{per_step * d.seq_patches:,} input patches, {per_step * (d.seq_patches - 1):,} predicted"
+        f"{per_step * d.seq_patches:,} input patches, "
+        + (
+            f"{per_step} classified"
+            if config.model.objective == "classify"
+            else f"{per_step * (d.seq_patches - 1):,} predicted"
+        )
     )
     emit(
-        f"one epoch = {train.num_windows} windows = "
-        f"{math.ceil(train.num_windows / per_step)} steps; "
-        f"{t.max_steps} steps = {t.max_steps * per_step / train.num_windows:.2f} epochs"
+        f"one epoch = {windows} windows = {math.ceil(windows / per_step)} steps; "
+        f"{t.max_steps} steps = {t.max_steps * per_step / windows:.2f} epochs"
     )
     plan = Plan.from_config(
         config.schedule, t.max_steps, config.optimizer.lr, config.optimizer.min_lr

@@ -48,7 +48,7 @@ from iqtrain.train.profile import PROFILE_DIR, StepProfiler
 from iqtrain.train.rng import RNGState
 from iqtrain.train.schedule import Plan, lr_at
 from iqtrain.train.step import StepResult, TrainStep
-from iqtrain.train.validation import prepare_batch, validate
+from iqtrain.train.validation import prepare_batch, validate, validate_classify
 
 __all__ = [
     "LoopParts",
@@ -65,11 +65,17 @@ SPIKE_EMA = 0.9  # weight of the past in that running average
 @dataclass
 class LoopState:
     """The loop's counters: best validation, the loss average for spikes, validations run,
-    and early stopping's bookkeeping (the reference loss an improvement must beat by
-    ``training.early_stop_min_delta``, and the validations since one did)."""
+    and early stopping's bookkeeping (the reference an improvement must beat by
+    ``training.early_stop_min_delta``, and the validations since one did).
+
+    What "best" and "improvement" follow is the monitored value
+    (:func:`~iqtrain.config.sections.monitored`): the validation loss, lower is better; for
+    "classify" the accuracy, higher is better (``best_val_accuracy``; ``best_val_loss`` is then
+    the best validation's loss, and ``early_stop_ref`` an accuracy)."""
 
     step: int = 0
     best_val_loss: float | None = None
+    best_val_accuracy: float | None = None
     best_step: int | None = None
     best_checkpoint: str | None = None  # relative to the run dir: may live in an ancestor
     loss_ema: float | None = None
@@ -83,19 +89,31 @@ class LoopState:
         spike, self.loss_ema = spike_update(self.loss_ema, loss, nats)
         return spike
 
-    def record_validation(self, loss: float, attempt: Path, min_delta: float = 0.0) -> bool:
-        """Count a validation; True (and remember it as best) if it improved strictly.
+    def record_validation(
+        self, loss: float, attempt: Path, min_delta: float = 0.0, accuracy: float | None = None
+    ) -> bool:
+        """Count a validation; True (and remember it as best) if it improved strictly: a lower
+        ``loss``, or with ``accuracy`` ("classify") a higher accuracy.
 
         For early stopping an improvement counts only when it beats the reference by more than
         ``min_delta`` (then the reference moves to it, as in Keras and Lightning); any other
         validation is one more without improvement."""
-        improved = self.best_val_loss is None or loss < self.best_val_loss
+        if accuracy is None:
+            improved = self.best_val_loss is None or loss < self.best_val_loss
+            value, ref = -loss, None if self.early_stop_ref is None else -self.early_stop_ref
+        else:
+            improved = self.best_val_accuracy is None or accuracy > self.best_val_accuracy
+            value, ref = accuracy, self.early_stop_ref
         if improved:
-            self.best_val_loss, self.best_step = loss, self.step
+            self.best_val_loss, self.best_val_accuracy = loss, accuracy
+            self.best_step = self.step
             name = checkpoint_name(self.step)
             self.best_checkpoint = f"attempts/{attempt.name}/checkpoints/{name}"
-        if self.early_stop_ref is None or loss < self.early_stop_ref - min_delta:
-            self.early_stop_ref, self.stale_validations = loss, 0
+        if ref is None or value > ref + min_delta:
+            self.early_stop_ref, self.stale_validations = (
+                (loss if accuracy is None else accuracy),
+                0,
+            )
         else:
             self.stale_validations += 1
         self.validations += 1
@@ -106,8 +124,11 @@ class LoopState:
         return {k: v for k, v in asdict(self).items() if k != "step"}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        # Absent before "classify" existed: None, what every other objective keeps there.
+        state = {"best_val_accuracy": None, **state}
         kinds: dict[str, tuple[type, ...]] = {
             "best_val_loss": (float, type(None)),
+            "best_val_accuracy": (float, type(None)),
             "best_step": (int, type(None)),
             "best_checkpoint": (str, type(None)),
             "loss_ema": (float, type(None)),
@@ -213,6 +234,11 @@ class LoopParts:
     #: Where the lineage's first weights came from (``[init] from``): every checkpoint's
     #: state.json binds it (docs/design.md 6.11).
     init: dict[str, Any] | None = None
+    #: "classify": the class of each training and validation window (indices into
+    #: ``classes``, the training set's sorted class names; every state.json records them).
+    train_labels: np.ndarray | None = None
+    val_labels: np.ndarray | None = None
+    classes: tuple[str, ...] | None = None
 
 
 class Trainer:
@@ -244,12 +270,14 @@ class Trainer:
         self.loop, self.identity, self.probe = parts.loop, parts.identity, parts.probe
         self.metrics, self.checkpoints, self.live = metrics, checkpoints, parts.live
         self.probe_every, self.config_sha, self.init = probe_every, config_sha, parts.init
+        self.train_labels, self.val_labels = parts.train_labels, parts.val_labels
+        self.classes = parts.classes
         self.world = self.stepper.world
         self.rng = RNGState(self.world)
         self.stopped_early: dict[str, Any] | None = None
         t = training
         self.ring = _ring(self.stream, self.stepper.device, t.grad_accum)
-        self.flops_per_patch = self.stepper.model.train_flops_per_patch(data.seq_patches)
+        self.flops_per_window = self.stepper.model.train_flops_per_window(data.seq_patches)
         # The categorical loss is a negative log-likelihood: spikes are judged in nats (4.6).
         self.nll_loss = self.stepper.model.config.objective != "mse"
         # The records' TFLOP/s are the whole job's (the global batch), so MFU divides by the
@@ -328,7 +356,12 @@ class Trainer:
             s = self.loop.step  # 0-based index of the step being run
             lr = lr_at(s, self.plan)
             ids_all = np.concatenate(ids)
-            result = self.stepper.train_step(micro, lr, step=s + 1, window_ids=ids_all, stop=stop)
+            labels = None
+            if self.train_labels is not None:  # "classify": each window's class travels with it
+                labels = [torch.from_numpy(self.train_labels[i.astype(np.int64)]) for i in ids]
+            result = self.stepper.train_step(
+                micro, lr, step=s + 1, window_ids=ids_all, stop=stop, labels=labels
+            )
         finally:
             # train_step has synchronised with the device (its finite check), so every copy out
             # of these buffers is done and the stream may fill them again.
@@ -342,7 +375,7 @@ class Trainer:
         samples = d.batch_size * self.training.grad_accum
         spike = self.loop.record_loss(result.loss, nats=self.nll_loss)
         # Every position is computed (the last one predicts nothing, but costs the same).
-        tflops = achieved_tflops(self.flops_per_patch, samples * d.seq_patches, dt)
+        tflops = achieved_tflops(self.flops_per_window, samples, dt)
         record = {
             "kind": "train",
             "step": self.loop.step,
@@ -357,6 +390,8 @@ class Trainer:
             "tflops": tflops,
             "spike": spike,
         }
+        if self.classes is not None:  # "classify": its targets are windows, not patches
+            del record["patches"]
         utilisation = mfu(tflops, self.peak_tflops)
         if utilisation is not None:
             record["mfu"] = utilisation
@@ -375,19 +410,28 @@ class Trainer:
     def _validate(self, progress: Progress) -> bool:
         """Full validation, its record, and whether it improved on the best."""
         v0 = time.perf_counter()
-        step = self.loop.step
-        rec = validate(self.stepper, self.val, self.data, step, self.loop.validations == 0)
+        step, first = self.loop.step, self.loop.validations == 0
+        if self.val_labels is not None:
+            assert self.classes is not None
+            rec = validate_classify(
+                self.stepper, self.val, self.val_labels, self.classes, self.data, step, first
+            )
+        else:
+            rec = validate(self.stepper, self.val, self.data, step, first)
         min_delta = self.training.early_stop_min_delta
-        improved = self.loop.record_validation(rec["loss"], self.attempt, min_delta)
+        improved = self.loop.record_validation(
+            rec["loss"], self.attempt, min_delta, rec.get("accuracy")
+        )
         rec = {"kind": "val", "step": step, **rec, "best": improved}
         rec["time_s"] = time.perf_counter() - v0
         self._write(rec)
         self.last_val = rec
-        nmse = "" if rec["nmse"] == rec["loss"] else f", nmse {rec['nmse']:.5f}"
-        progress.note(
-            f"val step {step}: loss {rec['loss']:.5f}{nmse} "
-            f"({rec['pred_snr_db']:.2f} dB){'  best' if improved else ''}"
-        )
+        if "accuracy" in rec:
+            what = f"loss {rec['loss']:.5f}, accuracy {rec['accuracy']:.4f}"
+        else:
+            nmse = "" if rec["nmse"] == rec["loss"] else f", nmse {rec['nmse']:.5f}"
+            what = f"loss {rec['loss']:.5f}{nmse} ({rec['pred_snr_db']:.2f} dB)"
+        progress.note(f"val step {step}: {what}{'  best' if improved else ''}")
         return improved
 
     def _maybe_probe(self, progress: Progress, last: bool) -> None:
@@ -453,4 +497,5 @@ class Trainer:
             metrics=self.metrics.state_dict(),
             components=components,
             init=self.init,
+            classes=None if self.classes is None else list(self.classes),
         )

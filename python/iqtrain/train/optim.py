@@ -44,15 +44,36 @@ def split_parameters(
 
 
 def build_adamw(
-    decay: list[nn.Parameter], no_decay: list[nn.Parameter], opt_cfg: OptimizerConfig
+    decay: list[nn.Parameter],
+    no_decay: list[nn.Parameter],
+    opt_cfg: OptimizerConfig,
+    head: set[int] | None = None,
 ) -> torch.optim.AdamW:
     """Fused AdamW over the weight-decay group and the one without (each only when it has
-    parameters), with a tensor lr per group."""
-    groups = [
-        {"params": g, "weight_decay": wd}
-        for g, wd in ((decay, opt_cfg.weight_decay), (no_decay, 0.0))
-        if g
-    ]
+    parameters), with a tensor lr per group.
+
+    ``head`` (a "classify" model: the ids of its head's parameters): four groups instead, the
+    trunk's decay and no-decay groups with ``lr_scale = optimizer.trunk_lr_scale`` and the
+    head's with ``lr_scale = 1.0`` (empty ones dropped), in that order; the step sets each
+    group's lr to the schedule's times its ``lr_scale``."""
+    if head is None:
+        groups = [
+            {"params": g, "weight_decay": wd}
+            for g, wd in ((decay, opt_cfg.weight_decay), (no_decay, 0.0))
+            if g
+        ]
+    else:
+        scale = opt_cfg.trunk_lr_scale
+        groups = [
+            {
+                "params": [p for p in g if (id(p) in head) == is_head],
+                "weight_decay": wd,
+                "lr_scale": 1.0 if is_head else scale,
+            }
+            for is_head in (False, True)
+            for g, wd in ((decay, opt_cfg.weight_decay), (no_decay, 0.0))
+        ]
+        groups = [g for g in groups if g["params"]]
     optimizer = torch.optim.AdamW(
         groups,
         lr=torch.tensor(opt_cfg.lr, dtype=torch.float64),

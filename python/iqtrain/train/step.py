@@ -70,7 +70,7 @@ from iqtrain.distributed.parallel import (
 )
 from iqtrain.distributed.world import World
 from iqtrain.errors import ConfigError, NonFiniteError
-from iqtrain.model.objectives import objective_loss
+from iqtrain.model.objectives import classify_loss, objective_loss
 from iqtrain.model.prepare import compiled_reference, prepare_iq_input, prepare_iq_input_reference
 from iqtrain.model.transformer import NextPatchModel
 from iqtrain.train.optim import build_adamw, split_parameters
@@ -112,10 +112,19 @@ def format_ids(window_ids: object) -> str:
     return repr(_id_list(window_ids))
 
 
-def _check_step_inputs(microbatches: Sequence[Tensor], lr: float) -> list[Tensor]:
+def _check_step_inputs(
+    microbatches: Sequence[Tensor],
+    lr: float,
+    labels: Sequence[Tensor] | None = None,
+    classify: bool = False,
+) -> list[Tensor]:
     mbs = list(microbatches)
     if not mbs:
         raise ValueError("train_step needs at least one microbatch")
+    if classify != (labels is not None) or (labels is not None and len(labels) != len(mbs)):
+        raise ValueError(
+            "train_step: labels, one tensor per microbatch, for a 'classify' model only"
+        )
     shape = mbs[0].shape
     for mb in mbs[1:]:
         if mb.shape != shape:
@@ -135,7 +144,8 @@ def _check_step_inputs(microbatches: Sequence[Tensor], lr: float) -> list[Tensor
 class _ForwardLoss(nn.Module):
     """``patches -> (mean loss, summed loss, target count, summed squared error of the
     predicted mean)``: the model and its objective's loss as one module, so DDP can wrap them
-    together (its forward must produce the loss)."""
+    together (its forward must produce the loss). "classify": ``(patches, labels) -> (mean
+    cross-entropy, summed, windows, each window's predicted class)``."""
 
     def __init__(self, model: NextPatchModel, device_type: str, precision: str) -> None:
         super().__init__()
@@ -145,11 +155,15 @@ class _ForwardLoss(nn.Module):
         self.bf16 = precision == "bf16"
 
     def forward(
-        self, patches: Tensor, squared_error: bool = False
+        self, patches: Tensor, labels: Tensor | None = None, squared_error: bool = False
     ) -> tuple[Tensor, Tensor, int, Tensor]:
         # Autocast is entered inside the compiled function so dynamo traces it into the graph.
         with torch.autocast(device_type=self.device_type, dtype=torch.bfloat16, enabled=self.bf16):
             out = self.model(patches)
+        if self.model_config.objective == "classify":
+            if labels is None:
+                raise ValueError("model.objective 'classify' needs each window's label")
+            return classify_loss(out, labels)
         # Training uses the mean loss only: the predicted mean's error is evaluation's.
         return objective_loss(out, patches, self.model_config, squared_error)
 
@@ -191,6 +205,12 @@ class TrainStep:
         self.precision = precision
         self.compiled = compile
         self.config = opt_cfg
+        # "classify": model.freeze_trunk trains the head alone (the trunk needs no gradient,
+        # so autograd stops at the head); the trunk's lr is scaled (optimizer.trunk_lr_scale).
+        self.classify = bool(self.model.classes)
+        if self.classify and self.model.config.freeze_trunk:
+            for name, p in self.model.named_parameters():
+                p.requires_grad_(self.model.is_head(name))
 
         decay, no_decay = split_parameters(self.model)
         if not decay and not no_decay:
@@ -199,7 +219,7 @@ class TrainStep:
         self.no_decay_param_names: tuple[str, ...] = tuple(n for n, _ in no_decay)
         decay_params, no_decay_params = [p for _, p in decay], [p for _, p in no_decay]
         self._params: list[nn.Parameter] = decay_params + no_decay_params
-        self.optimizer = build_adamw(decay_params, no_decay_params, opt_cfg)
+        self.optimizer = build_adamw(decay_params, no_decay_params, opt_cfg, self._head_ids())
 
         self.world = World() if world is None else world
         # "fsdp": checkpoints hold sharded state (save_sharded/load_sharded), at every world
@@ -232,12 +252,18 @@ class TrainStep:
         # What prepare hands the model: bf16 patches halve the bytes under bf16 autocast.
         self.input_dtype = torch.bfloat16 if precision == "bf16" else torch.float32
 
+    def _head_ids(self) -> set[int] | None:
+        """ "classify": the ids of the head's parameters (their own optimizer groups)."""
+        if not self.classify:
+            return None
+        return {id(p) for n, p in self.model.named_parameters() if self.model.is_head(n)}
+
     # ------------------------------------------------------------------ the compiled region
 
     def _forward_loss(
-        self, patches: Tensor, squared_error: bool = False
+        self, patches: Tensor, labels: Tensor | None = None, squared_error: bool = False
     ) -> tuple[Tensor, Tensor, int, Tensor]:
-        return self._loss_module.forward(patches, squared_error)
+        return self._loss_module.forward(patches, labels, squared_error)
 
     def data_parallel(self) -> None:
         """Several ranks only: replicate the forward and loss in DistributedDataParallel, or
@@ -277,7 +303,7 @@ class TrainStep:
         decay = [named[n] for n in self.decay_param_names]
         no_decay = [named[n] for n in self.no_decay_param_names]
         self._params = decay + no_decay
-        self.optimizer = build_adamw(decay, no_decay, self.config)
+        self.optimizer = build_adamw(decay, no_decay, self.config, self._head_ids())
         if carried is not None:
             load_full_optimizer_state(self.model, self.optimizer, carried)
         self.forward_is_collective = True
@@ -325,14 +351,13 @@ class TrainStep:
         step: int | None = None,
         window_ids: object = None,
         stop: bool | Callable[[], bool] = False,
+        labels: Sequence[Tensor] | None = None,
     ) -> StepResult:
         """One optimizer step over ``microbatches`` (each ``[b, N, 2P]``) at learning rate ``lr``.
 
-        Each microbatch's mean loss is divided by A = ``len(microbatches)`` before its backward.
-        The accumulated gradient is then exactly the gradient of the mean loss over the whole
-        batch, because every microbatch has the same number of targets: windows are fixed
-        length and microbatches equal-sized (checked here), so the mean of the A means is the
-        mean over all targets.
+        Each microbatch's mean loss is divided by A = ``len(microbatches)`` before its backward:
+        microbatches are equal-sized (checked here) and windows fixed length, so the mean of the
+        A means is the mean over all targets, and the gradient exactly the batch mean's.
 
         Order: zero grads; forward/backward every microbatch; global L2 grad norm; if the loss
         or the norm is non-finite, zero the grads and raise :class:`NonFiniteError` naming
@@ -340,8 +365,10 @@ class TrainStep:
         clip to ``grad_clip`` when it is > 0 (``clipped`` is norm > grad_clip); set ``lr`` on
         every group; ``optimizer.step()``. The reported ``grad_norm`` is the pre-clip norm.
         Gradients stay on the parameters until the next step zeroes them.
+
+        "classify": ``labels``, one ``[b]`` int64 tensor of class indices per microbatch.
         """
-        mbs = _check_step_inputs(microbatches, lr)
+        mbs = _check_step_inputs(microbatches, lr, labels, self.classify)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         accum = len(mbs)
@@ -355,7 +382,8 @@ class TrainStep:
                 self.world.collective("the step's gradient all-reduce"),
                 self._ddp.no_sync() if self._ddp is not None and not last else nullcontext(),
             ):
-                mean, *_ = self._train_fn(mb.to(self.device, non_blocking=True))
+                y = None if labels is None else labels[i].to(self.device, non_blocking=True)
+                mean, *_ = self._train_fn(mb.to(self.device, non_blocking=True), y)
                 (mean / accum).backward()
             loss_sum = mean.detach() if loss_sum is None else loss_sum + mean.detach()
         assert loss_sum is not None
@@ -414,25 +442,32 @@ class TrainStep:
         return total, count
 
     @torch.no_grad()
-    def eval_sums(self, patches: Tensor) -> tuple[Tensor, int, Tensor]:
+    def eval_sums(
+        self, patches: Tensor, labels: Tensor | None = None
+    ) -> tuple[Tensor, int, Tensor]:
         """``(summed loss, target count, summed squared error of the predicted mean)`` of
         ``patches`` in eval mode without gradients and without a host synchronisation (0-dim
         fp32 tensors on the device). For ``model.objective = "mse"`` both sums are one tensor.
 
         Compiled, the batch dimension is marked dynamic, so the training batch size, the
         validation batch size and a partial last batch share one evaluation graph.
+
+        "classify" (``labels [b]``): ``(summed cross-entropy, windows, predicted classes [b])``.
         """
         was_training = self.model.training
         self.model.eval()
         try:
             x = patches.to(self.device, non_blocking=True)
+            y = None if labels is None else labels.to(self.device, non_blocking=True)
             if self.compiled and x.shape[0] > 1:
                 torch._dynamo.maybe_mark_dynamic(x, 0)
+                if y is not None:
+                    torch._dynamo.maybe_mark_dynamic(y, 0)
             # Sharded, a forward gathers parameters with every rank: a peer lost is one line.
             sharded = self.forward_is_collective
             what = "a forward of the sharded model"
             with self.world.collective(what) if sharded else nullcontext():
-                _, total, count, squared_error = self._forward_loss_fn(x, True)
+                _, total, count, squared_error = self._forward_loss_fn(x, y, True)
             return total, int(count), squared_error
         finally:
             self.model.train(was_training)
@@ -494,9 +529,10 @@ class TrainStep:
 
     def _set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
+            value = lr * group.get("lr_scale", 1.0)  # "classify": the trunk's scale
             current = group["lr"]
             if isinstance(current, Tensor):
-                current.fill_(lr)
+                current.fill_(value)
             else:
                 # optimizer.load_state_dict with a float-lr checkpoint: go back to a tensor.
-                group["lr"] = torch.tensor(lr, dtype=torch.float64)
+                group["lr"] = torch.tensor(value, dtype=torch.float64)

@@ -27,7 +27,7 @@ from iqtrain.data.dataset import IQDataset
 from iqtrain.errors import NonFiniteError
 from iqtrain.train.step import TrainStep, format_ids
 
-__all__ = ["prepare_batch", "validate"]
+__all__ = ["prepare_batch", "validate", "validate_classify"]
 
 
 def prepare_batch(
@@ -103,4 +103,79 @@ def validate(
         rec["baseline_copy_last_loss"] = sum(row[4] for row in rows) / count
     if not all(math.isfinite(v) for v in rec.values() if isinstance(v, float)):
         raise NonFiniteError(f"step {step}: validation produced a non-finite value: {rec}")
+    return rec
+
+
+def _classify_sums(
+    stepper: TrainStep, val: IQDataset, labels: np.ndarray, classes: int, d: DataConfig
+) -> torch.Tensor:
+    """``[batches, 3 + 2 * classes]`` float64: summed cross-entropy, windows, correct windows,
+    then windows and correct windows per class, of every batch this rank evaluates (zeros in
+    the other ranks' rows), all-reduced: the table :func:`_batch_sums` builds, for
+    "classify"."""
+    world = stepper.world
+    n, bs = val.num_windows, d.val_batch_size
+    batches = (n + bs - 1) // bs
+    table = torch.zeros((batches, 3 + 2 * classes), dtype=torch.float64, device=stepper.device)
+    rounds = (batches + world.world_size - 1) // world.world_size
+    for b in range(world.rank, rounds * world.world_size, world.world_size):
+        if b >= batches and not stepper.forward_is_collective:
+            break
+        src = b if b < batches else 0  # a sharded forward is a collective: see _batch_sums
+        ids = np.arange(src * bs, min((src + 1) * bs, n), dtype=np.uint64)
+        patches, _ = prepare_batch(val.windows(ids), stepper, d)
+        y = torch.from_numpy(labels[ids.astype(np.int64)]).to(stepper.device)
+        total, count, predicted = stepper.eval_sums(patches, y)
+        if b >= batches:
+            continue
+        hit = predicted == y
+        table[b, 0] = total
+        table[b, 1] = count
+        table[b, 2] = hit.sum()
+        table[b, 3 : 3 + classes] = torch.bincount(y, minlength=classes)
+        table[b, 3 + classes :] = torch.bincount(y[hit], minlength=classes)
+    return world.all_reduce_sum(table)
+
+
+def validate_classify(
+    stepper: TrainStep,
+    val: IQDataset,
+    labels: np.ndarray,
+    classes: tuple[str, ...],
+    d: DataConfig,
+    step: int,
+    baselines: bool,
+) -> dict[str, Any]:
+    """ "classify": mean cross-entropy (nats per window), accuracy and per-class accuracy over
+    every labelled validation window (``labels``: each window's class index), the same on
+    every rank, exact at every world size as :func:`validate` is. ``class_accuracy`` holds
+    None for a class no validation window has; ``baselines`` (the first validation): the
+    majority class's share, what always predicting it scores. A non-finite batch loss raises
+    NonFiniteError naming the step and the batch's windows."""
+    c = len(classes)
+    rows = _classify_sums(stepper, val, labels, c, d).tolist()  # the one sync of a pass
+    bs = d.val_batch_size
+    for b, row in enumerate(rows):
+        if not math.isfinite(row[0]):
+            hi = min((b + 1) * bs, val.num_windows)
+            raise NonFiniteError(
+                f"step {step}: validation loss is {row[0]} in data.val windows "
+                f"{format_ids(np.arange(b * bs, hi))}"
+            )
+    count = int(sum(row[1] for row in rows))
+    per_class = [int(sum(row[3 + k] for row in rows)) for k in range(c)]
+    per_hit = [int(sum(row[3 + c + k] for row in rows)) for k in range(c)]
+    rec: dict[str, Any] = {
+        "loss": sum(row[0] for row in rows) / count,  # in batch order, in Python floats
+        "accuracy": sum(row[2] for row in rows) / count,
+        "class_accuracy": {
+            name: (per_hit[k] / per_class[k] if per_class[k] else None)
+            for k, name in enumerate(classes)
+        },
+        "samples": val.num_windows,
+    }
+    if baselines:
+        rec["baseline_majority_accuracy"] = max(per_class) / count
+    if not math.isfinite(rec["loss"]):
+        raise NonFiniteError(f"step {step}: validation produced a non-finite loss: {rec}")
     return rec

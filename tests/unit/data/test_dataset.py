@@ -333,6 +333,11 @@ def test_missing_data_bad_json_and_no_match(tmp_path):
     bad.write_text("{not json")
     with pytest.raises(DataError, match="bad.sigmf-meta: not valid JSON"):
         IQDataset([bad], window=4)
+    # JSON that Python's reader gives up on: an integer of 5000 digits, nesting 100000 deep.
+    for text, why in (('{"x": ' + "9" * 5000 + "}", "digits"), ("[" * 100000, "too deep")):
+        bad.write_text(text)
+        with pytest.raises(DataError, match=f"bad.sigmf-meta: cannot be read as JSON: .*{why}"):
+            IQDataset([bad], window=4)
     with pytest.raises(DataError, match="no recordings match"):
         IQDataset(str(tmp_path / "nothing" / "*.sigmf-meta"), window=4)
     with pytest.raises(DataError, match="no such file"):
