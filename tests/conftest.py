@@ -33,6 +33,20 @@ def make_recording(tmp_path):
     return make
 
 
+@pytest.fixture
+def offline_wandb(tmp_path, monkeypatch):
+    """An offline W&B directory for this test alone (returned). wandb reads ``WANDB_DIR`` once
+    per process, when its first run starts, so the process-wide setup is torn down after the
+    test: the next test's runs land in its own directory, not in this one."""
+    wandb = pytest.importorskip("wandb", reason="needs wandb, the optional iqtrain[wandb] extra")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb_dir"))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    (tmp_path / "wandb_dir").mkdir()
+    yield tmp_path / "wandb_dir"
+    wandb.teardown()
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """Run a module's tiny models on one thread (use with ``pytest.mark.usefixtures``).

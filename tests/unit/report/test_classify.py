@@ -162,16 +162,11 @@ def test_run_prints_the_final_and_best_accuracy(capsys):
     )
 
 
-def test_wandb_logs_a_classifiers_scalars_as_the_export_does(tmp_path, monkeypatch):
-    pytest.importorskip("wandb", reason="needs wandb, the optional iqtrain[wandb] extra")
+def test_wandb_logs_a_classifiers_scalars_as_the_export_does(tmp_path, offline_wandb):
     from helpers import wandb_offline_runs
 
     from iqtrain.config.sections import WandbConfig
 
-    for key, value in (("WANDB_MODE", "offline"), ("WANDB_SILENT", "true")):
-        monkeypatch.setenv(key, value)
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb_dir"))
-    (tmp_path / "wandb_dir").mkdir()
     att = _attempt(tmp_path)
     logging = LoggingConfig(wandb=WandbConfig(project="iqtrain-test"))
     live = LiveLog.open(logging, att, run_id="cls00001", config={"x": 1})
@@ -179,7 +174,7 @@ def test_wandb_logs_a_classifiers_scalars_as_the_export_does(tmp_path, monkeypat
     for record in CLASSIFY:
         live.record(record)
     live.close(ok=True)
-    ((_, run),) = wandb_offline_runs(tmp_path / "wandb_dir").items()
+    ((_, run),) = wandb_offline_runs(offline_wandb).items()
     names = {k for row in run["history"] for k in row if not k.startswith("_")}
     assert names == set(tensorboard_scalars(export_tensorboard(att, tmp_path / "tb")[0]))
     last = run["history"][-1]

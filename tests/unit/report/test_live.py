@@ -133,16 +133,6 @@ def test_the_wandb_run_id_is_the_parents_or_a_new_one(tmp_path):
     assert wandb_run_id(on, plain) not in (None, "abc123xy")
 
 
-@pytest.fixture
-def offline_wandb(tmp_path, monkeypatch):
-    pytest.importorskip("wandb", reason="needs wandb, the optional iqtrain[wandb] extra")
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb_dir"))
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    (tmp_path / "wandb_dir").mkdir()
-    return tmp_path / "wandb_dir"
-
-
 def test_wandb_logs_the_same_scalars_at_the_same_steps(tmp_path, offline_wandb):
     # One run per process here: a resume continuing the run is a new process
     # (tests/e2e/test_live.py); wandb-core does not restart a finished run id in-process.
