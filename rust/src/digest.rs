@@ -9,9 +9,8 @@
 
 use rayon::prelude::*;
 
-use crate::aligned::AlignedVec;
 use crate::error::{Error, Result};
-use crate::recordings::{open_regular, read_error, read_exact_at};
+use crate::io::{open_regular, read_error, read_exact_at, AlignedVec};
 
 /// Bytes read per positioned read and hashed per `update_rayon` call.
 pub const CHUNK: usize = 1 << 20;

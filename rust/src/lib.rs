@@ -1,28 +1,37 @@
 //! Native data path of iqtrain: recordings read with positioned reads, full-content digests,
 //! the seeded epoch permutation, the global sample stream and parallel batch assembly (into
-//! pooled buffers, or a ring of caller-owned ones: `ring.rs`). Pure Rust; the Python bindings
-//! live in `python.rs` behind the `python` feature so `cargo test` needs no interpreter.
-
-pub mod aligned;
-pub mod digest;
-pub mod error;
-pub mod files;
-pub mod job;
-pub mod mapped;
-pub mod permutation;
-pub mod recordings;
-pub mod ring;
-pub mod stream;
+//! pooled buffers, or a ring of caller-owned ones: `stream/ring.rs`). Pure Rust; the Python
+//! bindings live in `python.rs` behind the `python` feature so `cargo test` needs no interpreter.
+//!
+//! The modules are private; the `pub use` lines below are the crate's one surface, and
+//! `python.rs` uses nothing else. Modules import one way (a module uses only those below it):
+//!
+//! ```text
+//! python
+//! stream       mod (Stream) -> prefetch | ring -> job -> buffer; prefetch, ring -> spec -> buffer
+//! digest | recordings   dataset -> segments | decode -> datatype
+//! permutation | io      mapped -> aligned; files; pread
+//! error
+//! ```
+mod digest;
+mod error;
+mod io;
+mod permutation;
+mod recordings;
+mod stream;
 
 #[cfg(feature = "python")]
 mod python;
 
-pub use digest::{digest_file, digest_files};
+pub use digest::{digest_file, digest_files, digest_pieces, merge_pieces, pieces, CHUNK};
 pub use error::{Error, Result};
+pub use io::{bytes_mut, AlignedVec, Plain};
 pub use permutation::{feistel_index, Permutation};
-pub use recordings::{capture_segments, window_count, Dataset, Kind, ReadPolicy, Segment, Storage};
-pub use ring::{RawBuf, Ring, Slots};
-pub use stream::{Batch, Buffer, Stream, StreamSpec};
+pub use recordings::{
+    capture_segments, window_count, Dataset, Kind, ReadPolicy, Recording, Segment, Storage,
+    KIND_NAMES,
+};
+pub use stream::{assemble, Batch, Buffer, BufferPool, RawBuf, Ring, Slots, Stream, StreamSpec};
 
 #[cfg(test)]
 pub(crate) mod testutil {

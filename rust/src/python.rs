@@ -9,10 +9,10 @@ use pyo3::exceptions::{PyIndexError, PyMemoryError};
 use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
 
-use crate::error::Error;
-use crate::recordings::{Dataset, ReadPolicy, Storage};
-use crate::ring::RawBuf;
-use crate::stream::{bytes_mut, AlignedVec, Buffer, BufferPool, Plain, Stream};
+use crate::{
+    bytes_mut, AlignedVec, Buffer, BufferPool, Dataset, Error, Plain, RawBuf, ReadPolicy, Storage,
+    Stream,
+};
 
 pyo3::import_exception!(iqtrain.errors, IQTrainError);
 pyo3::import_exception!(iqtrain.errors, ConfigError);
@@ -518,7 +518,7 @@ fn feistel_index(n: i128, seed: i128, epoch: i128, pos: i128) -> PyResult<u64> {
         .ok()
         .filter(|&p| p < n)
         .ok_or_else(|| PyIndexError::new_err(format!("pos {pos} is out of range [0, {n})")))?;
-    Ok(crate::permutation::feistel_index(n, seed, epoch, pos)?)
+    Ok(crate::feistel_index(n, seed, epoch, pos)?)
 }
 
 /// One rank's view of the seeded global sample stream, with background prefetch.
@@ -685,7 +685,7 @@ fn digest_files(
     paths: Vec<String>,
     expected_lengths: Option<Vec<u64>>,
 ) -> PyResult<Vec<String>> {
-    let hashes = py.detach(|| crate::digest::digest_files(&paths, expected_lengths.as_deref()))?;
+    let hashes = py.detach(|| crate::digest_files(&paths, expected_lengths.as_deref()))?;
     Ok(hashes.iter().map(|h| h.to_hex().to_string()).collect())
 }
 
@@ -693,7 +693,7 @@ fn digest_files(
 /// (`piece`: a power of two >= 1024): one piece, the whole file, when it fits.
 #[pyfunction]
 fn digest_plan(length: u64, piece: u64) -> PyResult<Vec<(u64, u64)>> {
-    Ok(crate::digest::pieces(length, piece)?)
+    Ok(crate::pieces(length, piece)?)
 }
 
 /// One 32-byte value per piece `(paths[i], lengths[i], offsets[i], sizes[i])`, in parallel
@@ -724,7 +724,7 @@ fn digest_pieces<'py>(
         .zip(sizes)
         .map(|(((p, l), o), k)| (p, l, o, k))
         .collect();
-    let values = py.detach(|| crate::digest::digest_pieces(&pieces))?;
+    let values = py.detach(|| crate::digest_pieces(&pieces))?;
     Ok(values
         .iter()
         .map(|v| pyo3::types::PyBytes::new(py, v))
@@ -744,7 +744,7 @@ fn digest_merge(length: u64, values: Vec<Vec<u8>>, piece: u64) -> PyResult<Strin
         })?;
         cvs.push(cv);
     }
-    Ok(crate::digest::merge_pieces(length, piece, &cvs)?
+    Ok(crate::merge_pieces(length, piece, &cvs)?
         .to_hex()
         .to_string())
 }

@@ -284,7 +284,7 @@ mod sys {
         // The handler runs on this thread: a compiler fence orders the guard against the copy.
         compiler_fence(Ordering::SeqCst);
         // Raw pointers, never a slice of the mapping: its bytes may change under us.
-        crate::aligned::copy_bytes(src, out.as_mut_ptr(), out.len());
+        crate::io::copy_bytes(src, out.as_mut_ptr(), out.len());
         compiler_fence(Ordering::SeqCst);
         GUARD.with(|g| {
             g.start.set(0);
@@ -448,16 +448,13 @@ mod tests {
         let p = t.file("a", &bytes);
         let f = File::open(&p).unwrap();
         let m = Mapping::new(&f, bytes.len() as u64).expect("mapping");
-        let mut buf = crate::aligned::AlignedVec::<u8>::zeroed(4 * 4096).unwrap();
+        let mut buf = crate::io::AlignedVec::<u8>::zeroed(4 * 4096).unwrap();
         let at = (16 + 4096 - buf.as_ptr() as usize % 4096) % 4096;
         let out = &mut buf[at..at + 2 * 4096];
         assert_eq!(out.as_ptr() as usize % 4096, 16);
         let x86_gnu = cfg!(all(target_arch = "x86_64", target_env = "gnu"));
         let src = m.base.wrapping_add(4 * 4096); // only the address is used
-        assert_eq!(
-            crate::aligned::piecewise(src, out.as_ptr(), out.len()),
-            x86_gnu
-        );
+        assert_eq!(crate::io::piecewise(src, out.as_ptr(), out.len()), x86_gnu);
         assert!(m.copy_to(4 * 4096, out));
         assert_eq!(out, &bytes[4 * 4096..6 * 4096]);
         std::fs::OpenOptions::new()

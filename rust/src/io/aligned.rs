@@ -160,7 +160,7 @@ pub(crate) unsafe fn copy_bytes(src: *const u8, dst: *mut u8, len: usize) {
     }
 }
 
-pub(crate) fn bytes_mut<T: Plain>(v: &mut [T]) -> &mut [u8] {
+pub fn bytes_mut<T: Plain>(v: &mut [T]) -> &mut [u8] {
     // SAFETY: T is Plain (no padding, every bit pattern valid); u8 has alignment 1.
     unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, std::mem::size_of_val(v)) }
 }

@@ -26,66 +26,14 @@
 
 use std::any::Any;
 use std::collections::VecDeque;
-use std::ptr::NonNull;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::Instant;
 
+use super::buffer::RawBuf;
+use super::job::{self, Completed, Found, Job, Waiter};
+use super::spec::{assemble_into, StreamSpec};
 use crate::error::{Error, Result};
-use crate::job::{self, Job};
 use crate::recordings::Dataset;
-use crate::stream::{assemble_into, StreamSpec};
-
-/// The address and byte length of one batch buffer (caller-owned in a ring, pooled in a job).
-#[derive(Clone, Copy, Debug)]
-pub struct RawBuf {
-    ptr: NonNull<u8>,
-    len: usize,
-}
-
-// SAFETY: a RawBuf is only an address; writing through it is unsafe (`as_mut_slice`), and the
-// Ring's slot states and a Job's chunk claims (`job.rs`) decide which thread may write which
-// bytes at any time.
-unsafe impl Send for RawBuf {}
-// SAFETY: as above; a shared RawBuf gives no access to the memory by itself.
-unsafe impl Sync for RawBuf {}
-
-impl RawBuf {
-    /// Records an address; nothing is dereferenced here.
-    pub fn new(ptr: *mut u8, len: usize) -> Result<RawBuf> {
-        let ptr = NonNull::new(ptr).ok_or_else(|| Error::config("buffers", "null buffer"))?;
-        if (ptr.as_ptr() as usize).checked_add(len).is_none() || len > isize::MAX as usize {
-            return Err(Error::config("buffers", "buffer exceeds the address space"));
-        }
-        Ok(RawBuf { ptr, len })
-    }
-
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    fn range(&self) -> (usize, usize) {
-        let a = self.ptr.as_ptr() as usize;
-        (a, a + self.len)
-    }
-
-    /// The start address; writing through it is up to the caller (see `as_mut_slice`).
-    pub(crate) fn as_ptr(&self) -> *mut u8 {
-        self.ptr.as_ptr()
-    }
-
-    /// # Safety
-    /// The memory must be valid for writes of `len` bytes and nothing else may access it for
-    /// the lifetime of the returned slice.
-    pub(crate) unsafe fn as_mut_slice<'a>(self) -> &'a mut [u8] {
-        // SAFETY: the caller's guarantee above; len <= isize::MAX was checked in new().
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
-    }
-}
 
 /// Who owns a slot (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -310,8 +258,6 @@ pub struct Ring {
     shared: Arc<Shared>,
     bufs: Arc<[RawBuf]>,
     prefetch: usize,
-    /// Rayon helpers per batch; None: `job::helpers()`, counted on the prefetch thread.
-    pub(crate) helpers: Option<usize>,
     worker: Option<JoinHandle<()>>,
     /// Owns the buffers' memory (the Python arrays). Declared last, and dropped only after
     /// `Drop::drop` has joined the prefetch thread.
@@ -349,10 +295,14 @@ impl Ring {
                 ),
             ));
         }
-        if let Some((i, b)) = bufs.iter().enumerate().find(|(_, b)| b.len != batch_bytes) {
+        if let Some((i, b)) = bufs
+            .iter()
+            .enumerate()
+            .find(|(_, b)| b.len() != batch_bytes)
+        {
             return Err(Error::config(
                 &format!("buffers[{i}]"),
-                format!("has {} bytes, a batch has {batch_bytes}", b.len),
+                format!("has {} bytes, a batch has {batch_bytes}", b.len()),
             ));
         }
         let mut ranges: Vec<(usize, usize, usize)> = bufs
@@ -380,7 +330,6 @@ impl Ring {
             }),
             bufs: bufs.into(),
             prefetch,
-            helpers: None,
             worker: None,
             _keepalive: keepalive,
         })
@@ -410,20 +359,23 @@ impl Ring {
         )
     }
 
-    /// The batch at `pos` in a slot now held by the caller: `(slot, window ids)`.
+    /// The batch at `pos` in a slot now held by the caller: `(slot, window ids)`. A prefetch
+    /// thread started here runs `helpers` rayon helpers per batch (None: `job::helpers()`,
+    /// counted on that thread).
     pub fn next(
         &mut self,
         ds: &Arc<Dataset>,
         spec: &StreamSpec,
         pos: u64,
+        helpers: Option<usize>,
     ) -> Result<(usize, Vec<u64>)> {
         if self.prefetch == 0 {
             return self.next_sync(ds, spec, pos);
         }
         if self.worker.is_none() {
-            self.spawn(ds.clone(), *spec, pos)?;
+            self.spawn(ds.clone(), *spec, pos, helpers)?;
         }
-        let filled = self.wait_or_help(ds, pos)?;
+        let filled = job::wait_for(&mut Wait { ring: self, pos }, ds)?;
         match filled.result {
             Ok((slot, ids)) if filled.pos == pos => Ok((slot, ids)),
             Ok((slot, _)) => {
@@ -436,65 +388,6 @@ impl Ring {
                 // stops it here. The next call restarts at `pos`.
                 self.reset();
                 Err(e)
-            }
-        }
-    }
-
-    /// The next queued batch. While the batch at `pos` is being assembled, this thread claims
-    /// its remaining rows, and completes it (finishes its slot) if it is the one to finish;
-    /// otherwise it spins briefly and then sleeps until the prefetch thread queues something.
-    fn wait_or_help(&mut self, ds: &Dataset, pos: u64) -> Result<Filled> {
-        let mut since = Instant::now();
-        let mut g = self.shared.lock();
-        loop {
-            if let Some(f) = g.slots.pop_ready() {
-                self.shared.changed.notify_all(); // one fewer batch ahead: the thread may fill more
-                return Ok(f);
-            }
-            if !g.running {
-                drop(g);
-                self.reset();
-                return Err(Error::Thread("stopped unexpectedly".into()));
-            }
-            if g.slots.all_held() {
-                return Err(self.all_held());
-            }
-            let helping = g
-                .current
-                .clone()
-                .filter(|(_, j)| j.pos == pos && !j.is_won());
-            if let Some((slot, job)) = helping {
-                drop(g);
-                job.work(ds);
-                if let Some((result, _)) = job.complete(ds) {
-                    // Straight to this caller, not through the queue: the prefetch thread may
-                    // have queued later batches meanwhile.
-                    let mut g = self.shared.lock();
-                    if g.current
-                        .as_ref()
-                        .is_some_and(|(_, j)| Arc::ptr_eq(j, &job))
-                    {
-                        g.current = None;
-                    }
-                    let filled = g
-                        .slots
-                        .hand_over(slot, pos, result.map(|()| job.ids.clone()));
-                    drop(g);
-                    self.shared.changed.notify_all(); // a failed batch freed its slot
-                    return filled;
-                }
-                // The prefetch thread won it and queues it: microseconds away, unless it
-                // re-reads a changed file's rows (then this thread sleeps after the spin).
-                since = Instant::now();
-                g = self.shared.lock();
-            } else if since.elapsed() <= job::SPIN {
-                // The thread is between batches, or queueing one: microseconds away.
-                drop(g);
-                std::thread::yield_now();
-                g = self.shared.lock();
-            } else {
-                // Every change of state (a batch queued, a job started, an exit) notifies.
-                g = self.shared.wait(g);
             }
         }
     }
@@ -545,19 +438,17 @@ impl Ring {
         g.slots.discard();
     }
 
-    /// Starts `n` rayon helpers per batch instead of the default (tests); takes effect when the
-    /// prefetch thread next starts.
-    #[cfg(test)]
-    pub(crate) fn set_helpers(&mut self, n: usize) {
-        self.helpers = Some(n);
-    }
-
-    fn spawn(&mut self, ds: Arc<Dataset>, spec: StreamSpec, start: u64) -> Result<()> {
+    fn spawn(
+        &mut self,
+        ds: Arc<Dataset>,
+        spec: StreamSpec,
+        start: u64,
+        helpers: Option<usize>,
+    ) -> Result<()> {
         self.shared.lock().running = true;
         let shared = self.shared.clone();
         let bufs = self.bufs.clone();
         let depth = self.prefetch;
-        let helpers = self.helpers;
         let handle = std::thread::Builder::new()
             .name("iqtrain-ring".into())
             .spawn(move || fill_loop(shared, bufs, ds, spec, start, depth, helpers));
@@ -571,6 +462,65 @@ impl Ring {
                 Err(Error::Thread(format!("cannot be started ({e})")))
             }
         }
+    }
+}
+
+/// The caller of `Ring::next` waiting for the batch at `pos` (`job::wait_for`).
+struct Wait<'a> {
+    ring: &'a mut Ring,
+    pos: u64,
+}
+
+impl Waiter for Wait<'_> {
+    type Batch = Result<Filled>;
+    /// The slot of the open job.
+    type Tag = usize;
+
+    /// The next queued batch (or why there is none), else the open job of the batch at `pos`
+    /// and its slot; with `sleep`, waits for the prefetch thread to change something first.
+    fn look(&mut self, sleep: bool) -> Found<Result<Filled>, usize> {
+        let shared = &self.ring.shared;
+        let mut g = shared.lock();
+        loop {
+            if let Some(f) = g.slots.pop_ready() {
+                shared.changed.notify_all(); // one fewer batch ahead: the thread may fill more
+                return Found::Ready(Ok(f));
+            }
+            if !g.running {
+                drop(g);
+                self.ring.reset();
+                return Found::Ready(Err(Error::Thread("stopped unexpectedly".into())));
+            }
+            if g.slots.all_held() {
+                return Found::Ready(Err(self.ring.all_held()));
+            }
+            if let Some((slot, job)) = g.current.as_ref().filter(|(_, j)| j.open_at(self.pos)) {
+                return Found::Open(job.clone(), *slot);
+            }
+            if !sleep {
+                // The thread is between batches, or queueing one: microseconds away.
+                return Found::Pending;
+            }
+            // Every change of state (a batch queued, a job started, an exit) notifies.
+            g = shared.wait(g);
+        }
+    }
+
+    /// Straight to this caller, not through the queue: the prefetch thread may have queued
+    /// later batches meanwhile.
+    fn won(&mut self, job: &Job, slot: usize, done: Completed) -> Result<Filled> {
+        let shared = &self.ring.shared;
+        let mut g = shared.lock();
+        if g.current
+            .as_ref()
+            .is_some_and(|(_, j)| std::ptr::eq(Arc::as_ptr(j), job))
+        {
+            g.current = None;
+        }
+        let filled = g.slots.hand_over(slot, self.pos, done.result);
+        drop(g);
+        shared.changed.notify_all(); // a failed batch freed its slot
+        filled
     }
 }
 
@@ -623,8 +573,7 @@ fn fill_loop(
         job.spawn_helpers(&ds, helpers);
         job.work(&ds);
         // complete() waits for every chunk, the consumer's and the helpers' included.
-        if let Some((result, _)) = job.complete(&ds) {
-            let result = result.map(|()| job.ids.clone());
+        if let Some(Completed { result, .. }) = job.complete(&ds) {
             let failed = result.is_err();
             let recorded = {
                 let mut g = shared.lock();

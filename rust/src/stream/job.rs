@@ -24,17 +24,22 @@
 //!    other gets nothing. Helpers never complete a job.
 //!
 //! So the buffer is written only by claimants of distinct chunks before the job completes, and by
-//! the winner (the re-read of a changed file's rows) inside `complete`; the pooled `Buffer` leaves
-//! the job only through its winner, and a ring slot stays `Filling` until then.
+//! the winner (the re-read of a changed file's rows) inside `complete`; the pooled `Buffer` and
+//! the batch's ids leave the job only through its winner, and a ring slot stays `Filling` until
+//! then.
+//!
+//! The consumer's side, the same for a pooled stream and a ring, is [`wait_for`]: take a ready
+//! batch, else claim rows of the open job of the batch it waits for, else spin briefly, else
+//! sleep until the prefetch thread changes something.
 
+use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::buffer::{Buffer, BufferPool, RawBuf};
 use crate::error::{Error, Result};
 use crate::recordings::{Dataset, RowSource};
-use crate::ring::RawBuf;
-use crate::stream::Buffer;
 
 /// Rows per chunk: enough to amortise a claim (one contended atomic) against ~µs row copies, few
 /// enough that the last chunk in flight keeps a waiting thread only a few µs.
@@ -60,15 +65,44 @@ pub fn spin_until(mut ready: impl FnMut() -> bool) -> bool {
     }
 }
 
+/// The batch's window ids: read by the claimants of its chunks, then moved out (never copied) by
+/// the winner of `complete`.
+struct Ids(UnsafeCell<Vec<u64>>);
+
+// SAFETY: the ids are read only by a claimant of a chunk (`decode_chunk`), before it counts the
+// chunk done, and by the winner of `complete`; they are written once, by `take`, which only the
+// winner calls, after every chunk is counted done (`Acquire` on `done`, paired with each
+// claimant's `Release`) and after its own reads. A claim made after the last chunk reads nothing.
+unsafe impl Sync for Ids {}
+
+impl Ids {
+    /// # Safety
+    /// Not after `take` (see the `Sync` impl: a claimant of a chunk, or the winner before it
+    /// takes them).
+    unsafe fn get(&self) -> &[u64] {
+        // SAFETY: the caller's guarantee: `take`, the only writer, has not run and runs only
+        // once every reader is done.
+        unsafe { &*self.0.get() }
+    }
+
+    /// # Safety
+    /// Only by the winner of `complete`, once every chunk is counted done.
+    unsafe fn take(&self) -> Vec<u64> {
+        // SAFETY: the caller's guarantee: nobody reads or writes the ids any more.
+        unsafe { std::mem::take(&mut *self.0.get()) }
+    }
+}
+
 /// One batch being assembled (see the module docs).
 pub struct Job {
     pub pos: u64,
-    pub ids: Vec<u64>,
+    ids: Ids,
     out: RawBuf,
     /// The pooled buffer `out` points into (None for a ring slot, owned by the ring); taken only
     /// by the winner of `complete`.
     owned: Mutex<Option<Buffer>>,
     row_bytes: usize,
+    rows: usize,
     chunks: usize,
     next: AtomicUsize,
     done: AtomicUsize,
@@ -80,18 +114,26 @@ pub struct Job {
     won: AtomicBool,
 }
 
-/// What the winner of `Job::complete` gets: the batch's outcome, and its pooled buffer (None for a
-/// ring job).
-pub type Completed = (Result<()>, Option<Buffer>);
+/// What the winner of `Job::complete` gets.
+#[derive(Debug)]
+pub struct Completed {
+    /// The batch's window ids, or why the batch could not be made.
+    pub result: Result<Vec<u64>>,
+    /// The pooled buffer (None for a ring job), on an error too, for its owner to take back.
+    pub buffer: Option<Buffer>,
+}
 
 impl Job {
-    /// A job filling the pooled `buffer` with the batch of `ids` at `pos`. The ids and the buffer
-    /// length are checked here, before any row is written (a caller that wants the buffer back
-    /// on a bad batch checks first, with `Dataset::check_batch`).
-    pub fn pooled(ds: &Dataset, pos: u64, ids: Vec<u64>, mut buffer: Buffer) -> Result<Job> {
-        let bytes = buffer.as_bytes_mut();
-        let out = RawBuf::new(bytes.as_mut_ptr(), bytes.len())?;
-        ds.check_batch(&ids, out.len())?;
+    /// A job filling a buffer of `pool` with the batch of `ids` at `pos`. The ids are checked
+    /// before a buffer is taken, so a bad batch costs the pool nothing.
+    pub fn pooled(ds: &Dataset, pos: u64, ids: Vec<u64>, pool: &BufferPool) -> Result<Job> {
+        let too_big = || Error::config("batch_size", "batch buffer exceeds the address space");
+        let elems = ids.len().checked_mul(ds.row_elems()).ok_or_else(too_big)?;
+        let bytes = ids.len().checked_mul(ds.row_bytes()).ok_or_else(too_big)?;
+        ds.check_batch(&ids, bytes)?;
+        let mut buffer = pool.take(ds.storage(), elems)?;
+        let out = buffer.as_bytes_mut();
+        let out = RawBuf::new(out.as_mut_ptr(), out.len())?;
         Ok(Job::new(ds, pos, ids, out, Some(buffer)))
     }
 
@@ -105,6 +147,7 @@ impl Job {
         Ok(Job::new(ds, pos, ids, out, None))
     }
 
+    /// `ids` and `out` as `check_batch` passed them: `out` holds exactly `ids.len()` rows.
     fn new(ds: &Dataset, pos: u64, ids: Vec<u64>, out: RawBuf, owned: Option<Buffer>) -> Job {
         let rows = ids.len();
         let chunks = if ds.row_bytes() == 0 {
@@ -117,6 +160,7 @@ impl Job {
             out,
             owned: Mutex::new(owned),
             row_bytes: ds.row_bytes(),
+            rows,
             chunks,
             next: AtomicUsize::new(0),
             done: AtomicUsize::new(0),
@@ -124,7 +168,7 @@ impl Job {
             first_failed: AtomicUsize::new(usize::MAX),
             error: Mutex::new(None),
             won: AtomicBool::new(false),
-            ids,
+            ids: Ids(UnsafeCell::new(ids)),
         }
     }
 
@@ -160,7 +204,7 @@ impl Job {
 
     fn decode_chunk(&self, ds: &Dataset, c: usize) -> Result<()> {
         let first = c * CHUNK_ROWS;
-        let last = (first + CHUNK_ROWS).min(self.ids.len());
+        let last = (first + CHUNK_ROWS).min(self.rows);
         let rb = self.row_bytes;
         // SAFETY: chunk c was claimed by this thread alone (fetch_add hands each index out once),
         // its rows [first, last) lie inside `out` (check_batch: ids.len() * rb == out.len()), and
@@ -168,9 +212,11 @@ impl Job {
         let rows = unsafe {
             std::slice::from_raw_parts_mut(self.out.as_ptr().add(first * rb), (last - first) * rb)
         };
+        // SAFETY: a claimant before counting its chunk done: the winner takes the ids only after.
+        let ids = unsafe { self.ids.get() };
         let mut sources = [(0usize, false); CHUNK_ROWS];
         let sources = &mut sources[..last - first];
-        ds.decode_rows(&self.ids[first..last], rows, sources)?;
+        ds.decode_rows(&ids[first..last], rows, sources)?;
         for (slot, &(r, mapped)) in self.sources[first..last].iter().zip(sources.iter()) {
             slot.store(r << 1 | mapped as usize, Ordering::Relaxed);
         }
@@ -196,12 +242,18 @@ impl Job {
         self.won.load(Ordering::Acquire)
     }
 
+    /// True while this is the job of the batch at `pos` and nobody has won it: a consumer
+    /// waiting for that batch claims its rows.
+    pub fn open_at(&self, pos: u64) -> bool {
+        self.pos == pos && !self.is_won()
+    }
+
     /// Waits for the chunks other threads still have in flight (spinning, then sleeping in
     /// short steps), then returns the outcome to exactly one caller, the winner: the per-file
     /// check of the rows copied from mappings (and the re-read of a changed file's rows), the
-    /// batch's error if any, and the pooled buffer. Every other caller gets None. Call after
-    /// `work` has returned, so that every chunk is claimed and each claimant is a copy of at
-    /// most `CHUNK_ROWS` rows away from counting it.
+    /// batch's ids or its error, and the pooled buffer. Every other caller gets None. Call
+    /// after `work` has returned, so that every chunk is claimed and each claimant is a copy of
+    /// at most `CHUNK_ROWS` rows away from counting it.
     pub fn complete(&self, ds: &Dataset) -> Option<Completed> {
         while !spin_until(|| self.finished()) {
             std::thread::sleep(Duration::from_micros(50));
@@ -211,7 +263,10 @@ impl Job {
         }
         let buffer = self.owned.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some((_, e)) = self.error.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            return Some((Err(e), buffer));
+            return Some(Completed {
+                result: Err(e),
+                buffer,
+            });
         }
         let sources: Vec<RowSource> = self
             .sources
@@ -221,11 +276,13 @@ impl Job {
                 (v >> 1, v & 1 == 1)
             })
             .collect();
-        // SAFETY: every chunk is done (Acquire above), so no claimant writes `out` any more;
-        // only the winner gets here, once; the buffer stays valid until this returns (a pooled
-        // one is owned by this call now, a ring slot stays Filling until its winner finishes it).
-        let out = unsafe { self.out.as_mut_slice() };
-        Some((ds.recheck(&self.ids, out, &sources), buffer))
+        // SAFETY: every chunk is done (Acquire above), so no claimant writes `out` or reads the
+        // ids any more; only the winner gets here, once; the buffer stays valid until this
+        // returns (a pooled one is owned by this call now, a ring slot stays Filling until its
+        // winner finishes it).
+        let (out, ids) = unsafe { (self.out.as_mut_slice(), self.ids.take()) };
+        let result = ds.recheck(&ids, out, &sources).map(|()| ids);
+        Some(Completed { result, buffer })
     }
 
     /// Starts `n` helpers on rayon's global pool, each claiming chunks of this job until none is
@@ -265,6 +322,53 @@ impl Drop for Counted<'_> {
     }
 }
 
+/// What a consumer waiting for its batch finds on one look ([`Waiter::look`]).
+pub enum Found<B, T> {
+    /// The batch, or why there is none: the wait is over.
+    Ready(B),
+    /// The open job of the batch waited for (`Job::open_at`), with what the consumer needs to
+    /// publish it should it complete the job itself (a ring slot).
+    Open(Arc<Job>, T),
+    /// Neither: the batch is being published, or its job not started yet.
+    Pending,
+}
+
+/// Where a consumer of a prefetching stream (the pooled channel, or the ring) looks for the
+/// batch it waits for, and how it publishes one it completed itself.
+pub trait Waiter {
+    type Batch;
+    type Tag;
+    /// One look. With `sleep`, a look that would find neither the batch nor its open job blocks
+    /// until the prefetch thread changes something first.
+    fn look(&mut self, sleep: bool) -> Found<Self::Batch, Self::Tag>;
+    /// The batch of `job`, which this consumer completed (it won `Job::complete`).
+    fn won(&mut self, job: &Job, tag: Self::Tag, done: Completed) -> Self::Batch;
+}
+
+/// The cooperative wait (module docs, design 2.3): a ready batch is taken; while the batch
+/// waited for is being assembled, this thread claims its remaining rows and, if it finishes
+/// first, completes and publishes it (`Waiter::won`); otherwise it spins, yielding between
+/// looks, for at most `SPIN` since it last had something to do, and then sleeps in `look`.
+pub fn wait_for<W: Waiter>(w: &mut W, ds: &Dataset) -> W::Batch {
+    let mut since = Instant::now();
+    loop {
+        match w.look(since.elapsed() > SPIN) {
+            Found::Ready(batch) => return batch,
+            Found::Open(job, tag) => {
+                job.work(ds);
+                if let Some(done) = job.complete(ds) {
+                    return w.won(&job, tag, done);
+                }
+                // The prefetch thread won it and publishes it: microseconds away, unless it
+                // re-reads a changed file's rows (then this thread sleeps after the spin).
+                since = Instant::now();
+            }
+            // The prefetch thread is between batches, or publishing one: microseconds away.
+            Found::Pending => std::thread::yield_now(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -289,8 +393,7 @@ mod tests {
     }
 
     fn pooled(ds: &Dataset, ids: &[u64]) -> Job {
-        let buffer = Buffer::zeroed(ds.storage(), ids.len() * ds.row_elems()).unwrap();
-        Job::pooled(ds, 7, ids.to_vec(), buffer).unwrap()
+        Job::pooled(ds, 7, ids.to_vec(), &BufferPool::new(1)).unwrap()
     }
 
     fn gathered(ds: &Dataset, ids: &[u64]) -> Vec<u8> {
@@ -299,10 +402,10 @@ mod tests {
         want
     }
 
-    /// The winner's batch bytes, or its error.
-    fn outcome(done: Completed) -> Result<Vec<u8>> {
-        let (result, buffer) = done;
-        result.map(|()| buffer.unwrap().as_bytes_mut().to_vec())
+    /// The winner's batch bytes and ids, or its error.
+    fn outcome(done: Completed) -> Result<(Vec<u8>, Vec<u64>)> {
+        let Completed { result, buffer } = done;
+        result.map(|ids| (buffer.unwrap().as_bytes_mut().to_vec(), ids))
     }
 
     #[test]
@@ -334,7 +437,7 @@ mod tests {
                 assert!(job.complete(&ds).is_none(), "won once only");
                 assert_eq!(
                     outcome(won.pop().unwrap()).unwrap(),
-                    want,
+                    (want.clone(), ids.clone()),
                     "mapped {mapped}"
                 );
                 assert_eq!(job.work(&ds), 0, "nothing is claimed after the end");
@@ -352,21 +455,37 @@ mod tests {
         assert_eq!(job.work(&ds), 2);
         assert_eq!(job.work(&ds), 0, "nothing left to claim");
         let done = job.complete(&ds).unwrap();
-        assert_eq!(outcome(done).unwrap(), gathered(&ds, &ids));
+        assert_eq!(outcome(done).unwrap(), (gathered(&ds, &ids), ids));
     }
 
     #[test]
     fn a_bad_batch_is_refused_before_any_row_is_written() {
         let t = TempDir::new("job-bad");
         let ds = dataset(&t, 1024, false);
-        let buffer = Buffer::zeroed(ds.storage(), 2 * ds.row_elems()).unwrap();
-        let e = Job::pooled(&ds, 0, vec![0, ds.num_windows()], buffer).err();
+        let pool = BufferPool::new(1);
+        let mut given = Buffer::zeroed(ds.storage(), 2 * ds.row_elems()).unwrap();
+        let at = given.as_bytes_mut().as_ptr();
+        pool.give(given);
+        let e = Job::pooled(&ds, 0, vec![0, ds.num_windows()], &pool).err();
         assert!(matches!(e, Some(Error::Index { .. })), "{e:?}");
-        let buffer = Buffer::zeroed(ds.storage(), 3 * ds.row_elems()).unwrap();
-        let e = Job::pooled(&ds, 0, vec![0, 1], buffer).err();
+        let mut kept = pool.take(ds.storage(), 2 * ds.row_elems()).unwrap();
+        assert_eq!(
+            kept.as_bytes_mut().as_ptr(),
+            at,
+            "the buffer stayed in the pool"
+        );
+        let mut three = Buffer::zeroed(ds.storage(), 3 * ds.row_elems()).unwrap();
+        let bytes = three.as_bytes_mut();
+        let out = RawBuf::new(bytes.as_mut_ptr(), bytes.len()).unwrap();
+        // SAFETY: `three` outlives the job, which is refused before it writes anything.
+        let e = unsafe { Job::into_raw(&ds, 0, vec![0, 1], out) }.err();
         assert!(
             matches!(e, Some(Error::Config { ref key, .. }) if key == "out"),
             "{e:?}"
+        );
+        assert!(
+            three.as_bytes_mut().iter().all(|&b| b == 0),
+            "no row written"
         );
     }
 
@@ -425,7 +544,7 @@ mod tests {
         }));
         assert!(r.is_err());
         job.work(&ds);
-        let (result, buffer) = job.complete(&ds).unwrap();
+        let Completed { result, buffer } = job.complete(&ds).unwrap();
         assert!(buffer.is_some(), "the buffer goes back to its owner");
         let e = result.unwrap_err();
         assert!(

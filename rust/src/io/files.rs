@@ -259,7 +259,7 @@ mod tests {
 
     fn first_byte(f: &File) -> u8 {
         let mut b = [0u8];
-        crate::recordings::read_exact_at(f, &mut b, 0).unwrap();
+        crate::io::read_exact_at(f, &mut b, 0).unwrap();
         b[0]
     }
 
