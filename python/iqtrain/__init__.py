@@ -54,6 +54,12 @@ _EXPORTS: dict[str, str] = {
     "convert_radioml2018": "iqtrain.data.convert",
     "classical_features": "iqtrain.eval.classical",
     "objective_loss": "iqtrain.model.objectives",
+    "dumps_toml": "iqtrain.config.schema",
+    "LabelledSet": "iqtrain.data.windows",
+    "labelled_windows": "iqtrain.data.windows",
+    "classical_matrix": "iqtrain.eval.features",
+    "cross_validate": "iqtrain.eval.folds",
+    "fit_logistic": "iqtrain.eval.logistic",
 }
 
 __all__ = [
@@ -66,6 +72,7 @@ __all__ = [
     "IQDataset",
     "IQTrainError",
     "InputError",
+    "LabelledSet",
     "ModelConfig",
     "NextPatchModel",
     "NonFiniteError",
@@ -83,8 +90,13 @@ __all__ = [
     "__version__",
     "build_config",
     "classical_features",
+    "classical_matrix",
     "convert_radioml2016",
     "convert_radioml2018",
+    "cross_validate",
+    "dumps_toml",
+    "fit_logistic",
+    "labelled_windows",
     "load_config",
     "load_pretrained",
     "lr_at",
@@ -131,12 +143,13 @@ def __dir__() -> list[str]:
 
 # What type checkers and IDEs see: the eager imports this module used to run.
 if _typing.TYPE_CHECKING:
-    from iqtrain.config.schema import Config, build_config, load_config
+    from iqtrain.config.schema import Config, build_config, dumps_toml, load_config
     from iqtrain.config.sections import ModelConfig, OptimizerConfig, ScheduleConfig
     from iqtrain.data.convert import convert_radioml2016, convert_radioml2018
     from iqtrain.data.dataset import IQDataset, TrainStream
     from iqtrain.data.sigmf_meta import Recording
     from iqtrain.data.synth import synthesize
+    from iqtrain.data.windows import LabelledSet, labelled_windows
     from iqtrain.errors import (
         CheckpointError,
         ConfigError,
@@ -148,6 +161,9 @@ if _typing.TYPE_CHECKING:
         TrainingError,
     )
     from iqtrain.eval.classical import classical_features
+    from iqtrain.eval.features import classical_matrix
+    from iqtrain.eval.folds import cross_validate
+    from iqtrain.eval.logistic import fit_logistic
     from iqtrain.eval.probe import ProbeResult, run_probe
     from iqtrain.evidence.lineage import ParentRef
     from iqtrain.evidence.verify import verify_attempt

@@ -1,8 +1,12 @@
-"""Durable writes of evidence: fsynced files, atomic replacement, one-line failures.
+"""Files on disk: durable writes of evidence, and the one way an untrusted pickle is read.
 
 Every write of an attempt's evidence goes through here, so a failure (disk full, file too large,
 I/O error) is always a :class:`~iqtrain.errors.StorageError` naming the file, and a replaced
-file is either its old content or its new content, never a mix. Imports no torch.
+file is either its old content or its new content, never a mix.
+
+A pickle nobody vouches for (a downloaded dataset, a checkpoint's DCP metadata) is read by a
+:class:`RestrictedUnpickler`: every global it names is admitted or refused before anything is
+imported or called. Imports no torch.
 """
 
 from __future__ import annotations
@@ -12,14 +16,17 @@ import errno
 import hashlib
 import json
 import os
+import pickle
 import shutil
 import tempfile
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from iqtrain.errors import StorageError
 
 __all__ = [
+    "RestrictedUnpickler",
     "creatable_dir",
     "discard_dir",
     "file_digest",
@@ -178,3 +185,58 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
     except BaseException:
         unlink_quietly(tmp)
         raise
+
+
+# --------------------------------------------------------------------------------------------
+# Reading a pickle nobody vouches for
+
+
+class _Opcodes(dict[int, Callable[[Any], None]]):
+    """An unpickler's dispatch table: an opcode it does not have is a damaged pickle (the
+    pure-Python unpickler would raise a bare KeyError)."""
+
+    def __missing__(self, code: int) -> Callable[[Any], None]:
+        raise pickle.UnpicklingError(f"invalid load key, {bytes([code])!r}")
+
+
+class RestrictedUnpickler(pickle._Unpickler):
+    """Python's own unpickler (``pickle._Unpickler``, the reference the C one implements) for
+    bytes nobody vouches for: each global the pickle names goes to :meth:`admit`, and one it
+    does not admit is refused (:meth:`refused`) before anything is imported or called.
+
+    A subclass says what it admits: ``admit(module, name)`` returns what the pickle gets for
+    that global (a stand-in, or the real object through :meth:`import_global`), or None to
+    refuse it. :meth:`with_opcodes` gives a subclass a dispatch table in which some opcodes
+    are read its own way (the unpickler's ``stack``, ``append`` and ``pop_mark`` are theirs).
+    """
+
+    stack: list[Any]  # pickle._Unpickler's, not in its type stub
+    pop_mark: Callable[[], list[Any]]
+    append: Callable[[Any], None]
+
+    dispatch = _Opcodes(pickle._Unpickler.dispatch)
+
+    @classmethod
+    def with_opcodes(cls, changes: Mapping[int, Callable[[Any], None]]) -> _Opcodes:
+        """This class's dispatch table with ``changes`` (opcode -> method) made."""
+        table = _Opcodes(cls.dispatch)
+        table.update(changes)
+        return table
+
+    def admit(self, module: str, name: str) -> Any | None:
+        """What the pickle gets for global ``module.name``; None refuses it (all, here)."""
+        return None
+
+    def refused(self, module: str, name: str) -> Exception:
+        """The error a global that :meth:`admit` refused is (raised; nothing of it ran)."""
+        return pickle.UnpicklingError(f"refused pickle global {module}.{name}")
+
+    def import_global(self, module: str, name: str) -> Any:
+        """The real ``module.name`` (imported), for an :meth:`admit` that allows it."""
+        return super().find_class(module, name)
+
+    def find_class(self, module: str, name: str, /) -> Any:
+        found = self.admit(module, name)
+        if found is None:
+            raise self.refused(module, name)
+        return found

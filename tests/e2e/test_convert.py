@@ -162,3 +162,26 @@ def test_a_classes_file_that_never_ends_is_refused(tmp_path, kind):
     )
     one_error_line(proc, f"{classes}: not a regular file")
     assert nothing_left(out)
+
+
+def test_a_class_list_of_another_width_is_asked_for_by_its_flag(tmp_path):
+    # The library names its parameter; the command names its flag.
+    h5py = h5py_or_skip()
+    src = tmp_path / "s.hdf5"
+    with h5py.File(src, "w") as f:
+        f["X"], f["Y"] = np.zeros((2, 1024, 2), np.float32), np.eye(3, dtype=np.int64)[:2]
+        f["Z"] = np.zeros((2, 1), np.int64)
+    out = tmp_path / "out"
+    proc = iqtrain_cmd("convert", "radioml2018", src, out)
+    one_error_line(
+        proc,
+        f"{src}: Y has 3 columns, the RadioML 2018.01A class list 24; "
+        "pass --classes FILE with 3 names, one per line",
+    )
+    assert nothing_left(out)
+    names = tmp_path / "classes.txt"
+    names.write_text("A\nB\nC\n")
+    proc = iqtrain_cmd("convert", "radioml2018", src, out, "--classes", names)
+    assert proc.returncode == 0, proc.stderr
+    order = json.loads((out / "convert.json").read_text())["class_order"]
+    assert order == f"--classes {names}"

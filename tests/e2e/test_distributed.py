@@ -403,10 +403,6 @@ def test_a_refusal_before_the_ranks_join_is_exit_2_on_every_rank_printed_once(tm
     # Each worker refuses before it has joined the group; they join anyway, agree, and only
     # rank 0 prints. Without that one worker died of torchrun's SIGTERM (-15) or of a gloo
     # thread's abort at exit (-6) in some runs, and every rank printed the line.
-    if how == "cuda without a GPU" and torch.cuda.is_available():
-        pytest.skip(
-            "needs a machine without CUDA (it checks that training.device = 'cuda' is refused)"
-        )
     cfg = write_config(tmp_path / "c.toml", tmp_path / "run", tmp_path / "cache")
     args = {
         "misspelled key": ("run", cfg, "--set", "training.max_stepz=3"),
@@ -414,7 +410,8 @@ def test_a_refusal_before_the_ranks_join_is_exit_2_on_every_rank_printed_once(tm
         "unknown option": ("run", cfg, "--sett", "x=1"),
         "cuda without a GPU": ("run", cfg, "--set", "training.device='cuda'"),
     }[how]
-    proc = torchrun(2, *args)
+    # The workers see no GPU, on a machine with one too (training.device = 'cuda' is refused).
+    proc = torchrun(2, *args, env={"CUDA_VISIBLE_DEVICES": ""})
     assert exit_codes(proc) == [2, 2], proc.stderr[-4000:]
     assert len(error_lines(proc)) == 1, proc.stderr[-4000:]
     assert not (tmp_path / "run").exists()
@@ -521,11 +518,11 @@ def test_sigterm_during_a_resume_data_check_stops_every_rank_with_nothing_create
         tmp_path,
         f"""
 import pathlib, time
-import iqtrain.train.attempt as attempt
-def compute_share(*a, **k):
+from iqtrain.data.identity import DigestPlan
+def share(*a, **k):
     pathlib.Path({os.fspath(marker)!r}).touch()
     time.sleep(60)
-attempt.compute_share = compute_share
+DigestPlan.share = share
 """,
     )
     err = torchrun_until(marker, "resume", "--attempt", parent, "--from", "step_5", env=env)

@@ -8,7 +8,9 @@ JSON type is one :class:`~iqtrain.errors.CheckpointError` line naming the file a
 
 The components' own states (``cursor``: the training stream, ``loop``: the loop's counters,
 ``rng``: every rank's generators) are opaque here: each component validates its own in
-``load_state_dict``. The few fields of them that torch-free readers need (the best checkpoint,
+``load_state_dict``; the keys and JSON types of ``loop`` are spelled here once
+(:data:`LOOP_FIELDS`, :func:`loop_field_problem`), for the loop's ``LoopState`` and for the
+readers. The few fields of the components that torch-free readers need (the best checkpoint,
 the stale-validation count, the best validation accuracy of a "classify" lineage, the world
 size that wrote the shards) have typed accessors below, checked when they are read. Format:
 docs/design.md section 6. Imports no torch.
@@ -27,11 +29,16 @@ from iqtrain.errors import CheckpointError
 __all__ = [
     "COMPONENTS",
     "INIT_KEYS",
+    "LOOP_DEFAULTS",
+    "LOOP_FIELDS",
     "STATE_VERSION",
     "CheckpointState",
     "classes_problem",
     "init_record_problem",
+    "loop_field_problem",
     "read_json_object",
+    "recorded_bindings",
+    "recorded_classes",
     "recorded_step",
 ]
 
@@ -41,6 +48,23 @@ __all__ = [
 STATE_VERSION = 3
 #: The loop components whose ``state_dict()`` a checkpoint stores, by their state.json key.
 COMPONENTS = ("cursor", "loop", "rng")
+_OPTIONAL = (type(None),)
+#: ``loop``: the loop's counters (``LoopState``, every field but ``step``, which is the
+#: top-level ``step``) and their JSON types. Every key is required, but ``best_val_accuracy``
+#: (absent in states written before "classify" existed: read as None, what every other
+#: objective keeps there).
+LOOP_FIELDS: dict[str, tuple[type, ...]] = {
+    "best_val_loss": (float, *_OPTIONAL),
+    "best_val_accuracy": (float, *_OPTIONAL),
+    "best_step": (int, *_OPTIONAL),
+    "best_checkpoint": (str, *_OPTIONAL),
+    "loss_ema": (float, *_OPTIONAL),
+    "validations": (int,),
+    "early_stop_ref": (float, *_OPTIONAL),
+    "stale_validations": (int,),
+}
+#: The loop fields an older state may lack, and the value they read as.
+LOOP_DEFAULTS: dict[str, Any] = {"best_val_accuracy": None}
 _DATA_GROUPS = ("train", "val", "train_meta", "val_meta")
 #: Where a lineage's first weights came from (``[init] from``, docs/design.md 6.11): the same
 #: object in state.json, attempt.json and the manifest, and its JSON types.
@@ -65,6 +89,14 @@ def init_record_problem(init: Any) -> str | None:
         return f"init.checkpoint {name!r:.40} is not the checkpoint of step {step}"
     if not _SHA256.fullmatch(init["model_sha256"]):
         return f"init.model_sha256 {init['model_sha256']!r:.80} is not a SHA-256"
+    return None
+
+
+def loop_field_problem(key: str, value: Any) -> str | None:
+    """What is wrong with ``loop.<key> = value`` (None: nothing): a key of :data:`LOOP_FIELDS`
+    holding a value of its JSON type (a bool is not a number)."""
+    if isinstance(value, bool) or not isinstance(value, LOOP_FIELDS[key]):
+        return f"loop.{key} is {value!r}"
     return None
 
 
@@ -196,36 +228,35 @@ class CheckpointState:
 
     # --------------------------------------------- component fields torch-free readers need
 
-    def _loop(self, key: str, kind: type | tuple[type, ...]) -> Any:
-        value = self.components["loop"].get(key)
-        if isinstance(value, bool) or not isinstance(value, kind):
-            raise CheckpointError(f"state.json of step {self.step}: loop.{key} is {value!r}")
+    def _loop(self, key: str) -> Any:
+        value = {**LOOP_DEFAULTS, **self.components["loop"]}.get(key)
+        problem = loop_field_problem(key, value)
+        if problem is not None:
+            raise CheckpointError(f"state.json of step {self.step}: {problem}")
         return value
 
     @property
     def best_checkpoint(self) -> str | None:
         """The best checkpoint so far, relative to the run directory (it may live in an
         ancestor attempt); None before the first validation."""
-        return self._loop("best_checkpoint", (str, type(None)))
+        return self._loop("best_checkpoint")
 
     @property
     def stale_validations(self) -> int:
         """Validations in a row without an improvement early stopping counts."""
-        return self._loop("stale_validations", int)
+        return self._loop("stale_validations")
 
     @property
     def early_stop(self) -> tuple[float | None, int]:
         """Early stopping's (reference value, validations since it was beaten): the value is
         the monitored field of the best validation (loss; accuracy for "classify")."""
-        return self._loop("early_stop_ref", (float, type(None))), self.stale_validations
+        return self._loop("early_stop_ref"), self.stale_validations
 
     @property
     def best_val_accuracy(self) -> float | None:
         """The accuracy of the best validation of a "classify" lineage; None for the other
         objectives, before the first validation, and in states written before the key was."""
-        if "best_val_accuracy" not in self.components["loop"]:
-            return None
-        return self._loop("best_val_accuracy", (float, type(None)))
+        return self._loop("best_val_accuracy")
 
     @property
     def world_size(self) -> int:
@@ -262,3 +293,20 @@ def recorded_step(checkpoint: Path) -> int:
     if isinstance(step, bool) or not isinstance(step, int):
         raise CheckpointError(f"{path}: no integer 'step'")
     return step
+
+
+def recorded_bindings(checkpoint: Path) -> tuple[str, dict[str, Any]]:
+    """``(config_sha256, metrics)`` of a checkpoint's state.json, whatever else it holds:
+    ``verify`` binds the writing attempt's config.toml and metric prefix with them before the
+    rest is trusted (a state malformed elsewhere is refused when it is restored, by
+    :meth:`CheckpointState.read`). CheckpointError naming the file and the key otherwise."""
+    path = Path(checkpoint) / "state.json"
+    obj = read_json_object(path)
+    return _want(obj, "config_sha256", str, path), _want(obj, "metrics", dict, path)
+
+
+def recorded_classes(checkpoint: Path) -> Any:
+    """The ``classes`` a checkpoint's state.json records, as written (None when absent), so
+    ``verify`` can compare a malformed one with attempt.json's; CheckpointError when the file
+    is not a JSON object."""
+    return read_json_object(Path(checkpoint) / "state.json").get("classes")

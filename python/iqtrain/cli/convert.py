@@ -1,13 +1,17 @@
 """``iqtrain convert radioml2016|radioml2018 SOURCE OUT_DIR``: public datasets as labelled SigMF.
 
 The conversion itself is :mod:`iqtrain.data.convert` (imported when the command runs, so
-``iqtrain --help`` loads neither it nor h5py). Imports no torch.
+``iqtrain --help`` loads neither it nor h5py); the flags and their names are here, the library
+names its parameters. Imports no torch.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
+
+from iqtrain.errors import DataError
 
 __all__ = ["add_convert_parser"]
 
@@ -27,9 +31,18 @@ def cmd_convert_radioml2016(args: argparse.Namespace) -> int:
 
 
 def cmd_convert_radioml2018(args: argparse.Namespace) -> int:
-    from iqtrain.data.convert import convert_radioml2018
+    from iqtrain.data.convert import ClassCountError, convert_radioml2018
 
-    result = convert_radioml2018(args.source, args.out_dir, classes_file=args.classes)
+    # convert.json and the error name the flag that gives the class list: --classes.
+    order = None if args.classes is None else f"--classes {os.path.abspath(args.classes)}"
+    try:
+        result = convert_radioml2018(
+            args.source, args.out_dir, classes_file=args.classes, class_order=order
+        )
+    except ClassCountError as exc:
+        raise DataError(
+            f"{exc.mismatch}; pass --classes FILE with {exc.width} names, one per line"
+        ) from None
     return _summary(result, args.out_dir)
 
 

@@ -1,15 +1,89 @@
 """``iqtrain probe ATTEMPT``: the linear probe of a checkpoint (docs/design.md section 10.2).
 
-The probe itself is :mod:`iqtrain.eval.probe`, imported when the command runs (it imports
-torch; ``iqtrain --help`` must not).
+The command's flags, their parsing and their names live here: :func:`parse_shots` and
+:func:`parse_bins` turn ``--shots``/``--seeds`` and ``--bins`` text into what the probe takes,
+and :data:`FLAGS` tells the probe which flag each of its errors is about. The probe itself is
+:mod:`iqtrain.eval.probe`, imported when the command runs (it imports torch; ``iqtrain --help``
+must not).
 """
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import math
+import re
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["add_probe_parser", "cmd_probe"]
+from iqtrain.errors import ConfigError
+
+if TYPE_CHECKING:
+    from iqtrain.eval.folds import Shots
+    from iqtrain.eval.probe import ProbeNames
+
+__all__ = ["add_probe_parser", "cmd_probe", "flag_names", "parse_bins", "parse_shots"]
+
+
+def flag_names() -> ProbeNames:
+    """The flag of each option of :func:`iqtrain.eval.probe.run_probe`, for its errors."""
+    from iqtrain.eval.probe import ProbeNames
+
+    return ProbeNames(
+        from_="--from",
+        folds="--folds",
+        layer="--layer",
+        by="--by",
+        bins="--bins",
+        shots="--shots",
+    )
+
+
+def parse_shots(text: str | None, seeds: int | None) -> Shots | None:
+    """``--shots K[,K...]`` (plain ASCII digits) and ``--seeds S`` (default 5); None without
+    shots. ConfigError naming the flag for a bad K or seed count, a K given twice, or seeds
+    without shots."""
+    from iqtrain.eval.folds import DEFAULT_SEEDS, Shots
+
+    if seeds is not None and (isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1):
+        raise ConfigError(f"--seeds: must be an integer >= 1, got {seeds!r}")
+    if text is None:
+        if seeds is not None:
+            raise ConfigError("--seeds: needs --shots K[,K...] (the draws to repeat)")
+        return None
+    values = []
+    for item in text.split(","):
+        if not re.fullmatch(r"[1-9][0-9]*", item.strip()):
+            raise ConfigError(
+                f"--shots: expected annotations per class, positive integers (1,5,10), got {text!r}"
+            )
+        values.append(int(item.strip()))
+    if len(set(values)) != len(values):
+        raise ConfigError(f"--shots: each K once, got {text!r}")
+    return Shots.of(values, DEFAULT_SEEDS if seeds is None else seeds)
+
+
+def parse_bins(text: str | None) -> float | list[float]:
+    """``--bins``: one number (a bin width, the edges on its multiples; none: the default
+    width) or comma-separated edges, strictly increasing, at least two; ConfigError naming
+    ``--bins`` otherwise."""
+    if text is None:
+        from iqtrain.eval.bins import DEFAULT_BIN_WIDTH
+
+        return DEFAULT_BIN_WIDTH
+    try:
+        values = [float(v) for v in str(text).split(",")]
+    except ValueError:
+        raise ConfigError(
+            f"--bins: expected a width (5) or comma-separated edges (-20,-10,0,10,20), got {text!r}"
+        ) from None
+    if not all(math.isfinite(v) for v in values):
+        raise ConfigError(f"--bins: edges and widths must be finite, got {text!r}")
+    if len(values) == 1:
+        if not values[0] > 0:
+            raise ConfigError(f"--bins: a bin width must be > 0, got {text!r}")
+        return values[0]
+    if any(b <= a for a, b in zip(values, values[1:], strict=False)):
+        raise ConfigError(f"--bins: edges must be strictly increasing, got {text!r}")
+    return values
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
@@ -17,19 +91,19 @@ def cmd_probe(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     # Lazily: probe imports torch, and `iqtrain --help` must not.
-    from iqtrain.eval.probe import Shots, format_table, run_probe
+    from iqtrain.eval.probe import ProbeOptions, probe_attempt
+    from iqtrain.eval.table import format_table
 
-    shots = Shots.parse(args.shots, args.seeds)  # refused before anything is loaded
-    result = run_probe(
-        Path(args.attempt),
-        args.data,
-        args.from_,
-        args.folds,
+    options = ProbeOptions(  # shots and bins refused before anything is loaded
+        from_=args.from_,
+        folds=args.folds,
         by=args.by,
-        bins=args.bins,
+        bins=None if args.bins is None else parse_bins(args.bins),
         layer=args.layer,
-        shots=shots,
+        shots=parse_shots(args.shots, args.seeds),
+        names=flag_names(),
     )
+    result = probe_attempt(Path(args.attempt), args.data, options)
     print(format_table(result))
     if args.json:
         print(json.dumps(result.to_dict()))

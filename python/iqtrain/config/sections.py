@@ -9,10 +9,12 @@ sections into a :class:`~iqtrain.config.schema.Config`. Imports no torch (nor nu
 from __future__ import annotations
 
 import math
+import operator
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import SupportsIndex
 
 from iqtrain.errors import ConfigError
 
@@ -108,14 +110,22 @@ SYNTH_DATATYPES = tuple(k for k, v in SIGMF_DATATYPES.items() if v.full_scale is
 
 
 def require_int(key: str, value: object, *, minimum: int, maximum: int | None = None) -> int:
-    # bool is an int subclass; `layers = true` in a config file is a mistake, not 1.
-    if isinstance(value, bool) or not isinstance(value, int):
+    """``value`` as a Python int within ``[minimum, maximum]``: the one integer rule of every
+    setting and argument (a config key, ``iqtrain synth``'s arguments). An int or a numpy
+    integer (anything with ``__index__``: TOML gives ints, a script may pass ``np.int64``); not
+    a bool (an int subclass: ``layers = true`` is a mistake, not 1), nor ``8.0`` or ``"8"``.
+    The caller keeps the returned int, so a setting holds one type whatever it was given."""
+    if isinstance(value, bool) or not isinstance(value, SupportsIndex):
         raise ConfigError(f"{key}: must be an integer, got {value!r}")
-    if value < minimum:
-        raise ConfigError(f"{key}: must be >= {minimum}, got {value}")
-    if maximum is not None and value > maximum:
-        raise ConfigError(f"{key}: must be <= {maximum}, got {value}")
-    return value
+    try:
+        v = operator.index(value)  # numpy's bool has __index__ and refuses here
+    except TypeError:
+        raise ConfigError(f"{key}: must be an integer, got {value!r}") from None
+    if v < minimum:
+        raise ConfigError(f"{key}: must be >= {minimum}, got {v}")
+    if maximum is not None and v > maximum:
+        raise ConfigError(f"{key}: must be <= {maximum}, got {v}")
+    return v
 
 
 def require_float(
@@ -189,7 +199,7 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         self.dir = require_path("run.dir", self.dir)
-        require_int("run.seed", self.seed, minimum=0)
+        self.seed = require_int("run.seed", self.seed, minimum=0)
         if self.seed >= 1 << 63:
             raise ConfigError(f"run.seed: must be below 2**63, got {self.seed}")
 
@@ -226,8 +236,11 @@ class SynthConfig:
     def __post_init__(self) -> None:
         for key in ("train_recordings", "val_recordings"):
             value = getattr(self, key)
-            require_int(f"data.synthetic.{key}", value, minimum=1, maximum=SYNTH_MAX_RECORDINGS)
-        require_int(
+            limit = SYNTH_MAX_RECORDINGS
+            setattr(
+                self, key, require_int(f"data.synthetic.{key}", value, minimum=1, maximum=limit)
+            )
+        self.samples = require_int(
             "data.synthetic.samples",
             self.samples,
             minimum=SYNTH_MIN_SAMPLES,
@@ -236,7 +249,7 @@ class SynthConfig:
         require_str("data.synthetic.datatype", self.datatype, SYNTH_DATATYPES)
         # The validation set is generated with seed + SYNTH_VAL_SEED_OFFSET.
         top = SYNTH_MAX_SEED - SYNTH_VAL_SEED_OFFSET
-        require_int("data.synthetic.seed", self.seed, minimum=0, maximum=top)
+        self.seed = require_int("data.synthetic.seed", self.seed, minimum=0, maximum=top)
         self.cache_dir = require_path("data.synthetic.cache_dir", self.cache_dir)
 
 
@@ -277,23 +290,23 @@ class DataConfig:
             raise ConfigError(
                 f"{missing}: set both data.train and data.val, or neither (synthetic)"
             )
-        require_int("data.patch_len", self.patch_len, minimum=1)
-        require_int("data.seq_patches", self.seq_patches, minimum=2)
+        self.patch_len = require_int("data.patch_len", self.patch_len, minimum=1)
+        self.seq_patches = require_int("data.seq_patches", self.seq_patches, minimum=2)
         if self.stride is None:
             self.stride = self.window
-        require_int("data.stride", self.stride, minimum=1)
-        require_int("data.batch_size", self.batch_size, minimum=1)
+        self.stride = require_int("data.stride", self.stride, minimum=1)
+        self.batch_size = require_int("data.batch_size", self.batch_size, minimum=1)
         if self.val_batch_size is None:
             self.val_batch_size = self.batch_size
-        require_int("data.val_batch_size", self.val_batch_size, minimum=1)
+        self.val_batch_size = require_int("data.val_batch_size", self.val_batch_size, minimum=1)
         require_str("data.norm", self.norm, ("window", "prefix"))
-        require_int("data.prefix_patches", self.prefix_patches, minimum=1)
+        self.prefix_patches = require_int("data.prefix_patches", self.prefix_patches, minimum=1)
         if self.norm == "prefix" and self.prefix_patches > self.seq_patches:
             raise ConfigError(
                 f"data.prefix_patches: must be <= data.seq_patches ({self.seq_patches}), "
                 f"got {self.prefix_patches}"
             )
-        require_int("data.prefetch", self.prefetch, minimum=0)
+        self.prefetch = require_int("data.prefetch", self.prefetch, minimum=0)
         if not require_str("data.label_key", self.label_key).strip():
             raise ConfigError("data.label_key: must not be empty")
         if not isinstance(self.synthetic, SynthConfig):
@@ -344,9 +357,9 @@ class ModelConfig:
     freeze_trunk: bool = False
 
     def __post_init__(self) -> None:
-        require_int("model.dim", self.dim, minimum=1)
-        require_int("model.layers", self.layers, minimum=1)
-        require_int("model.heads", self.heads, minimum=1)
+        self.dim = require_int("model.dim", self.dim, minimum=1)
+        self.layers = require_int("model.layers", self.layers, minimum=1)
+        self.heads = require_int("model.heads", self.heads, minimum=1)
         if self.dim % self.heads:
             raise ConfigError(f"model.heads: must divide model.dim ({self.dim}), got {self.heads}")
         # RoPE rotates pairs of channels, so every head needs an even width.
@@ -359,13 +372,13 @@ class ModelConfig:
             # Resolved here, not at build time, so the resolved config records the width used.
             self.mlp_hidden = default_mlp_hidden(self.dim)
         else:
-            require_int("model.mlp_hidden", self.mlp_hidden, minimum=1)
+            self.mlp_hidden = require_int("model.mlp_hidden", self.mlp_hidden, minimum=1)
         self.rope_theta = require_float("model.rope_theta", self.rope_theta, gt=1.0)
         self.dropout = require_float("model.dropout", self.dropout, ge=0.0, lt=1.0)
         self.init_std = require_float("model.init_std", self.init_std, gt=0.0)
-        require_int("model.patch_len", self.patch_len, minimum=1)
+        self.patch_len = require_int("model.patch_len", self.patch_len, minimum=1)
         # One patch has no successor to predict, so a usable window has at least two.
-        require_int("model.max_patches", self.max_patches, minimum=2)
+        self.max_patches = require_int("model.max_patches", self.max_patches, minimum=2)
         require_str("model.objective", self.objective, OBJECTIVES)
         require_str("model.pool", self.pool, POOLS)
         require_bool("model.freeze_trunk", self.freeze_trunk)
@@ -379,7 +392,7 @@ class ModelConfig:
                 f"model.pool: only for model.objective = 'classify' (a {self.objective!r} "
                 "model pools nothing)"
             )
-        require_int("model.bins", self.bins, minimum=2, maximum=MAX_BINS)
+        self.bins = require_int("model.bins", self.bins, minimum=2, maximum=MAX_BINS)
         # fp32 grid: beyond 1e4 window-normalised units (80 dB above the window's power) or
         # below bins 1e-6 wide, the centres stop being distinct finite numbers.
         self.bin_range = require_float("model.bin_range", self.bin_range, gt=0.0, le=1e4)
@@ -449,8 +462,8 @@ class ScheduleConfig:
             raise ConfigError(
                 f"schedule.kind: must be one of {', '.join(KINDS)}, got {self.kind!r}"
             )
-        require_int("schedule.warmup_steps", self.warmup_steps, minimum=0)
-        require_int("schedule.decay_steps", self.decay_steps, minimum=0)
+        self.warmup_steps = require_int("schedule.warmup_steps", self.warmup_steps, minimum=0)
+        self.decay_steps = require_int("schedule.decay_steps", self.decay_steps, minimum=0)
         if self.kind == "wsd" and self.decay_shape not in SHAPES:  # other kinds ignore it
             raise ConfigError(
                 f"schedule.decay_shape: must be one of {', '.join(SHAPES)}, "
@@ -506,19 +519,23 @@ class TrainingConfig:
         require_str("training.precision", self.precision, PRECISIONS)
         if self.precision == "bf16" and self.device != "cuda":
             raise ConfigError("training.precision: bf16 requires training.device = 'cuda'")
-        require_int("training.max_steps", self.max_steps, minimum=1)
-        require_int("training.grad_accum", self.grad_accum, minimum=1)
+        self.max_steps = require_int("training.max_steps", self.max_steps, minimum=1)
+        self.grad_accum = require_int("training.grad_accum", self.grad_accum, minimum=1)
         require_bool("training.compile", self.compile)
-        require_int("training.eval_every", self.eval_every, minimum=1)
-        require_int("training.checkpoint_every", self.checkpoint_every, minimum=1)
-        require_int("training.keep_last", self.keep_last, minimum=0)
-        require_int("training.log_every", self.log_every, minimum=1)
+        self.eval_every = require_int("training.eval_every", self.eval_every, minimum=1)
+        self.checkpoint_every = require_int(
+            "training.checkpoint_every", self.checkpoint_every, minimum=1
+        )
+        self.keep_last = require_int("training.keep_last", self.keep_last, minimum=0)
+        self.log_every = require_int("training.log_every", self.log_every, minimum=1)
         self.peak_tflops = require_float("training.peak_tflops", self.peak_tflops, ge=0.0)
-        require_int(
+        self.dist_timeout_s = require_int(
             "training.dist_timeout_s", self.dist_timeout_s, minimum=1, maximum=MAX_DIST_TIMEOUT_S
         )
         require_str("training.parallel", self.parallel, PARALLEL)
-        require_int("training.early_stop_patience", self.early_stop_patience, minimum=0)
+        self.early_stop_patience = require_int(
+            "training.early_stop_patience", self.early_stop_patience, minimum=0
+        )
         self.early_stop_min_delta = require_float(
             "training.early_stop_min_delta", self.early_stop_min_delta, ge=0.0
         )
@@ -571,7 +588,7 @@ class ProbeConfig:
     synthetic_annotations: int = 0
 
     def __post_init__(self) -> None:
-        require_int("probe.every", self.every, minimum=0)
+        self.every = require_int("probe.every", self.every, minimum=0)
         if not isinstance(self.shots, list | tuple):
             raise ConfigError(f"probe.shots: must be a list of integers >= 1, got {self.shots!r}")
         self.shots = [
@@ -579,8 +596,8 @@ class ProbeConfig:
         ]
         if len(set(self.shots)) != len(self.shots):
             raise ConfigError(f"probe.shots: each K once, got {self.shots}")
-        require_int("probe.seeds", self.seeds, minimum=1)
-        require_int(
+        self.seeds = require_int("probe.seeds", self.seeds, minimum=1)
+        self.synthetic_annotations = require_int(
             "probe.synthetic_annotations",
             self.synthetic_annotations,
             minimum=0,
@@ -600,7 +617,7 @@ class ProbeConfig:
             require_path(f"probe.data[{i}]", p)
             for i, p in enumerate(require_str_list("probe.data", self.data))
         ]
-        require_int("probe.folds", self.folds, minimum=2)
+        self.folds = require_int("probe.folds", self.folds, minimum=2)
 
 
 #: A checkpoint's name as a user gives it (``step_300``, ``step_00000300``); ASCII digits only.

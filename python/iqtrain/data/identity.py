@@ -9,7 +9,7 @@ Two identities (docs/design.md section 1):
   recorded in every checkpoint's state.json ``data``.
 
 Here: computing them (:func:`compute_digests` in one process; shared by the ranks of a job,
-each reading its 1/W: :func:`compute_share` and :func:`merge_shares`, in the background for a
+each reading its 1/W: :class:`DigestPlan` ``share`` and ``merge``, in the background for a
 fresh run: :class:`DataIdentity`), the comparison a resume makes before the child exists
 (:func:`check_parent_data`, exit 2 naming the recording), and ``iqtrain verify --data``
 (:func:`verify_data`), which re-reads every recording a checkpoint recorded. Imports no torch.
@@ -28,16 +28,15 @@ from iqtrain._native import digest_merge, digest_pieces, digest_plan
 from iqtrain.checkpoint.state import CheckpointState
 from iqtrain.data.dataset import IQDataset
 from iqtrain.data.sigmf_meta import meta_sha256
-from iqtrain.distributed.world import RankExit, World
-from iqtrain.errors import EXIT_FAILURE, CursorMismatchError, DataError
+from iqtrain.distributed.world import World, agree
+from iqtrain.errors import CursorMismatchError, DataError, TrainingError
 
 __all__ = [
     "DataIdentity",
     "DigestShare",
     "check_parent_data",
     "compute_digests",
-    "compute_share",
-    "merge_shares",
+    "DigestPlan",
     "meta_digest",
     "share_of",
     "verify_data",
@@ -71,7 +70,7 @@ class DataIdentity:
     """What the attempt trained on: sampled fingerprints and full-content digests.
 
     Every rank holds one. A fresh run computes the digests in a background thread on every
-    rank, each reading its share of the bytes (:func:`compute_share`; the Rust digest releases
+    rank, each reading its share of the bytes (:meth:`DigestPlan.share`; the Rust digest releases
     the GIL), so the first step never waits for them; the first checkpoint does, since it
     records them: there every rank hands its share to rank 0 (one gather), which merges them.
     A resume passes ``checked`` and the digests its data check already merged and compared
@@ -96,14 +95,17 @@ class DataIdentity:
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._merged = checked or digests is not None
+        self._plan: DigestPlan | None = None
         if not self._merged:
+            self._plan = DigestPlan.of(train, val)  # once: the share reads it, rank 0 merges by it
             self._thread = threading.Thread(target=self._run, name="iqtrain-digest", daemon=True)
             self._thread.start()
 
     def _run(self) -> None:
         rank, size = (0, 1) if self._world is None else (self._world.rank, self._world.world_size)
+        assert self._plan is not None
         try:
-            self._share = compute_share(*self._datasets, rank, size)
+            self._share = self._plan.share(rank, size)
         except BaseException as exc:  # re-raised in the loop's thread by digests()
             self._error = exc
 
@@ -131,29 +133,44 @@ class DataIdentity:
             if self._thread is not None:
                 self._thread.join()
                 self._thread = None
-            mine = None if self._error is None else str(self._error)
-            world = self._world
-            if world is None:
-                gathered = [(mine, self._share)]
-            else:  # shares finish at different times: wait on the long barrier, then gather
-                world.wait_for_main()
-                gathered = world.all_gather_object((mine, self._share))
             self._merged = True
-            failed = [(r, m) for r, (m, _) in enumerate(gathered) if m is not None]
-            if failed:
-                rank, message = failed[0]
-                if world is not None and not world.is_main:
-                    raise RankExit(EXIT_FAILURE, message)
-                if rank == 0 and self._error is not None:
-                    raise self._error
-                raise DataError(f"rank {rank}: {message}")
-            if world is None or world.is_main:
-                shares = [share for _, share in gathered if share is not None]  # none failed
-                self._digests = merge_shares(*self._datasets, shares)
+            shares = self._agreed_shares()
+            if self._world is None or self._world.is_main:
+                assert self._plan is not None
+                self._digests = self._plan.merge(shares)
         if self._world is not None and not self._world.is_main:
             return None
         assert self._digests is not None
         return self._digests
+
+    def _agreed_shares(self) -> list[DigestShare]:
+        """Every rank's share, through :func:`~iqtrain.distributed.world.agree` (it waits on
+        the long barrier first: shares finish at different times). A failed share is a failure
+        of the run (the attempt exists): rank 0 raises its own error as it was, or a DataError
+        ``"rank R: ..."`` for another rank's; the others exit 1 silently."""
+        if self._world is None:
+            if self._error is not None:
+                raise self._error
+            assert self._share is not None
+            return [self._share]
+        failure = None if self._error is None else _ShareFailed(self._error)
+        try:
+            return agree(self._world, failure, payload=self._share)
+        except _ShareFailed as own:  # this rank's (rank 0: agree raises its own error)
+            raise own.error from None
+        except TrainingError as exc:
+            if type(exc) is not TrainingError:  # a PeerError: the collective itself failed
+                raise
+            raise DataError(str(exc)) from None  # another rank's share: "rank R: ..."
+
+
+class _ShareFailed(TrainingError):
+    """A rank's share that failed, as :func:`agree` carries it: exit 1 on every rank (a
+    failure of the run, the attempt exists), the message the error's own."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 def _compare(key: str, old: dict[str, str], new: dict[str, str], what: str, ds: IQDataset) -> None:
@@ -264,6 +281,38 @@ def _pieces(train: IQDataset, val: IQDataset) -> list[_Piece]:
     return out
 
 
+@dataclass(frozen=True)
+class DigestPlan:
+    """The pieces of both datasets (built once) and their metadata digests: what a rank's share
+    reads (:meth:`share`) and what rank 0 merges the shares by (:meth:`merge`). Build it once
+    per attempt (:meth:`of`) and use it for both."""
+
+    pieces: list[_Piece]
+    metas: Digests
+
+    @classmethod
+    def of(cls, train: IQDataset, val: IQDataset) -> DigestPlan:
+        metas = {
+            f"{key}_meta": {str(r.meta_path): r.meta_sha256 for r in ds.recordings}
+            for key, ds in (("train", train), ("val", val))
+        }
+        return cls(_pieces(train, val), metas)
+
+    def share(
+        self, rank: int, world_size: int, progress: Callable[[str], None] | None = None
+    ) -> DigestShare:
+        """Rank ``rank``'s share of every data file's BLAKE3 (:func:`share_of`), read and hashed
+        in parallel in Rust. ``progress`` (rank 0's console) hears how far it is every ~10 s. A
+        data file whose length is not what the dataset opened, or that changes while read, is
+        the DataError naming it (the first in order among this rank's pieces)."""
+        return _read_share(self.pieces, rank, world_size, progress)
+
+    def merge(self, shares: list[DigestShare]) -> Digests:
+        """Every rank's share merged into the digests :func:`compute_digests` gives (the same
+        values: BLAKE3's tree rebuilt from its pieces), for rank 0."""
+        return _merge(self.pieces, shares) | self.metas
+
+
 def share_of(sizes: list[int], rank: int, world_size: int) -> list[int]:
     """Indices of the pieces (of ``sizes`` bytes, in order) rank ``rank`` of ``world_size``
     reads: piece ``i`` goes to the rank whose ``1/W`` slice of the total bytes holds its first
@@ -292,18 +341,12 @@ _PROGRESS_S = 10.0  # seconds between progress notes of a long data check
 _BATCH_BYTES = 1 << 30  # bytes per native call: the granularity of the progress notes
 
 
-def compute_share(
-    train: IQDataset,
-    val: IQDataset,
+def _read_share(
+    pieces: list[_Piece],
     rank: int,
     world_size: int,
-    progress: Callable[[str], None] | None = None,
+    progress: Callable[[str], None] | None,
 ) -> DigestShare:
-    """Rank ``rank``'s share of every data file's BLAKE3 (:func:`share_of`), read and hashed in
-    parallel in Rust. ``progress`` (rank 0's console) hears how far it is every ~10 s. A data
-    file whose length is not what the dataset opened, or that changes while read, is the
-    DataError naming it (the first in order among this rank's pieces)."""
-    pieces = _pieces(train, val)
     mine = share_of([p.size for p in pieces], rank, world_size)
     total = sum(pieces[i].size for i in mine)
     values: dict[int, bytes] = {}
@@ -335,10 +378,8 @@ def compute_share(
     return DigestShare(values, total, time.monotonic() - t0)
 
 
-def merge_shares(train: IQDataset, val: IQDataset, shares: list[DigestShare]) -> Digests:
-    """Every rank's share merged into the digests :func:`compute_digests` gives (the same
-    values: BLAKE3's tree rebuilt from its pieces), for rank 0."""
-    pieces = _pieces(train, val)
+def _merge(pieces: list[_Piece], shares: list[DigestShare]) -> Digests:
+    """The content digests (``train``, ``val``) of ``pieces`` from the shares that read them."""
     values: dict[int, bytes] = {}
     for share in shares:
         values.update(share.values)
@@ -352,6 +393,4 @@ def merge_shares(train: IQDataset, val: IQDataset, shares: list[DigestShare]) ->
     for (group, path, length), vals in per_file.items():
         # A one-piece file's value is its BLAKE3 already.
         out[group][path] = vals[0].hex() if len(vals) == 1 else digest_merge(length, vals, PIECE)
-    for key, ds in (("train", train), ("val", val)):
-        out[f"{key}_meta"] = {str(r.meta_path): r.meta_sha256 for r in ds.recordings}
     return out

@@ -25,6 +25,7 @@ from torch import nn
 
 from iqtrain.distributed.world import RankExit, World
 from iqtrain.errors import CheckpointError, NonFiniteError, StorageError
+from iqtrain.storage import RestrictedUnpickler
 
 
 def _local(t: Any) -> Any:
@@ -73,7 +74,8 @@ def _dcp_quietly() -> Iterator[None]:
 # DCP unpickles ``.metadata`` and every non-tensor item (the optimizer's hyperparameters) with
 # full powers: a forged checkpoint would run code on load. checkpoint.json's hashes prove only
 # that the files are the ones it lists, so both are read first by unpicklers that build only
-# what a checkpoint holds.
+# what a checkpoint holds (``.metadata``: iqtrain.storage's RestrictedUnpickler, admitting only
+# DCP's metadata globals; the items: torch.load(weights_only=True), torch's own).
 
 
 def _metadata_global(module: str, name: str) -> bool:
@@ -97,11 +99,12 @@ _METADATA_GLOBALS = {
 }
 
 
-class _MetadataUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        if not _metadata_global(module, name):
-            raise pickle.UnpicklingError(f"it names {module}.{name}, not checkpoint metadata")
-        return super().find_class(module, name)
+class _MetadataUnpickler(RestrictedUnpickler):
+    def admit(self, module: str, name: str) -> Any | None:
+        return self.import_global(module, name) if _metadata_global(module, name) else None
+
+    def refused(self, module: str, name: str) -> Exception:
+        return pickle.UnpicklingError(f"it names {module}.{name}, not checkpoint metadata")
 
 
 def _check_metadata(directory: Path) -> None:

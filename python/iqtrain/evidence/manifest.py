@@ -1,11 +1,14 @@
 """Verification of an attempt's manifest: every field against the files it describes.
 
-Torch-free (``verify`` and ``report`` use it through :mod:`iqtrain.evidence.verify`).
+Every state.json is read through :mod:`iqtrain.checkpoint.state` (the one owner of its keys):
+:class:`~iqtrain.checkpoint.state.CheckpointState` where a whole state is meant, its
+``recorded_*`` readers for the fields verify binds before the rest is trusted (a state
+malformed elsewhere is refused when it is restored, not skipped as untrusted). Torch-free
+(``verify`` and ``report`` use it through :mod:`iqtrain.evidence.verify`).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
@@ -17,7 +20,14 @@ from iqtrain.checkpoint.files import (
     list_checkpoints,
     verify_checkpoint,
 )
-from iqtrain.checkpoint.state import CheckpointState, classes_problem, init_record_problem
+from iqtrain.checkpoint.state import (
+    CheckpointState,
+    classes_problem,
+    init_record_problem,
+    recorded_bindings,
+    recorded_classes,
+    recorded_step,
+)
 from iqtrain.config.sections import monitored
 from iqtrain.errors import CheckpointError
 from iqtrain.evidence.attempts import utc_now
@@ -46,11 +56,11 @@ def checkpoint_problems(ckpt: Path) -> list[str]:
         return found
     owner = ckpt.parent.parent
     try:
-        state = json.loads((ckpt / "state.json").read_text())  # its step: verify_checkpoint
+        config_sha256, cursor = recorded_bindings(ckpt)  # its step: verify_checkpoint
         config_sha = file_digest(owner / "config.toml")["sha256"]
-        if state["config_sha256"] != config_sha:
+        if config_sha256 != config_sha:
             return [f"{owner / 'config.toml'}: does not match {ckpt.name}"]
-        verify_prefix(owner / "metrics.jsonl", MetricCursor.from_dict(state["metrics"]))
+        verify_prefix(owner / "metrics.jsonl", MetricCursor.from_dict(cursor))
     except FileNotFoundError as exc:
         return [f"{exc.filename}: missing"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -76,14 +86,6 @@ def _entry_mismatch(path: Path, entry: dict) -> str | None:
     if got["bytes"] != entry["bytes"] or got["sha256"] != entry["sha256"]:
         return f"{path}: does not match manifest.json (changed after publication)"
     return None
-
-
-def _state_step(ckpt: Path) -> int:
-    state = json.loads((ckpt / "state.json").read_text())
-    step = state["step"]
-    if isinstance(step, bool) or not isinstance(step, int):
-        raise TypeError(f"step is {step!r}")
-    return step
 
 
 _MANIFEST_KEYS = frozenset(
@@ -134,9 +136,9 @@ def _check_checkpoint_ref(attempt: Path, entry: dict, where: str, problems: list
     if found:
         return
     try:
-        state_step = _state_step(ckpt)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        problems.append(f"{ckpt / 'state.json'}: unreadable step: {exc}")
+        state_step = recorded_step(ckpt)
+    except CheckpointError as exc:
+        problems.append(str(exc))
         return
     if state_step != step:
         problems.append(
@@ -346,10 +348,9 @@ def _state_classes(ckpt: Path) -> Any:
     """A checkpoint's recorded ``classes`` as written (None when absent), so a malformed one
     differs from attempt.json's; the checkpoint checks report a state.json that is not JSON."""
     try:
-        state = json.loads((ckpt / "state.json").read_text())
-    except (OSError, ValueError):
+        return recorded_classes(ckpt)
+    except CheckpointError:
         return _UNREADABLE
-    return state.get("classes") if isinstance(state, dict) else _UNREADABLE
 
 
 def _check_inherited(attempt: Path, manifest: dict, info: dict, problems: list[str]) -> None:
@@ -374,16 +375,17 @@ def _check_record(attempt: Path, manifest: dict, info: dict, problems: list[str]
     latest = manifest.get("latest")
     if isinstance(latest, dict) and isinstance(latest.get("path"), str):
         try:
-            state = json.loads((attempt / latest["path"] / "state.json").read_text())
-            if info.get("final_step") != state["step"]:
+            state = CheckpointState.read(attempt / latest["path"])
+        except CheckpointError:
+            pass  # the checkpoint checks report it
+        else:
+            if info.get("final_step") != state.step:
                 problems.append(
                     f"attempt.json final_step: {info.get('final_step')!r}, but the latest "
-                    f"checkpoint is step {state['step']}"
+                    f"checkpoint is step {state.step}"
                 )
-            if info.get("plan") != state["plan"]:
+            if info.get("plan") != state.plan:
                 problems.append("attempt.json plan: differs from the latest checkpoint's plan")
-        except (OSError, ValueError, KeyError, TypeError):
-            pass  # the checkpoint checks report it
     parent = info.get("parent")
     if not isinstance(parent, dict):
         return
@@ -393,14 +395,12 @@ def _check_record(attempt: Path, manifest: dict, info: dict, problems: list[str]
             return  # the parent's checkpoint is gone (pruned or moved): nothing to compare
         if file_digest(ckpt / "checkpoint.json")["sha256"] != parent["checkpoint_json_sha256"]:
             problems.append(f"attempt.json parent: {ckpt} is not the checkpoint it records")
-        state = json.loads((ckpt / "state.json").read_text())
-        if state["step"] != parent["step"]:
-            problems.append(
-                f"attempt.json parent.step: {parent['step']}, {ckpt} is {state['step']}"
-            )
-        if manifest.get("inherited_metrics") != state["metrics"]:
+        step, (_, cursor) = recorded_step(ckpt), recorded_bindings(ckpt)
+        if step != parent["step"]:
+            problems.append(f"attempt.json parent.step: {parent['step']}, {ckpt} is {step}")
+        if manifest.get("inherited_metrics") != cursor:
             problems.append("manifest.json inherited_metrics: not the parent checkpoint's cursor")
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, CheckpointError) as exc:
         problems.append(f"attempt.json parent: unreadable: {exc}")
 
 

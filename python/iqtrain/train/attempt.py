@@ -36,10 +36,9 @@ from iqtrain.console import Interrupted, SignalLatch, StoppedBeforeStart, note
 from iqtrain.data.dataset import IQDataset, TrainStream
 from iqtrain.data.identity import (
     DataIdentity,
+    DigestPlan,
     DigestShare,
     check_parent_data,
-    compute_share,
-    merge_shares,
 )
 from iqtrain.data.sources import open_datasets, open_labelled, report_skipped
 from iqtrain.data.windows import LabelledSet
@@ -67,6 +66,7 @@ from iqtrain.train.loop import LoopParts, LoopState, Trainer, restore, state_com
 from iqtrain.train.probe import TrainingProbe
 from iqtrain.train.rng import RNGState
 from iqtrain.train.schedule import Plan
+from iqtrain.train.sinks import LiveViews
 from iqtrain.train.step import TrainStep
 
 __all__ = [
@@ -171,6 +171,8 @@ class _Opened:
     init: dict[str, Any] | None = None
     #: "classify": the labelled windows (their datasets are ``train`` and ``val``).
     labelled: tuple[LabelledSet, LabelledSet] | None = None
+    #: a resume's digest plan, built once: this rank's share reads it, rank 0 merges by it.
+    digest_plan: DigestPlan | None = None
 
 
 def _preflight(config: Config, ref: ParentRef | None, world: World) -> _Opened:
@@ -241,7 +243,8 @@ def _checked(
     digests = None
     if parent is not None:
         if world.is_main:
-            digests = merge_shares(train, val, shares)
+            assert opened.digest_plan is not None  # built by _read_share
+            digests = opened.digest_plan.merge(shares)
         check_parent_data(parent.state, train, val, digests)
     plan, start_step = _plan(config, parent)
     for key, ds in (("data.train", train), ("data.val", val)) if world.is_main else ():
@@ -424,11 +427,13 @@ def _agreed_preflight(config: Config, parent: ParentRef | None, world: World) ->
 
 
 def _read_share(opened: _Opened, world: World) -> tuple[IQTrainError | None, DigestShare | None]:
-    """A resume's long read: this rank's 1/W of every data byte (:func:`compute_share`, with
-    progress notes on rank 0), as ``(error, share)``."""
+    """A resume's long read: this rank's 1/W of every data byte (:meth:`DigestPlan.share`, with
+    progress notes on rank 0), as ``(error, share)``; the plan stays on ``opened`` for the
+    merge."""
     progress = note if world.is_main else None
     try:
-        share = compute_share(opened.train, opened.val, world.rank, world.world_size, progress)
+        opened.digest_plan = DigestPlan.of(opened.train, opened.val)
+        share = opened.digest_plan.share(world.rank, world.world_size, progress)
     except IQTrainError as exc:
         return exc, None
     return None, share
@@ -563,7 +568,8 @@ def _trainer(
     live: LiveLog | None = None,
 ) -> Trainer:
     t = config.training
-    ready.parts.live = live  # rank 0's, opened once the attempt exists
+    if live is not None:  # rank 0's, opened once the attempt exists
+        ready.parts.sinks.append(LiveViews(live))
     trainer = Trainer(
         t,
         config.data,
@@ -603,18 +609,19 @@ def _follow(
 
 
 def _result(trainer: Trainer, attempt: Path, world: World) -> AttemptResult:
+    last_val = trainer.last.get("val")
     return AttemptResult(
         attempt=attempt,
         final_step=trainer.loop.step,
-        final_val_loss=None if trainer.last_val is None else trainer.last_val["loss"],
+        final_val_loss=None if last_val is None else last_val["loss"],
         best_val_loss=trainer.loop.best_val_loss,
         best_checkpoint=trainer.loop.best_checkpoint,
         rank=world.rank,
         stopped_early=trainer.stopped_early,
-        final_val_nmse=None if trainer.last_val is None else trainer.last_val.get("nmse"),
+        final_val_nmse=None if last_val is None else last_val.get("nmse"),
         objective=trainer.stepper.model.config.objective,
-        probe=trainer.last_probe,
-        final_val_accuracy=None if trainer.last_val is None else trainer.last_val.get("accuracy"),
+        probe=trainer.last.get("probe"),
+        final_val_accuracy=None if last_val is None else last_val.get("accuracy"),
         best_val_accuracy=trainer.loop.best_val_accuracy,
     )
 

@@ -1,18 +1,21 @@
 """The training loop: a short read over components that own their state.
 
 ``Trainer.train()`` reads top to bottom: next batch -> prepare -> step -> record -> maybe
-validate -> maybe checkpoint -> stop on signal. Each component owns its state and has
-``state_dict()``/``load_state_dict()``: the step (model and optimizer, in safetensors), the
-stream (the loader cursor), the loop state, the RNG and the metric writer (its cursor); a
-checkpoint is the mapping of component name to state, and a restore is one loop over the same
-mapping. When to save, what to keep and how the ranks write a checkpoint is the
-:class:`~iqtrain.checkpoint.manager.CheckpointManager`'s; the loop only asks it. The loop reads
-its own config sections (``[training]``, ``[data]``) and nothing else of the config.
+validate (and probe) -> maybe checkpoint -> stop early or on a signal. Each component owns its
+state and has ``state_dict()``/``load_state_dict()``: the step (model and optimizer, in
+safetensors), the stream (the loader cursor), the loop state, the RNG and the metric writer (its
+cursor); a checkpoint is the mapping of component name to state (:func:`state_components`), and
+a restore is one loop over the same mapping. state.json's keys are
+:class:`~iqtrain.checkpoint.state.CheckpointState`'s. When to save, what to keep and how the
+ranks write a checkpoint is the :class:`~iqtrain.checkpoint.manager.CheckpointManager`'s; the
+loop only asks it. The loop reads its own config sections (``[training]``, ``[data]``) and
+nothing else of the config.
 
-Every record rank 0 writes goes to the metric stream and then, when the attempt has one, to its
-live views (:class:`~iqtrain.report.live.LiveLog`: TensorBoard, W&B) at the same place: on the
-record cadence, never inside the step. ``training.profile_steps`` is the
-:class:`~iqtrain.train.profile.StepProfiler`'s, around whole iterations.
+Every record rank 0 writes goes to the metric stream (the evidence) and then to the loop's one
+list of sinks (:mod:`iqtrain.train.sinks`), which also hear when each iteration starts and ends:
+the live views (TensorBoard, W&B), the profiler (``training.profile_steps``) and the last
+record of each kind. Validation, the probe, checkpoints and early stopping are the loop's own
+lines.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +35,13 @@ import torch
 
 from iqtrain.checkpoint.files import checkpoint_name
 from iqtrain.checkpoint.manager import CheckpointManager
-from iqtrain.checkpoint.state import CheckpointState
+from iqtrain.checkpoint.state import (
+    COMPONENTS,
+    LOOP_DEFAULTS,
+    LOOP_FIELDS,
+    CheckpointState,
+    loop_field_problem,
+)
 from iqtrain.config.sections import DataConfig, TrainingConfig
 from iqtrain.console import Interrupted, Progress, SignalGuard
 from iqtrain.data.dataset import IQDataset, TrainStream
@@ -41,12 +50,12 @@ from iqtrain.errors import CheckpointError, IQTrainError
 from iqtrain.evidence.lineage import Parent
 from iqtrain.evidence.metrics import MetricWriter
 from iqtrain.model.flops import achieved_tflops, device_peak_tflops, mfu
-from iqtrain.report.live import LiveLog
 from iqtrain.report.summary import probe_summary
 from iqtrain.train.probe import TrainingProbe, probe_due
 from iqtrain.train.profile import PROFILE_DIR, StepProfiler
 from iqtrain.train.rng import RNGState
 from iqtrain.train.schedule import Plan, lr_at
+from iqtrain.train.sinks import LastRecords, LoopSink
 from iqtrain.train.step import StepResult, TrainStep
 from iqtrain.train.validation import prepare_batch, validate, validate_classify
 
@@ -56,6 +65,7 @@ __all__ = [
     "Trainer",
     "peak_memory",
     "spike_update",
+    "state_components",
 ]
 
 SPIKE_FACTOR = 3.0  # a train loss above 3x its running average is flagged as a spike
@@ -120,27 +130,19 @@ class LoopState:
         return improved
 
     def state_dict(self) -> dict[str, Any]:
-        # The step is stored beside the other components (state.json "step"), not in "loop".
-        return {k: v for k, v in asdict(self).items() if k != "step"}
+        """state.json ``loop`` (its keys: :data:`~iqtrain.checkpoint.state.LOOP_FIELDS`). The
+        step is stored beside the other components (state.json ``step``), not in it."""
+        return {key: getattr(self, key) for key in LOOP_FIELDS}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        # Absent before "classify" existed: None, what every other objective keeps there.
-        state = {"best_val_accuracy": None, **state}
-        kinds: dict[str, tuple[type, ...]] = {
-            "best_val_loss": (float, type(None)),
-            "best_val_accuracy": (float, type(None)),
-            "best_step": (int, type(None)),
-            "best_checkpoint": (str, type(None)),
-            "loss_ema": (float, type(None)),
-            "validations": (int,),
-            "early_stop_ref": (float, type(None)),
-            "stale_validations": (int,),
-        }
-        for key, kind in kinds.items():
-            value = state[key]
-            if isinstance(value, bool) or not isinstance(value, kind):
-                raise TypeError(f"loop.{key} is {value!r}")
-        for key in kinds:
+        """Every key of :data:`~iqtrain.checkpoint.state.LOOP_FIELDS` (KeyError when one is
+        missing, TypeError naming it when its type is wrong), or nothing."""
+        state = {**LOOP_DEFAULTS, **state}
+        for key in LOOP_FIELDS:
+            problem = loop_field_problem(key, state[key])
+            if problem is not None:
+                raise TypeError(problem)
+        for key in LOOP_FIELDS:
             setattr(self, key, state[key])
 
 
@@ -172,8 +174,10 @@ def peak_memory(device_type: str) -> dict[str, int]:
 
 
 def state_components(stream: TrainStream, loop: LoopState, rng: RNGState) -> dict[str, Any]:
-    """The JSON-state components of a checkpoint, by their state.json key."""
-    return {"cursor": stream, "loop": loop, "rng": rng}
+    """The JSON-state components of a checkpoint, by their state.json key
+    (:data:`~iqtrain.checkpoint.state.COMPONENTS`): what a checkpoint saves and a restore
+    loads."""
+    return dict(zip(COMPONENTS, (stream, loop, rng), strict=True))
 
 
 _TORCH_DTYPES = {"int8": torch.int8, "int16": torch.int16, "float32": torch.float32}
@@ -219,9 +223,9 @@ def restore(parent: Parent, stepper: TrainStep, components: dict[str, Any]) -> N
 class LoopParts:
     """The components a :class:`Trainer` runs over, built and checked before the attempt
     exists (:mod:`iqtrain.train.attempt`). ``identity`` is every rank's (each reads its share
-    of the digests); ``probe`` and ``live`` are rank 0's alone (the probe only when
-    ``[probe] every`` > 0; ``live``, the run's live views, only with ``[logging]``, opened once
-    the attempt exists)."""
+    of the digests); ``probe`` is rank 0's alone (only when ``[probe] every`` > 0); ``sinks``
+    are the attempt's own (rank 0's live views, only with ``[logging]``, opened once the
+    attempt exists), which the loop adds to its own."""
 
     stepper: TrainStep
     stream: TrainStream
@@ -230,7 +234,7 @@ class LoopParts:
     loop: LoopState
     identity: DataIdentity | None = None
     probe: TrainingProbe | None = None
-    live: LiveLog | None = None
+    sinks: list[LoopSink] = field(default_factory=list)
     #: Where the lineage's first weights came from (``[init] from``): every checkpoint's
     #: state.json binds it (docs/design.md 6.11).
     init: dict[str, Any] | None = None
@@ -258,7 +262,7 @@ class Trainer:
     ) -> None:
         """With several ranks every rank builds a Trainer and runs the same loop (the same
         decisions from the same agreed numbers); only rank 0 has ``metrics`` (and the parts'
-        ``probe`` and ``live``) and writes: the records, the checkpoints, the
+        ``probe`` and its live views) and writes: the records, the checkpoints, the
         profile."""
         self.training, self.data, self.attempt = training, data, attempt
         self.stepper, self.stream, self.val, self.plan = (
@@ -268,7 +272,7 @@ class Trainer:
             parts.plan,
         )
         self.loop, self.identity, self.probe = parts.loop, parts.identity, parts.probe
-        self.metrics, self.checkpoints, self.live = metrics, checkpoints, parts.live
+        self.metrics, self.checkpoints = metrics, checkpoints
         self.probe_every, self.config_sha, self.init = probe_every, config_sha, parts.init
         self.train_labels, self.val_labels = parts.train_labels, parts.val_labels
         self.classes = parts.classes
@@ -284,14 +288,12 @@ class Trainer:
         # peak of every rank's device together.
         peak = device_peak_tflops(t.device, t.precision, t.peak_tflops or None)
         self.peak_tflops = None if peak is None else peak * self.world.world_size
-        self.last_val: dict[str, Any] | None = None
-        self.last_probe: dict[str, Any] | None = None  # rank 0's last probe record
+        self.components = state_components(self.stream, self.loop, self.rng)
+        # What hears every iteration and record (rank 0's profiler and live views).
+        self.last = LastRecords()
         profile = t.profile_steps if self.world.is_main else None
-        self.profiler = StepProfiler(profile, attempt / PROFILE_DIR, self.stepper.device.type)
-
-    def components(self) -> dict[str, Any]:
-        """The JSON-state components of a checkpoint, by their state.json key."""
-        return state_components(self.stream, self.loop, self.rng)
+        profiler = StepProfiler(profile, attempt / PROFILE_DIR, self.stepper.device.type)
+        self.sinks: list[LoopSink] = [self.last, profiler, *parts.sinks]
 
     def train(self) -> None:
         """Run to ``plan.max_steps`` or until early stopping (``stopped_early`` says why); a
@@ -301,7 +303,8 @@ class Trainer:
         try:
             with SignalGuard(announce=self.world.is_main) as guard:
                 while self.loop.step < self.plan.max_steps:
-                    self.profiler.before_step(self.loop.step + 1)
+                    for sink in self.sinks:
+                        sink.before_step(self.loop.step + 1)
                     t0 = time.perf_counter()
                     result = self._step(stop=lambda: guard.signum is not None)
                     self._record(result, time.perf_counter() - t0, progress)
@@ -314,7 +317,8 @@ class Trainer:
                     end = final or stop_early
                     if self.checkpoints.due(self.loop.step, final=end, improved=improved):
                         self.checkpoint()
-                    self.profiler.after_step(self.loop.step)
+                    for sink in self.sinks:
+                        sink.after_step(self.loop.step)
                     if stop_early:
                         self._stop_early(progress)
                         break
@@ -328,7 +332,8 @@ class Trainer:
                         signum = guard.signum or signal.SIGTERM
                         raise Interrupted(signum, self.attempt, self.world.world_size)
         finally:
-            self.profiler.close()
+            for sink in self.sinks:
+                sink.close()
             progress.close()
 
     def _patience_exhausted(self) -> bool:
@@ -400,12 +405,12 @@ class Trainer:
         progress.update(self.loop.step, result.loss, result.lr, samples / dt if dt > 0 else 0.0)
 
     def _write(self, record: dict[str, Any]) -> None:
-        """Rank 0: one record into the metric stream, then into the live views (which never
-        raise: a view that fails is a note and is off)."""
+        """One record into the metric stream (rank 0), then to every sink (which never raise:
+        a live view that fails is a note and is off)."""
         if self.metrics is not None:
             self.metrics.write(record)
-            if self.live is not None:
-                self.live.record(record)
+        for sink in self.sinks:
+            sink.on_record(record)
 
     def _validate(self, progress: Progress) -> bool:
         """Full validation, its record, and whether it improved on the best."""
@@ -425,7 +430,6 @@ class Trainer:
         rec = {"kind": "val", "step": step, **rec, "best": improved}
         rec["time_s"] = time.perf_counter() - v0
         self._write(rec)
-        self.last_val = rec
         if "accuracy" in rec:
             what = f"loss {rec['loss']:.5f}, accuracy {rec['accuracy']:.4f}"
         else:
@@ -452,7 +456,6 @@ class Trainer:
             else:
                 rec["time_s"] = time.perf_counter() - p0
                 self._write(rec)
-                self.last_probe = rec
                 progress.note(f"probe step {rec['step']}: {probe_summary(rec)}")
         self.world.wait_for_main()
 
@@ -465,7 +468,7 @@ class Trainer:
             # then one gather (a collective: every rank is here), rank 0 merges.
             self.identity.digests()
         self.world.wait_for_main()
-        components = {name: c.state_dict() for name, c in self.components().items()}
+        components = {name: c.state_dict() for name, c in self.components.items()}
         tensors = self.stepper.state_dict()
         return self.checkpoints.save(
             tensors["model"],

@@ -24,17 +24,9 @@ from torch import Tensor
 from iqtrain.config.sections import DataConfig, ModelConfig, ProbeConfig
 from iqtrain.data.sources import probe_patterns
 from iqtrain.data.windows import labelled_windows
-from iqtrain.eval.probe import (
-    FoldPlan,
-    ProbeScore,
-    Shots,
-    accuracy_by,
-    bin_windows,
-    classical_matrix,
-    combined_features,
-    merge_shots,
-    probe_features,
-)
+from iqtrain.eval.bins import accuracy_by, bin_windows
+from iqtrain.eval.features import classical_matrix, combined_features, probe_features
+from iqtrain.eval.folds import FoldPlan, ProbeScore, Shots, merge_shots
 from iqtrain.model.transformer import NextPatchModel
 from iqtrain.pretrained.load import random_init_model
 
@@ -88,7 +80,7 @@ class TrainingProbe:
         if probe.by:  # refused now (exit 2 naming probe.by or probe.bins), not mid-run
             names = ("probe.by", "probe.bins")
             self._bins = bin_windows(self.labelled, probe.by, probe.bins, names)
-        self.shots = Shots.parse(list(probe.shots), probe.seeds, ("probe.shots", "probe.seeds"))
+        self.shots = Shots.of(probe.shots, probe.seeds)  # [probe] has checked them
         self.plan.check_shots(self.shots.ks if self.shots else (), "probe.shots")
         self._baselines: _Baselines | None = None
 

@@ -29,6 +29,7 @@ import torch
 
 from iqtrain.console import failure, note
 from iqtrain.storage import remove_dirs, unlink_quietly
+from iqtrain.train.sinks import LoopSink
 
 __all__ = ["PROFILE_DIR", "StepProfiler"]
 
@@ -38,10 +39,10 @@ PROFILE_DIR = "profile"
 MAX_MEMORY_EVENTS = 100_000
 
 
-class StepProfiler:
-    """The loop's profiler: :meth:`before_step` / :meth:`after_step` around each iteration,
-    :meth:`close` once at the end. It owns the torch profiler and the CUDA memory history
-    while they run, and turns both off when it is done."""
+class StepProfiler(LoopSink):
+    """The loop's profiler, one of its sinks: :meth:`before_step` / :meth:`after_step` around
+    each iteration, :meth:`close` once at the end. It owns the torch profiler and the CUDA
+    memory history while they run, and turns both off when it is done."""
 
     def __init__(self, steps: tuple[int, int] | None, directory: Path, device_type: str) -> None:
         self.steps = steps  # None: off, or done

@@ -12,10 +12,9 @@ import iqtrain.data.identity as identity
 from iqtrain.data.dataset import IQDataset
 from iqtrain.data.identity import (
     DataIdentity,
+    DigestPlan,
     check_parent_data,
     compute_digests,
-    compute_share,
-    merge_shares,
     share_of,
     verify_data,
 )
@@ -75,13 +74,14 @@ def test_merged_shares_equal_the_whole_file_digests(tmp_path, monkeypatch, world
         write_sigmf(tmp_path / "t", f"r{i}", random_iq(rng, samples, "ci8"), "ci8")
     train = IQDataset([os.fspath(tmp_path / "t" / "r[0-2].sigmf-meta")], window=16)
     val = IQDataset([os.fspath(tmp_path / "t" / "r3.sigmf-meta")], window=16)
-    shares = [compute_share(train, val, r, world) for r in range(world)]
+    plan = DigestPlan.of(train, val)
+    shares = [plan.share(r, world) for r in range(world)]
     assert sum(s.bytes for s in shares) == sum(
         rec.num_samples * 2 for ds in (train, val) for rec in ds.recordings
     )
-    assert merge_shares(train, val, shares) == compute_digests(train, val)
+    assert plan.merge(shares) == compute_digests(train, val)
     with pytest.raises(DataError, match="read by no rank"):
-        merge_shares(train, val, shares[1:] if world > 1 else [])
+        plan.merge(shares[1:] if world > 1 else [])
 
 
 def test_a_share_names_a_file_that_changed_length(linked):
@@ -89,7 +89,7 @@ def test_a_share_names_a_file_that_changed_length(linked):
     data = train.recordings[1].data_path
     os.truncate(data, 100)
     with pytest.raises(DataError, match=rf"{data}: data file changed length"):
-        compute_share(train, val, 0, 1)
+        DigestPlan.of(train, val).share(0, 1)
 
 
 def test_the_background_identity_is_the_digests_and_a_failed_share_is_raised(linked):
@@ -102,6 +102,49 @@ def test_the_background_identity_is_the_digests_and_a_failed_share_is_raised(lin
     os.truncate(data, 100)
     with pytest.raises(DataError, match="changed length"):
         DataIdentity(train, val).digests()
+
+
+class _Ranks:
+    """A World of two ranks seen from ``rank``, whose one gather hands back ``others`` as the
+    other rank's part (what agree sends: error, same, payload); the rest are no-ops."""
+
+    distributed, world_size = True, 2
+
+    def __init__(self, rank, others):
+        self.rank, self.is_main, self.others, self.gathers = rank, rank == 0, others, 0
+
+    def wait_for_main(self):
+        pass
+
+    def ending(self):
+        pass
+
+    def all_gather_object(self, obj):
+        self.gathers += 1
+        return [obj, self.others] if self.rank == 0 else [self.others, obj]
+
+
+def test_a_failed_share_is_agreed_with_exit_1_on_every_rank(linked):
+    from iqtrain.distributed.world import RankExit
+
+    train, val = _open(linked[0])
+    # Rank 0, rank 1's share failed: a DataError naming rank 1 (the attempt exists: exit 1).
+    world = _Ranks(0, ((1, "/x.sigmf-data: data file changed length"), None, None))
+    with pytest.raises(DataError) as info:
+        DataIdentity(train, val, world=world).digests()
+    assert str(info.value) == "rank 1: /x.sigmf-data: data file changed length"
+    assert type(info.value) is DataError and world.gathers == 2  # agree's closing gather
+    # Rank 1, its own share fine, rank 0's failed: exit 1, silently.
+    world = _Ranks(1, ((1, "boom"), None, None))
+    with pytest.raises(RankExit) as exit_info:
+        DataIdentity(train, val, world=world).digests()
+    assert exit_info.value.exit_code == 1
+    # Rank 0's own failure is raised as it was.
+    os.truncate(train.recordings[0].data_path, 100)
+    world = _Ranks(0, (None, None, None))
+    with pytest.raises(DataError, match="changed length") as own:
+        DataIdentity(train, val, world=world).digests()
+    assert not str(own.value).startswith("rank ")
 
 
 def test_a_retargeted_symlink_is_named_as_one(linked):

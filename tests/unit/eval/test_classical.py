@@ -364,7 +364,7 @@ def noisy_set(seed, per_class, f0_max=0.0):
 def test_classical_features_separate_noisy_modulations_under_the_probe(f0_max):
     import torch
 
-    from iqtrain.eval.probe import cross_validate
+    from iqtrain.eval.folds import cross_validate
 
     x, labels = noisy_set(11, 40, f0_max)
     features = torch.from_numpy(classical_features(x))

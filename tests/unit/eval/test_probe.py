@@ -17,12 +17,9 @@ from iqtrain.config.sections import DataConfig, ModelConfig
 from iqtrain.data.synth import synthesize
 from iqtrain.data.windows import labelled_windows
 from iqtrain.errors import ConfigError, DataError
-from iqtrain.eval.probe import (
-    assign_folds,
-    cross_validate,
-    probe_features,
-    probe_model,
-)
+from iqtrain.eval.features import probe_features
+from iqtrain.eval.folds import assign_folds, cross_validate
+from iqtrain.eval.probe import probe_model
 from iqtrain.model.transformer import NextPatchModel
 from iqtrain.pretrained.load import random_init_model
 from iqtrain.train.attempt import run_pretraining_attempt
@@ -231,7 +228,8 @@ def test_layer_states_number_embeddings_blocks_and_the_final_norm():
 
 
 def test_bins_cover_the_values_and_keep_empty_bins():
-    from iqtrain.eval.probe import bin_edges, bin_index, check_bins, parse_bins
+    from iqtrain.cli.probe import parse_bins
+    from iqtrain.eval.bins import bin_edges, bin_index, check_bins
 
     values = np.array([-3.0, 0.0, 4.99, 5.0, 12.5])
     edges = bin_edges(values, 5.0)
@@ -249,13 +247,13 @@ def test_bins_cover_the_values_and_keep_empty_bins():
             parse_bins(bad)
     # a width far too small is refused at once (it would never end), as is an overflowing one
     for width in (1e-300, 1e-7):
-        with pytest.raises(ConfigError, match=r"--bins: a width of .* more than 1000 bins"):
-            bin_edges(np.array([-20.0, 18.0]), width)
+        with pytest.raises(ConfigError, match=r"^--bins: a width of .* more than 1000 bins"):
+            bin_edges(np.array([-20.0, 18.0]), width, "--bins")
     with pytest.raises(ConfigError, match="more than 1000 bins"):
         bin_edges(np.array([-1e308, 1e308]), 1e-308)
     # finer than the values' float resolution: the edges could not be told apart
-    with pytest.raises(ConfigError, match="--bins: a width of 1 is finer than the float"):
-        bin_edges(np.array([1e20, 1e20]), 1.0)
+    with pytest.raises(ConfigError, match="^bins: a width of 1 is finer than the float"):
+        bin_edges(np.array([1e20, 1e20]), 1.0)  # the library names the option, not a flag
     # a value on a multiple of a width that is not exact in binary opens its bin
     tenths = np.array([0.0, 0.3, 0.7])
     edges = bin_edges(tenths, 0.1)
@@ -267,14 +265,14 @@ def test_bins_cover_the_values_and_keep_empty_bins():
 def test_every_value_lies_in_the_bin_printed_for_it(width):
     """Huge widths put negative values below 0 (they were binned into [0, w)); widths that are
     not powers of two print edges a value really lies between."""
-    from iqtrain.eval.probe import _span, bin_edges, bin_index
+    from iqtrain.eval.bins import bin_edges, bin_index, bin_span
 
     values = np.concatenate([np.arange(-20.0, 18.5, 0.5), [-1.4, 2.1, -0.3, 0.7, 1e-9, -1e-9]])
     edges = bin_edges(values, width)
     idx = bin_index(values, edges, width)
     assert (idx >= 0).all()
     for v, k in zip(values, idx, strict=True):
-        printed = _span(edges[k], edges[k + 1], closed=False)  # as the table shows it
+        printed = bin_span(edges[k], edges[k + 1], closed=False)  # as the table shows it
         lo, hi = (float(x) for x in printed[1:-1].split(", "))
         assert lo <= v < hi, (v, printed)
     if width == 1e300:  # the negative values below 0, the others above
@@ -335,7 +333,7 @@ def test_by_key_refusals_are_one_line_exit_2(attempt, tmp_path, capsys):
 
 
 def test_cluster_se_is_over_annotations_not_windows():
-    from iqtrain.eval.probe import cluster_se
+    from iqtrain.eval.folds import cluster_se
 
     # by hand: n = [2, 3, 1], c = [1, 3, 0], acc = 2/3, residuals -1/3, 1, -2/3, G/(G-1) = 3/2
     groups = np.array([0, 0, 1, 1, 1, 2])
@@ -357,7 +355,7 @@ def test_cluster_se_is_over_annotations_not_windows():
 
 
 def test_scores_carry_standard_errors_per_class():
-    from iqtrain.eval.probe import cluster_se, score
+    from iqtrain.eval.folds import cluster_se, score
 
     labels = np.array([0, 0, 0, 0, 1, 1, 1, 1])
     groups = np.array([0, 0, 1, 1, 2, 2, 3, 3])
@@ -379,7 +377,7 @@ def test_scores_carry_standard_errors_per_class():
 
 
 def test_batched_fits_are_the_fits_one_at_a_time_and_converge():
-    from iqtrain.eval.probe import TOL_GRAD, fit_logistic, fit_logistic_many
+    from iqtrain.eval.logistic import TOL_GRAD, fit_logistic, fit_logistic_many
 
     g = torch.Generator().manual_seed(3)
     latent = torch.randn(90, 6, generator=g, dtype=torch.float64)
@@ -409,7 +407,7 @@ def test_batched_fits_are_the_fits_one_at_a_time_and_converge():
 
 
 def _plan(per_class=7, classes=3, windows=3, folds=3, seed=5):
-    from iqtrain.eval.probe import FoldPlan
+    from iqtrain.eval.folds import FoldPlan
 
     groups = np.repeat(np.arange(per_class * classes), windows)
     labels = groups % classes
@@ -453,8 +451,8 @@ def test_few_shot_scores_pool_the_folds_per_draw():
     assert shots[1]["pretrained"]["mean"] > 0.9  # separable classes, 3 examples each
     one = plan.shots({"pretrained": x}, [1], seeds=1)[0]["pretrained"]
     assert one["std"] is None and one["draws"] == shots[0]["pretrained"]["draws"][:1]
-    with pytest.raises(ConfigError, match=r"--shots: K = 4 .* class 'c0' has only 3 training"):
-        plan.check_shots([1, 4])
+    with pytest.raises(ConfigError, match=r"^shots: K = 4 .* class 'c0' has only 3 training"):
+        plan.check_shots([1, 4])  # the library names the option, the command its flag
     plan.check_shots([3])
 
 
@@ -472,10 +470,10 @@ def test_few_shot_scores_pool_the_folds_per_draw():
     ],
 )
 def test_bad_shots_and_seeds_arerefused_in_one_line(text, seeds, match):
-    from iqtrain.eval.probe import Shots
+    from iqtrain.cli.probe import parse_shots
 
     with pytest.raises(ConfigError, match=match):
-        Shots.parse(text, seeds)
+        parse_shots(text, seeds)
 
 
 # --------------------------------------------------------------------------- few-shot command

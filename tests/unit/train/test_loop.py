@@ -219,3 +219,68 @@ def test_verify_refuses_a_forged_early_stop_of_a_truncated_attempt(tmp_path):
     )
     problems = check_attempt(attempt).problems
     assert any("training.early_stop_patience is 100" in p for p in problems), problems
+
+
+def test_the_loop_state_is_exactly_the_checkpoint_schemas_loop_table():
+    """state.json's ``loop`` keys and types are spelled once (checkpoint/state.py): what the
+    loop writes is that table, and a value of the wrong type is refused naming its key."""
+    from iqtrain.checkpoint.state import LOOP_FIELDS
+
+    state = LoopState().state_dict()
+    assert list(state) == list(LOOP_FIELDS)
+    for key in LOOP_FIELDS:
+        with pytest.raises(TypeError, match=f"loop.{key} is True"):
+            LoopState().load_state_dict({**state, key: True})
+
+
+def test_every_sink_hears_each_iteration_and_every_record_in_the_streams_order(
+    tmp_path, monkeypatch
+):
+    """The loop's one list of sinks: each step's start and end, and every record in the order
+    metrics.jsonl has it, then the loop's end once (an early stop included)."""
+    import iqtrain.train.attempt as attempt_module
+    from iqtrain.config.schema import build_config
+    from iqtrain.evidence.metrics import read_metrics
+    from iqtrain.train.loop import Trainer
+    from iqtrain.train.sinks import LoopSink
+
+    class Heard(LoopSink):
+        def __init__(self) -> None:
+            self.events: list[tuple] = []
+
+        def before_step(self, step: int) -> None:
+            self.events.append(("before", step))
+
+        def on_record(self, record: dict) -> None:
+            self.events.append((record["kind"], record["step"]))
+
+        def after_step(self, step: int) -> None:
+            self.events.append(("after", step))
+
+        def close(self) -> None:
+            self.events.append(("close",))
+
+    heard = Heard()
+
+    class Listened(Trainer):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self.sinks.append(heard)
+
+    monkeypatch.setattr(attempt_module, "Trainer", Listened)
+    result = attempt_module.run_pretraining_attempt(
+        build_config(_early_tables(tmp_path, tmp_path / "cache"))
+    )
+    assert result.stopped_early is not None and result.final_step == 6
+    records = read_metrics(result.attempt / "metrics.jsonl")
+    assert [e for e in heard.events if e[0] in ("train", "val")] == [
+        (r["kind"], r["step"]) for r in records
+    ]
+    steps = [e for e in heard.events if e[0] in ("before", "after")]
+    assert steps == [(hook, s) for s in range(1, 7) for hook in ("before", "after")]
+    assert heard.events[-1] == ("close",) and heard.events.count(("close",)) == 1
+    # each step's records come between its start and its end
+    for s in range(1, 7):
+        start, end = heard.events.index(("before", s)), heard.events.index(("after", s))
+        assert heard.events.index(("train", s)) in range(start, end)
+    assert result.probe is None and records[-1]["kind"] == "val"
