@@ -4,8 +4,8 @@ The quickstart's recipe (the recipe study's choice: categorical over 64 bins, pa
 4 layers) pretrained in bf16, compiled, on the synthetic data it generates where it runs, for a
 wall-clock budget (a short calibration run measures the step time first), then probed, with
 label efficiency (``--shots``), on a labelled set made beforehand (a TorchSig set as the recipe
-study makes it: ``scripts/study/torchsig_data.py``; nothing large is committed), beside random
-init, classical features and chance. One summary line (MFU and the accuracies) and
+study makes it: ``studies/torchsig_data/torchsig_data.py``; nothing large is committed), beside
+random init, classical features and chance. One summary line (MFU and the accuracies) and
 ``OUT/summary.json``::
 
     python scripts/ci/gpu_study.py IQTRAIN OUT --probe-data 'torchsig_report/*.sigmf-meta'

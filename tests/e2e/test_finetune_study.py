@@ -1,4 +1,4 @@
-"""The fine-tuning study (scripts/study/finetune.py), smoke-tested at a tiny size on the CPU: a
+"""The fine-tuning study (studies/finetune/finetune.py), smoke-tested at a tiny size on the CPU: a
 tiny pretrained attempt, tiny labelled sets from ``iqtrain synth --annotations``, then every
 cell (classical + LR, fine-tunes from the pretrained trunk and from random init), results.json,
 table.md, and a second invocation that skips every run."""
@@ -18,7 +18,7 @@ from iqtrain.config.schema import dumps_toml
 
 pytestmark = pytest.mark.slow
 
-SCRIPT = REPO / "scripts" / "study" / "finetune.py"
+SCRIPT = REPO / "studies" / "finetune" / "finetune.py"
 TIMEOUT = 600
 
 

@@ -86,10 +86,13 @@ def test_tampering_is_detected(tmp_path):
     data = bytearray(f.read_bytes())
     data[-1] ^= 0xFF
     f.write_bytes(bytes(data))
-    problems = verify_checkpoint(path)
-    assert len(problems) == 1 and "optimizer.safetensors" in problems[0]
-    with pytest.raises(CheckpointError, match="optimizer.safetensors"):
+    (problem,) = verify_checkpoint(path)
+    size = f.stat().st_size
+    assert problem.startswith(f"{f}: {size} bytes sha256 ")
+    assert f"but checkpoint.json records {size} bytes sha256 " in problem
+    with pytest.raises(CheckpointError) as info:
         load_checkpoint(path)
+    assert str(info.value) == problem
 
 
 def test_non_finite_state_is_refused_before_writing(tmp_path):
@@ -113,7 +116,7 @@ def test_never_overwrites_and_torn_checkpoints_are_not_listed(tmp_path):
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step_00000001"]
     torn = tmp_path / "step_00000003"
     torn.mkdir()
-    assert "missing" in verify_checkpoint(torn)[0]
+    assert verify_checkpoint(torn) == [f"{torn}/checkpoint.json: missing (checkpoint incomplete)"]
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -415,15 +418,38 @@ def test_verify_reports_an_unusable_state_step_as_a_problem(tmp_path, state_text
     assert "state.json" in problem and expect in problem
 
 
+NO_FILES_TABLE = ["checkpoint.json: unreadable: no 'files' table"]
+
+
 @pytest.mark.parametrize(
-    "index",
-    [{"files": ["model.safetensors"], "step": 5}, [1, 2], {"step": 5}, {"files": {"x": 1}}],
+    ("index", "expect"),
+    [
+        ({"files": ["model.safetensors"], "step": 5}, NO_FILES_TABLE),
+        ([1, 2], NO_FILES_TABLE),
+        ({"step": 5}, NO_FILES_TABLE),
+        (
+            {"files": {"x": 1}},
+            [
+                "checkpoint.json: does not list model.safetensors",
+                "checkpoint.json: does not list optimizer.safetensors",
+                "checkpoint.json: does not list state.json",
+                "checkpoint.json: lists 'x', which no checkpoint contains",
+                "checkpoint.json: no integer 'step'",
+            ],
+        ),
+    ],
 )
-def test_verify_never_raises_on_a_malformed_checkpoint_json(tmp_path, index):
+def test_a_malformed_checkpoint_json_is_named_by_verify_and_refused_by_load(
+    tmp_path, index, expect
+):
+    # verify returns every problem (it never raises); load refuses with the same problems.
     path = _tiny(tmp_path, 5)
     (path / "checkpoint.json").write_text(json.dumps(index))
     problems = verify_checkpoint(path)
-    assert problems and all(isinstance(p, str) for p in problems)
+    assert problems == [f"{path}/{p}" for p in expect]
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint(path)
+    assert str(info.value) == "; ".join(problems)
 
 
 # --------------------------------------------------------------------- sharded (dcp) format

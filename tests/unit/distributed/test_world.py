@@ -1,6 +1,9 @@
-"""The World without processes: torchrun's environment, and the ranks' agreement."""
+"""The World without processes: torchrun's environment, and the ranks' agreement (its ranks
+threads of this process exchanging what agree() contributes)."""
 
 from __future__ import annotations
+
+import threading
 
 import pytest
 
@@ -33,68 +36,96 @@ def test_agree_in_one_process_raises_the_error_itself():
         agree(World(), DataError("bad file"))
 
 
-class _FakeWorld(World):
-    """A world whose all_gather returns given per-rank objects (no process group)."""
+class _ThreadRank(World):
+    """One rank of a world whose ranks are threads of this process: ``all_gather_object``
+    really exchanges what each rank's agree() contributes (no process group, no fake data)."""
 
-    def __init__(self, rank: int, gathered: list):
-        super().__init__(rank, len(gathered), rank, "gloo")
-        object.__setattr__(self, "_gathered", gathered)
+    def __init__(self, rank: int, slots: list, barrier: threading.Barrier):
+        super().__init__(rank, len(slots), rank, "gloo")
+        object.__setattr__(self, "_slots", slots)
+        object.__setattr__(self, "_barrier", barrier)
 
     def all_gather_object(self, obj):
-        return list(self._gathered)
+        self._slots[self.rank] = obj
+        self._barrier.wait()
+        out = list(self._slots)
+        self._barrier.wait()  # every rank has read before any writes the next round
+        return out
 
     def wait_for_main(self):
-        pass
+        self._barrier.wait()
 
 
-@pytest.fixture
-def keep_sigterm(monkeypatch):
-    """agree() stops taking SIGTERM once the ranks agreed to fail: not in the test process."""
-    import iqtrain.distributed.world
+def _agree_on_every_rank(calls: list[dict]) -> list:
+    """``agree(world, **calls[r])`` on each rank r of a world of ``len(calls)`` thread ranks;
+    what each returned, or the exception it raised, in rank order."""
+    barrier = threading.Barrier(len(calls), timeout=30)
+    slots: list = [None] * len(calls)
+    outcomes: list = [None] * len(calls)
 
-    monkeypatch.setattr(iqtrain.distributed.world.signal, "signal", lambda *a: None)
+    def rank(r: int) -> None:
+        try:
+            outcomes[r] = agree(_ThreadRank(r, slots, barrier), **calls[r])
+        except Exception as exc:  # the outcome under test
+            outcomes[r] = exc
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(len(calls))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a rank is still waiting in agree()"
+    return outcomes
 
 
-def _failure(exc, same=None):
-    """One rank's contribution to agree()'s gather: (exit code, message), its ``same`` and its
-    payload."""
-    return ((exit_code(exc), str(exc)), same, None)
+def _no_error(**kwargs) -> dict:
+    return {"error": None, **kwargs}
 
 
-def _ok(same=None, payload=None):
-    return (None, same, payload)
+def test_agree_hands_every_rank_every_payload_in_rank_order():
+    outcomes = _agree_on_every_rank([_no_error(payload=f"share {r}") for r in range(3)])
+    assert outcomes == [["share 0", "share 1", "share 2"]] * 3
 
 
-def test_agree_rank_0_reports_and_the_others_exit_silently(keep_sigterm):
+def test_agree_rank_0_reports_a_failed_rank_and_the_others_exit_silently():
     err = DataError("x.sigmf-data: truncated")
-    gathered = [_ok(), _failure(err)]
-    with pytest.raises(ConfigError, match="rank 1: x.sigmf-data: truncated"):
-        agree(_FakeWorld(0, gathered), None)
-    with pytest.raises(RankExit) as info:
-        agree(_FakeWorld(1, gathered), err)
-    assert info.value.exit_code == 2
+    main, other = _agree_on_every_rank([_no_error(payload="a"), {"error": err}])
+    assert isinstance(main, ConfigError) and str(main) == "rank 1: x.sigmf-data: truncated"
+    assert isinstance(other, RankExit) and other.exit_code == exit_code(err) == 2
+    # A training failure keeps its class and exit code on rank 0.
     late = TrainingError("boom")
-    with pytest.raises(TrainingError, match="rank 1: boom"):
-        agree(_FakeWorld(0, [_ok(), _failure(late)]), None)
-    with pytest.raises(RankExit) as info:
-        agree(_FakeWorld(1, [_failure(err), _ok()]), None)
-    assert info.value.exit_code == 2
+    main, other = _agree_on_every_rank([_no_error(), {"error": late}])
+    assert type(main) is TrainingError and str(main) == "rank 1: boom"
+    assert isinstance(other, RankExit) and other.exit_code == exit_code(late)
 
 
-def test_agree_refuses_ranks_that_do_not_run_the_same_thing(keep_sigterm):
+def test_agree_rank_0_raises_its_own_error_itself():
+    err = DataError("bad file")
+    main, other = _agree_on_every_rank([{"error": err}, _no_error()])
+    assert main is err
+    assert isinstance(other, RankExit) and other.exit_code == 2 and str(other) == "bad file"
+
+
+def test_agree_names_the_first_failed_rank():
+    errors = [None, DataError("one"), TrainingError("two")]
+    main, *others = _agree_on_every_rank([{"error": e} for e in errors])
+    assert isinstance(main, ConfigError) and str(main) == "rank 1: one"
+    assert [(type(o), o.exit_code) for o in others] == [(RankExit, 2), (RankExit, 2)]
+
+
+def test_agree_refuses_ranks_that_do_not_run_the_same_thing():
     # Rank 1 was given its own edited copy of the config: both ranks refuse, rank 0 names it.
-    ours, theirs = {"optimizer.lr": 0.003, "training.max_steps": 9}, {"optimizer.lr": 0.001}
-    theirs["training.max_steps"] = 9
-    gathered = [_ok(ours), _ok(theirs)]
-    with pytest.raises(ConfigError, match=r"rank 1 has optimizer.lr = 0.001, rank 0 has 0.003"):
-        agree(_FakeWorld(0, gathered), None, same=ours)
-    with pytest.raises(RankExit) as info:
-        agree(_FakeWorld(1, gathered), None, same=theirs)
-    assert info.value.exit_code == 2
-    agree(_FakeWorld(0, [_ok(ours), _ok(dict(ours))]), None, same=ours)  # the same: no error
-
-
-def test_agree_hands_every_rank_all_payloads_in_rank_order(keep_sigterm):
-    gathered = [_ok(payload="a"), _ok(payload=None), _ok(payload="c")]
-    for rank in range(3):
-        assert agree(_FakeWorld(rank, gathered), None, payload="ignored") == ["a", None, "c"]
+    ours = {"optimizer.lr": 0.003, "training.max_steps": 9}
+    theirs = {"optimizer.lr": 0.001, "training.max_steps": 9}
+    main, other = _agree_on_every_rank([_no_error(same=ours), _no_error(same=theirs)])
+    assert isinstance(main, ConfigError)
+    assert str(main) == (
+        "the ranks must run the same thing: rank 1 has optimizer.lr = 0.001, rank 0 has 0.003"
+    )
+    assert isinstance(other, RankExit) and other.exit_code == 2
+    # A key only one rank has differs too.
+    main, _ = _agree_on_every_rank([_no_error(same=ours), _no_error(same={**ours, "x": 1})])
+    assert str(main).endswith("rank 1 has x = 1, rank 0 has None")
+    # The same values (equal, not the same object): every rank gets the payloads.
+    same = _agree_on_every_rank([_no_error(same=ours, payload=1), _no_error(same=dict(ours))])
+    assert same == [[1, None]] * 2

@@ -1,8 +1,13 @@
 """The fine-tuning study: does pretraining pay? Accuracy against labels per class.
 
+Venv: the project's (iqtrain installed; the fine-tunes and their evaluation run ``python -m
+iqtrain``). Data: a pretrained attempt (the recipe study's chosen checkpoint,
+studies/recipe/recipe.py) and two labelled TorchSig sets (studies/torchsig_data/torchsig_data.py,
+seed 1 for ``--pool``, seed 2 for ``--report``). Results: studies/finetune/RESULTS.md.
+
 Every cell fine-tunes a classifier (``model.objective = "classify"``, mean pooling, a new linear
 head) on K labelled annotations per class of TorchSig recordings (``--pool``: seed 1 of
-scripts/study/torchsig_data.py, 8 classes, 64 annotations of 4096 samples per class), twice at
+the TorchSig generator, 8 classes, 64 annotations of 4096 samples per class), twice at
 the same recipe and the same steps: from the pretrained checkpoint (``--pretrained``: its trunk,
 ``[init] from``) and from random initialisation (the same config without ``[init]``). Beside
 them, on the same K annotations per class: the twelve classical AMC features
@@ -14,16 +19,15 @@ log-probabilities likewise), beside the accuracy over windows. K in 1, 5, 10, 50
 whole training pool: 56), three seeds each; the table gives mean +- std (n - 1) over the seeds
 and the paired difference pretrained - random init::
 
-    python scripts/study/finetune.py --out study_ft/ \\
-        [--pool '/work/study_data/torchsig_select/*.sigmf-meta'] \\
-        [--report '/work/study_data/torchsig_report/*.sigmf-meta'] \\
-        [--pretrained /work/scratch/recipe/runs/attempts/0001] [--frozen]
+    python studies/finetune/finetune.py --out study_ft/ \\
+        --pool 'TORCHSIG_SEED1/*.sigmf-meta' --report 'TORCHSIG_SEED2/*.sigmf-meta' \\
+        --pretrained RECIPE_RUN/attempts/0001 [--frozen]
 
 On a GPU, the same study with every fine-tune on it (``--set`` overrides come after the
 recipe's, for every fine-tune)::
 
-    python scripts/study/finetune.py --out study_ft_gpu/ --set training.device=cuda \\
-        --set training.precision=bf16
+    python studies/finetune/finetune.py --out study_ft_gpu/ --pool ... --report ... \\
+        --pretrained ... --set training.device=cuda --set training.precision=bf16
 
 The split. ``--pool`` is split once (seed ``SPLIT_SEED``): per class (sorted label names, a
 class's annotations in file then annotation order, permuted by one generator) the first
@@ -83,9 +87,6 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[2]
-POOL = "/work/study_data/torchsig_select/*.sigmf-meta"
-REPORT = "/work/study_data/torchsig_report/*.sigmf-meta"
-PRETRAINED = "/work/scratch/recipe/runs/attempts/0001"
 LABEL_KEY = "core:label"
 
 SPLIT_SEED = 20261203
@@ -342,7 +343,7 @@ _REPORT_CACHE: dict = {}
 
 def report_windows(report: str, window: int, classes, key: str):
     """The report set's labelled windows (one grid of ``window``, read once)."""
-    from iqtrain.data.windows import labelled_windows
+    from iqtrain import labelled_windows
 
     tag = (report, window, tuple(classes), key)
     if tag not in _REPORT_CACHE:
@@ -389,8 +390,7 @@ def classical(train_glob: str, args, window: int) -> dict:
     regression on them, scored on the report set like the fine-tunes."""
     import torch
 
-    from iqtrain.data.windows import labelled_windows
-    from iqtrain.eval.probe import classical_matrix, fit_logistic
+    from iqtrain import classical_matrix, fit_logistic, labelled_windows
 
     t0 = time.monotonic()
     train = labelled_windows(train_glob, window, key=args.label_key)
@@ -477,9 +477,9 @@ def _k_value(text: str) -> int | str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--pool", default=POOL, help="labelled SigMF: dev set and training pool")
-    p.add_argument("--report", default=REPORT, help="held-out labelled SigMF: final numbers only")
-    p.add_argument("--pretrained", type=Path, default=Path(PRETRAINED), help="attempt dir")
+    p.add_argument("--pool", required=True, help="labelled SigMF: dev set and training pool")
+    p.add_argument("--report", required=True, help="held-out labelled SigMF: final numbers only")
+    p.add_argument("--pretrained", type=Path, required=True, help="the pretrained attempt dir")
     p.add_argument("--which", default="latest", help="its checkpoint (latest, best, step_N)")
     p.add_argument("--label-key", default=LABEL_KEY)
     p.add_argument("--ks", nargs="+", type=_k_value, help="K per class (default 1 5 10 50 all)")
@@ -552,7 +552,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0915
     os.environ.setdefault("OMP_NUM_THREADS", "2")
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    from iqtrain.config.schema import dumps_toml
+    from iqtrain import dumps_toml
 
     items = read_annotations(args.pool, args.label_key)
     classes, dev, pool = split_pool(items, args.dev_per_class)

@@ -1,11 +1,15 @@
 """Labelled held-out SigMF recordings from TorchSig (a generator independent of ``iqtrain synth``).
 
-Runs under a separate interpreter that has TorchSig, NOT the project venv; it needs only
+Venv: its own, NOT the project's (TorchSig and its dependencies stay out of it). It needs only
 ``torchsig`` (2.x; tested with 2.2.0), ``numpy`` and the standard library (no ``sigmf``: the
-metadata JSON is written by hand)::
+metadata JSON is written by hand; no iqtrain)::
 
-    /work/tsvenv/bin/python scripts/study/torchsig_data.py OUT_DIR --seed 1 \\
+    python3 -m venv TSVENV && TSVENV/bin/pip install -r studies/torchsig_data/requirements.txt
+    TSVENV/bin/python studies/torchsig_data/torchsig_data.py OUT_DIR --seed 1 \\
         --per-class 64 --samples 4096
+
+Data: none read; it writes the labelled sets the other studies probe and fine-tune on (seed 1:
+the select set and fine-tuning pool, seed 2: the report set). Nothing it writes is committed.
 
 What one example is: one ``torchsig.datasets.datasets.TorchSigIterableDataset`` sample with exactly
 one component signal that fills the whole buffer (``num_signals_min = num_signals_max = 1``,

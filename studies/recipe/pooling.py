@@ -7,7 +7,16 @@ absolute value) and each is scored by the probe's grouped cross-validation on th
 (the study's *select* set: never the report set). Prints one line per (model, layer, pooling)
 and writes them as JSON::
 
-    python scripts/study/pooling.py ATTEMPT 'select/*.sigmf-meta' out.json
+    python studies/recipe/pooling.py ATTEMPT 'TORCHSIG_SEED1/*.sigmf-meta' out.json
+
+Venv: the project's. Data: a pretrained attempt of the recipe study (studies/recipe/recipe.py)
+and the study's select set (studies/torchsig_data/torchsig_data.py, seed 1). Results:
+studies/recipe/RESULTS.md.
+
+Every layer's per-patch states come from the public ``Pretrained.features`` (``pool=None``: one
+forward per batch for all layers, the path ``iqtrain probe`` and ``Pretrained.embed`` take);
+only the pooling is the study's own. The labelled windows and the grouped cross-validation are
+the probe's own, public as ``iqtrain.labelled_windows`` and ``iqtrain.cross_validate``.
 """
 
 from __future__ import annotations
@@ -18,9 +27,7 @@ from pathlib import Path
 
 import torch
 
-from iqtrain.data.windows import labelled_windows
-from iqtrain.eval.probe import cross_validate
-from iqtrain.pretrained.load import Pretrained, load_pretrained
+from iqtrain import LabelledSet, Pretrained, cross_validate, labelled_windows, load_pretrained
 
 POOLINGS = ("mean", "meanstd", "meanstdskew", "meanstdmax")
 FOLDS, SEED = 5, 0  # the probe's defaults
@@ -38,10 +45,10 @@ def _pooled(h: torch.Tensor) -> dict[str, torch.Tensor]:
     }
 
 
-def features(pre: Pretrained, labelled) -> dict[int, dict[str, torch.Tensor]]:
-    """``{layer: {pooling: [windows, features]}}``: every patch's state of every layer (the
-    embed path, ``pool=None``), pooled each way."""
-    layers = list(range(pre.config.model.layers + 1))
+def pooled_features(pre: Pretrained, labelled: LabelledSet) -> dict[int, dict[str, torch.Tensor]]:
+    """``{layer: {pooling: [windows, features]}}``: every patch's state of every layer, pooled
+    each way."""
+    layers = range(pre.config.model.layers + 1)
     states = pre.features(labelled.batches(64), layers, pool=None)
     return {k: _pooled(h) for k, h in states.items()}
 
@@ -56,7 +63,7 @@ def main() -> int:
     labelled = labelled_windows(args.data, pre.window)
     results: dict[str, float] = {}
     for name, m in {"pretrained": pre, "random": pre.random_init()}.items():
-        for layer, pooled in features(m, labelled).items():
+        for layer, pooled in pooled_features(m, labelled).items():
             for pooling in POOLINGS:
                 score = cross_validate(
                     pooled[pooling],
