@@ -66,19 +66,18 @@ pub fn spin_until(mut ready: impl FnMut() -> bool) -> bool {
 }
 
 /// The batch's window ids: read by the claimants of its chunks, then moved out (never copied) by
-/// the winner of `complete`.
+/// the winner of `complete`, which never reads them through `get`.
 struct Ids(UnsafeCell<Vec<u64>>);
 
 // SAFETY: the ids are read only by a claimant of a chunk (`decode_chunk`), before it counts the
-// chunk done, and by the winner of `complete`; they are written once, by `take`, which only the
-// winner calls, after every chunk is counted done (`Acquire` on `done`, paired with each
+// chunk done; they are written once, by `take`, which only the winner of `complete` calls, after
+// every chunk is counted done (`Acquire` on `done`, paired with each
 // claimant's `Release`) and after its own reads. A claim made after the last chunk reads nothing.
 unsafe impl Sync for Ids {}
 
 impl Ids {
     /// # Safety
-    /// Not after `take` (see the `Sync` impl: a claimant of a chunk, or the winner before it
-    /// takes them).
+    /// Only by a claimant of a chunk, before it counts the chunk done (see the `Sync` impl).
     unsafe fn get(&self) -> &[u64] {
         // SAFETY: the caller's guarantee: `take`, the only writer, has not run and runs only
         // once every reader is done.
@@ -133,6 +132,13 @@ impl Job {
         ds.check_batch(&ids, bytes)?;
         let mut buffer = pool.take(ds.storage(), elems)?;
         let out = buffer.as_bytes_mut();
+        // The pool hands out a buffer of exactly `elems` of the dataset's storage type; the rows'
+        // raw slices (`decode_chunk`) rely on it, so it is checked, not assumed.
+        assert_eq!(
+            out.len(),
+            bytes,
+            "a pooled batch buffer of the wrong length"
+        );
         let out = RawBuf::new(out.as_mut_ptr(), out.len())?;
         Ok(Job::new(ds, pos, ids, out, Some(buffer)))
     }
@@ -207,7 +213,8 @@ impl Job {
         let last = (first + CHUNK_ROWS).min(self.rows);
         let rb = self.row_bytes;
         // SAFETY: chunk c was claimed by this thread alone (fetch_add hands each index out once),
-        // its rows [first, last) lie inside `out` (check_batch: ids.len() * rb == out.len()), and
+        // its rows [first, last) lie inside `out` (ids.len() * rb == out.len(): checked by
+        // `pooled` against the buffer taken, by `into_raw` against the ring slot), and
         // `out` stays valid until the job completes, which needs this chunk counted done.
         let rows = unsafe {
             std::slice::from_raw_parts_mut(self.out.as_ptr().add(first * rb), (last - first) * rb)
@@ -228,6 +235,16 @@ impl Job {
         let mut g = self.error.lock().unwrap_or_else(|p| p.into_inner());
         if g.as_ref().is_none_or(|(c, _)| chunk < *c) {
             *g = Some((chunk, e));
+        }
+    }
+
+    /// Claims what is left (after a failed chunk, every higher one is only counted, never read)
+    /// and waits until each claimant has counted its chunk: then nothing writes the buffer any
+    /// more. For a thread that owns the buffer and unwinds out of `work` ([`DrainOnUnwind`]).
+    pub fn drain(&self, ds: &Dataset) {
+        self.work(ds);
+        while !spin_until(|| self.finished()) {
+            std::thread::sleep(Duration::from_micros(50));
         }
     }
 
@@ -305,6 +322,23 @@ impl Job {
 /// the helpers run in.
 pub fn helpers() -> usize {
     rayon::current_num_threads().saturating_sub(2)
+}
+
+/// Drains `job` ([`Job::drain`]) if the thread holding this unwinds: a ring's prefetch thread
+/// that panics inside `work` must not give up its slot (the ring resets once it is gone) while
+/// rayon helpers may still be writing rows into it. The chunk that panicked is counted as
+/// failed, so every chunk above it is skipped, and the drain reads nothing.
+pub struct DrainOnUnwind<'a> {
+    pub job: &'a Job,
+    pub ds: &'a Dataset,
+}
+
+impl Drop for DrainOnUnwind<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.job.drain(self.ds);
+        }
+    }
 }
 
 struct Counted<'a> {
@@ -549,6 +583,47 @@ mod tests {
         let e = result.unwrap_err();
         assert!(
             matches!(e, Error::Internal(ref m) if m.contains("chunk 0")),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_thread_unwinding_out_of_work_waits_for_every_chunk_and_reads_no_more() {
+        let t = TempDir::new("job-drain");
+        let ds = dataset(&t, 1024, false);
+        let ids: Vec<u64> = (0..4 * CHUNK_ROWS as u64).collect();
+        let job = pooled(&ds, &ids);
+        let counted = AtomicBool::new(false);
+        let first = job.next.fetch_add(1, Ordering::Relaxed); // chunk 0, claimed by a helper
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                // ... which is still writing it when the other thread panics.
+                std::thread::sleep(Duration::from_millis(100));
+                counted.store(true, Ordering::SeqCst);
+                drop(Counted {
+                    job: &job,
+                    chunk: first,
+                });
+            });
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let _drain = DrainOnUnwind { job: &job, ds: &ds };
+                let c = job.next.fetch_add(1, Ordering::Relaxed); // chunk 1 ...
+                let _counted = Counted {
+                    job: &job,
+                    chunk: c,
+                };
+                panic!("... dies while copying it");
+            }));
+            assert!(r.is_err());
+            // The unwinding thread came out only once the helper's chunk was counted.
+            assert!(counted.load(Ordering::SeqCst));
+        });
+        // Chunks 2 and 3 were claimed by the drain and counted without being read.
+        assert!(job.finished() && job.next.load(Ordering::Relaxed) >= 4);
+        let Completed { result, .. } = job.complete(&ds).unwrap();
+        let e = result.unwrap_err();
+        assert!(
+            matches!(e, Error::Internal(ref m) if m.contains("chunk 1")),
             "{e}"
         );
     }

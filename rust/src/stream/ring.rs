@@ -571,7 +571,12 @@ fn fill_loop(
         shared.lock().current = Some((slot, job.clone()));
         shared.changed.notify_all(); // a consumer asleep waiting for this batch may help
         job.spawn_helpers(&ds, helpers);
-        job.work(&ds);
+        {
+            // A panic in `work` unwinds out of this thread, and the ring resets its slot once
+            // the thread is gone: first the helpers still writing the slot finish.
+            let _drain = job::DrainOnUnwind { job: &job, ds: &ds };
+            job.work(&ds);
+        }
         // complete() waits for every chunk, the consumer's and the helpers' included.
         if let Some(Completed { result, .. }) = job.complete(&ds) {
             let failed = result.is_err();
