@@ -76,18 +76,8 @@ def cmd_score(args: argparse.Namespace) -> int:
             f"{os.fspath(r.recording)}{label}"
         )
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "attempt": os.fspath(pre.attempt),
-                    "checkpoint": pre.checkpoint.name,
-                    "step": pre.step,
-                    "per": args.per,
-                    "unit": unit,
-                    "rows": [r.to_dict() for r in shown],
-                }
-            )
-        )
+        rows_json = [r.to_dict() for r in shown]
+        print(json.dumps({**_source_json(pre), "per": args.per, "unit": unit, "rows": rows_json}))
     return 0
 
 
@@ -115,16 +105,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     for line in prediction_lines(pred, source, args.rows):
         print(line)
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "attempt": os.fspath(pre.attempt),
-                    "checkpoint": pre.checkpoint.name,
-                    "step": pre.step,
-                    **pred.to_dict(),
-                }
-            )
-        )
+        print(json.dumps({**_source_json(pre), **pred.to_dict()}))
     return 0
 
 
@@ -211,6 +192,11 @@ def _usage(message: str) -> Exception:
     from iqtrain.errors import ConfigError
 
     return ConfigError(message)
+
+
+def _source_json(pre: Any) -> dict[str, Any]:
+    """The ``--json`` line's first keys: which model answered (a ``Pretrained``)."""
+    return {"attempt": os.fspath(pre.attempt), "checkpoint": pre.checkpoint.name, "step": pre.step}
 
 
 def _common(sp: argparse.ArgumentParser) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -336,13 +336,11 @@ def window_scores(
     """``[n]`` float64: each window's mean next-patch loss under the model's objective
     (:func:`~iqtrain.model.objectives.window_losses`), from one forward per batch, in eval mode
     under no_grad. A window with non-finite samples scores NaN."""
-    device = next(model.parameters()).device
-    out = []
-    with _evaluating(model, precision):
-        for raw in batches:
-            patches = _patches(raw, data, device)
-            out.append(window_losses(model(patches), patches, model.config).double().cpu())
-    return torch.cat(out).numpy() if out else np.zeros(0)
+
+    def losses(patches: torch.Tensor) -> torch.Tensor:
+        return window_losses(model(patches), patches, model.config)
+
+    return _per_window(model, data, batches, precision, losses, empty=(0,))
 
 
 def window_log_probs(
@@ -355,13 +353,29 @@ def window_log_probs(
     """``[n, classes]`` float64: a "classify" model's log-softmax over its classes for every
     window of ``batches``, one forward per batch in eval mode under no_grad (non-finite rows
     as they come: the caller names the window)."""
+
+    def log_probs(patches: torch.Tensor) -> torch.Tensor:
+        return model(patches).float().log_softmax(dim=1)
+
+    return _per_window(model, data, batches, precision, log_probs, empty=(0, model.classes))
+
+
+def _per_window(
+    model: NextPatchModel,
+    data: DataConfig,
+    batches: Iterable[np.ndarray],
+    precision: str,
+    per_batch: Callable[[torch.Tensor], torch.Tensor],
+    empty: tuple[int, ...],
+) -> np.ndarray:
+    """``per_batch(patches)`` of every batch, in eval mode under no_grad, concatenated as
+    float64 (``empty``'s shape when there is no batch)."""
     device = next(model.parameters()).device
     out = []
     with _evaluating(model, precision):
         for raw in batches:
-            logits = model(_patches(raw, data, device)).float()
-            out.append(logits.log_softmax(dim=1).double().cpu())
-    return torch.cat(out).numpy() if out else np.zeros((0, model.classes))
+            out.append(per_batch(_patches(raw, data, device)).double().cpu())
+    return torch.cat(out).numpy() if out else np.zeros(empty)
 
 
 def nonfinite_rows(values: np.ndarray) -> np.ndarray:
