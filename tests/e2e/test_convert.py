@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import deep_key_pickle, h5py_or_skip
+from helpers import Forged, deep_key_pickle, h5py_or_skip
 
 import iqtrain
 
@@ -107,12 +107,8 @@ def test_radioml2018_with_a_classes_file(tmp_path):
 def test_a_forged_pickle_runs_nothing(tmp_path):
     marker = tmp_path / "pwned"
 
-    class Forged:
-        def __reduce__(self):
-            return os.system, (f"touch '{marker}'",)
-
     src = tmp_path / "RML2016.10a_dict.pkl"
-    src.write_bytes(pickle.dumps({("BPSK", 0): Forged()}, protocol=2))
+    src.write_bytes(pickle.dumps({("BPSK", 0): Forged(os.system, f"touch '{marker}'")}, protocol=2))
     out = tmp_path / "out"
     proc = iqtrain_cmd("convert", "radioml2016", src, out, cwd=tmp_path)
     one_error_line(proc, f"{src}: refused pickle global posix.system")

@@ -7,8 +7,9 @@ import io
 import pickle
 
 import pytest
+from helpers import Forged
 
-from iqtrain.distributed.dcp import _check_metadata, _MetadataUnpickler
+from iqtrain.distributed.dcp import _check_metadata, _MetadataUnpickler, _plain_data_planner
 from iqtrain.errors import CheckpointError
 
 
@@ -33,3 +34,12 @@ def test_damaged_metadata_is_one_checkpoint_error(tmp_path, data, reason):
     text = str(info.value)
     assert text.startswith(f"{tmp_path / '.metadata'}: refused: ") and reason in text
     assert "\n" not in text
+
+
+def test_a_forged_plain_data_item_is_refused_before_it_runs_anything(tmp_path):
+    marker = tmp_path / "ran"
+    with pytest.raises(pickle.UnpicklingError):
+        _plain_data_planner().load_bytes(
+            None, io.BytesIO(pickle.dumps(Forged(open, str(marker), "w"), protocol=2))
+        )
+    assert not marker.exists()

@@ -14,29 +14,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import deep_key_pickle
+from helpers import Forged, deep_key_pickle
 
 import iqtrain
 from iqtrain.data.convert import convert_radioml2016, unpickler
 from iqtrain.errors import DataError
 
 
-class _Forged:
-    """Pickles as a call of ``fn(*args)`` (what a forged dataset would hide in a value)."""
-
-    def __init__(self, fn, *args):
-        self.fn, self.args = fn, args
-
-    def __reduce__(self):
-        return self.fn, self.args
-
-
 def _forged_pickles(marker: Path) -> dict[str, bytes]:
     create = f"open({os.fspath(marker)!r}, 'w').close()"
     return {
-        "posix.system": pickle.dumps({("BPSK", 0): _Forged(os.system, f"touch '{marker}'")}, 2),
-        "__builtin__.eval": pickle.dumps({("BPSK", 0): _Forged(eval, create)}, 2),
-        "builtins.exec": pickle.dumps({("BPSK", 0): _Forged(exec, create)}, 4),
+        "posix.system": pickle.dumps({("BPSK", 0): Forged(os.system, f"touch '{marker}'")}, 2),
+        "__builtin__.eval": pickle.dumps({("BPSK", 0): Forged(eval, create)}, 2),
+        "builtins.exec": pickle.dumps({("BPSK", 0): Forged(exec, create)}, 4),
     }
 
 
@@ -61,7 +51,7 @@ def test_a_forged_pickle_runs_nothing(tmp_path, refused, assert_nothing_written)
 def test_codecs_encode_is_latin1_of_a_str_only(tmp_path):
     # _codecs.encode is allowed for a Python 3 pickle's bytes; any other codec is refused.
     path = tmp_path / "codec.pkl"
-    path.write_bytes(pickle.dumps({("BPSK", 0): _Forged(codecs.encode, "x", "rot13")}, 2))
+    path.write_bytes(pickle.dumps({("BPSK", 0): Forged(codecs.encode, "x", "rot13")}, 2))
     assert b"c_codecs\nencode\n" in path.read_bytes()
     with pytest.raises(DataError, match=r"not a RadioML 2016 pickle: _codecs.encode\('rot13'\)"):
         convert_radioml2016(path, tmp_path / "out")
