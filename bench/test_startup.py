@@ -9,7 +9,7 @@ afterwards. In the same run, per size:
 
 - ``metadata``: everything Python does per recording when a dataset opens: the glob, resolving
   the paths, reading and parsing each ``.sigmf-meta``, the SigMF schema check and iqtrain's own,
-  stat of the data file and the sampled fingerprint read (``_expand`` and ``_read_recordings``);
+  stat of the data file and the sampled fingerprint read (``expand`` and ``_read_one``);
 - ``open``: ``IQDataset`` (the above plus the native open of every data file);
 - ``run``: ``iqtrain run`` (``cli.main`` in a fresh interpreter, with timers around its phases)
   of a 3-step tiny model (``data.train`` = the set, a fixed 16-recording ``data.val``), the
@@ -45,8 +45,9 @@ from bench_helpers import median
 
 from iqtrain.config.schema import dumps_toml
 from iqtrain.data import dataset as dataset_module
-from iqtrain.data import sigmf_meta
 from iqtrain.data.dataset import IQDataset
+from iqtrain.data.sigmf import expand
+from iqtrain.data.sigmf import schema as sigmf_schema
 
 SIZES = (1_000, 10_000, 100_000)
 VAL = 16
@@ -96,11 +97,10 @@ def sets(tmp_path_factory):
 
 
 def _metadata_phase(pattern: str) -> int:
-    metas, _ = dataset_module._expand(pattern)
     h = hashlib.sha256()
     count = 0
-    for _, piece in dataset_module._read_recordings(metas):
-        assert isinstance(piece, bytes)
+    for source in expand(pattern).sources:
+        _, piece = dataset_module._read_one(source, None)
         h.update(piece)
         count += 1
     return count
@@ -108,7 +108,7 @@ def _metadata_phase(pattern: str) -> int:
 
 @pytest.mark.parametrize("n", SIZES)
 def test_metadata(benchmark, bench_summary, sets, n):
-    sigmf_meta._compiled_check()  # built once per process, as the first open builds it
+    sigmf_schema._compiled_check()  # built once per process, as the first open builds it
     rounds = 3 if n < 100_000 else 1
     assert benchmark.pedantic(_metadata_phase, args=(sets[n],), rounds=rounds) == n
     _times["metadata", n] = _least(benchmark)
@@ -208,10 +208,10 @@ def test_schema_check_peer(benchmark, bench_summary, sets):
     """jsonschema's best match over every file of the 10k set against the compiled check."""
     import jsonschema
 
-    metas, _ = dataset_module._expand(sets[10_000])
+    metas = [s.meta for s in expand(sets[10_000]).sources]
     parsed = [json.loads(m.read_bytes()) for m in metas]
-    validator = sigmf_meta._schema_validator()
-    fast = sigmf_meta._compiled_check()
+    validator = sigmf_schema._schema_validator()
+    fast = sigmf_schema._compiled_check()
     assert fast is not None
 
     def jsonschema_all():

@@ -16,7 +16,7 @@ import numpy as np
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
 
-# numpy dtype of one component, per SigMF complex datatype
+# numpy dtype of one component, per SigMF complex datatype (all 14 of the specification)
 COMPONENT_DTYPES = {
     "ci8": np.dtype("i1"),
     "cu8": np.dtype("u1"),
@@ -24,7 +24,28 @@ COMPONENT_DTYPES = {
     "ci16_be": np.dtype(">i2"),
     "cf32_le": np.dtype("<f4"),
     "cf32_be": np.dtype(">f4"),
+    "cu16_le": np.dtype("<u2"),
+    "cu16_be": np.dtype(">u2"),
+    "ci32_le": np.dtype("<i4"),
+    "ci32_be": np.dtype(">i4"),
+    "cu32_le": np.dtype("<u4"),
+    "cu32_be": np.dtype(">u4"),
+    "cf64_le": np.dtype("<f8"),
+    "cf64_be": np.dtype(">f8"),
 }
+
+
+def as_read(iq: np.ndarray, datatype: str) -> np.ndarray:
+    """What iqtrain reads of components ``iq`` of ``datatype``, by value (docs/design.md 1.1):
+    unsigned ones less half their range, 32-bit integers and cf64 as float32 rounded to nearest,
+    the rest as they are."""
+    dt = COMPONENT_DTYPES[datatype]
+    if dt.kind == "u":
+        signed = iq.astype(np.int64) - (1 << (8 * dt.itemsize - 1))
+        return signed.astype(np.float32) if dt.itemsize == 4 else signed.astype(f"i{dt.itemsize}")
+    if dt.itemsize == 8 or (dt.kind == "i" and dt.itemsize == 4):
+        return iq.astype(np.float32)
+    return iq.astype(dt.newbyteorder("="))
 
 
 def write_sigmf(directory: Path, name: str, iq: np.ndarray, datatype: str, **global_fields) -> Path:
@@ -51,8 +72,9 @@ def write_annotated(directory, name, iq, datatype, annotations, captures=(0,)) -
     data_path = directory / f"{name}.sigmf-data"
     np.ascontiguousarray(iq, dtype=COMPONENT_DTYPES[datatype]).tofile(data_path)
     meta = SigMFFile(data_file=data_path, global_info={"core:datatype": datatype})
-    for start in captures:
-        meta.add_capture(start)
+    for k, start in enumerate(captures):
+        # Each tuned elsewhere: captures that differ only in their start are one segment.
+        meta.add_capture(start, metadata={"core:frequency": 915e6 + 1e6 * k})
     for start, count, label in annotations:
         meta.add_annotation(start, count, metadata={"core:label": label} if label else {})
     meta.tofile(directory / f"{name}.sigmf-meta")

@@ -27,7 +27,7 @@ _EXPORTS: dict[str, str] = {
     "build_config": "iqtrain.config.schema",
     "load_config": "iqtrain.config.schema",
     "IQDataset": "iqtrain.data.dataset",
-    "Recording": "iqtrain.data.sigmf_meta",
+    "Recording": "iqtrain.data.sigmf",
     "TrainStream": "iqtrain.data.dataset",
     "CheckpointError": "iqtrain.errors",
     "ConfigError": "iqtrain.errors",
@@ -147,7 +147,7 @@ if _typing.TYPE_CHECKING:
     from iqtrain.config.sections import ModelConfig, OptimizerConfig, ScheduleConfig
     from iqtrain.data.convert import convert_radioml2016, convert_radioml2018
     from iqtrain.data.dataset import IQDataset, TrainStream
-    from iqtrain.data.sigmf_meta import Recording
+    from iqtrain.data.sigmf import Recording
     from iqtrain.data.synth import synthesize
     from iqtrain.data.windows import LabelledSet, labelled_windows
     from iqtrain.errors import (

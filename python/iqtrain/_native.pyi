@@ -27,7 +27,8 @@ class NativeDataset:
         kinds: list[str],
         window: int,
         stride: int,
-        captures: list[list[int]] | None = None,
+        layouts: Sequence[tuple[int, int, int, Sequence[tuple[int, int, int]]] | None]
+        | None = None,
         map_min_bytes: int | None = None,
         max_open_files: int | None = None,
         select: npt.NDArray[np.uint64] | npt.NDArray[np.int64] | Sequence[int] | None = None,
@@ -87,9 +88,19 @@ class NativeStream:
     def seek(self, samples_consumed: int) -> None: ...
 
 def feistel_index(n: int, seed: int, epoch: int, pos: int) -> int: ...
-def digest_files(paths: list[str], expected_lengths: list[int] | None = None) -> list[str]: ...
+def digest_files(
+    paths: list[str],
+    expected_lengths: list[int] | None = None,
+    offsets: list[int] | None = None,
+    sizes: list[int] | None = None,
+) -> list[str]: ...
 def digest_plan(length: int, piece: int) -> list[tuple[int, int]]: ...
 def digest_pieces(
-    paths: list[str], lengths: list[int], offsets: list[int], sizes: list[int]
+    paths: list[str],
+    lengths: list[int],
+    offsets: list[int],
+    sizes: list[int],
+    bases: list[int] | None = None,
+    regions: list[int] | None = None,
 ) -> list[bytes]: ...
 def digest_merge(length: int, values: list[bytes], piece: int) -> str: ...

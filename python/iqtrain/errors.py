@@ -18,6 +18,7 @@ __all__ = [
     "DataError",
     "CursorMismatchError",
     "NoLabelledWindowError",
+    "RecordingsRefused",
     "WindowTooLongError",
     "InputError",
     "NonFiniteError",
@@ -55,6 +56,38 @@ class CursorMismatchError(DataError):
 
 class WindowTooLongError(DataError):
     """No recording (or capture segment) of a dataset is as long as one window."""
+
+
+class RecordingsRefused(DataError):
+    """Recordings of a dataset that cannot be read, every one at once: ``problems`` holds
+    ``(path, one line)`` of each (docs/design.md 1.2). The message is that line when there is
+    one, else a count and the first :data:`SHOWN` lines; :meth:`context` names the data list
+    and the setting that reads the rest instead."""
+
+    SHOWN = 20
+
+    def __init__(
+        self, problems: list[tuple[str, str]], total: int, where: str = "", hint: str = ""
+    ):
+        self.problems = list(problems)
+        self.total = total
+        self.where = where
+        self.hint = hint
+        n = len(self.problems)
+        head = f"{where}: " if where else ""
+        tail = f" ({hint})" if hint else ""
+        if n == 1:  # one line, as every refusal of one file is
+            super().__init__(f"{head}{self.problems[0][1]}{tail}")
+            return
+        lines = [f"{head}{n} of {total} recording(s) cannot be read{tail}:"]
+        lines += [f"  {line}" for _, line in self.problems[: self.SHOWN]]
+        if n > self.SHOWN:
+            lines.append(f"  ... and {n - self.SHOWN} more")
+        super().__init__("\n".join(lines))
+
+    def context(self, where: str, hint: str = "") -> RecordingsRefused:
+        """The same refusal, said of data list ``where`` with ``hint``."""
+        return RecordingsRefused(self.problems, self.total, where, hint)
 
 
 class NoLabelledWindowError(DataError):

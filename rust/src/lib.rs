@@ -1,7 +1,8 @@
-//! Native data path of iqtrain: recordings read with positioned reads, full-content digests,
-//! the seeded epoch permutation, the global sample stream and parallel batch assembly (into
-//! pooled buffers, or a ring of caller-owned ones: `stream/ring.rs`). Pure Rust; the Python
-//! bindings live in `python.rs` behind the `python` feature so `cargo test` needs no interpreter.
+//! Native data path of iqtrain: recordings read by the byte layouts the caller gives (positioned
+//! reads or guarded maps), content digests of files and of regions of files, the seeded epoch
+//! permutation, the global sample stream and parallel batch assembly (into pooled buffers, or a
+//! ring of caller-owned ones: `stream/ring.rs`). Pure Rust; the Python bindings live in
+//! `python.rs` behind the `python` feature so `cargo test` needs no interpreter.
 //!
 //! The modules are private; the `pub use` lines below are the crate's one surface, and
 //! `python.rs` uses nothing else. Modules import one way (a module uses only those below it):
@@ -23,13 +24,15 @@ mod stream;
 #[cfg(feature = "python")]
 mod python;
 
-pub use digest::{digest_file, digest_files, digest_pieces, merge_pieces, pieces, CHUNK};
+pub use digest::{
+    digest_file, digest_files, digest_piece, digest_pieces, digest_region, merge_pieces, pieces,
+    Piece, CHUNK,
+};
 pub use error::{Error, Result};
 pub use io::{bytes_mut, AlignedVec, Plain};
 pub use permutation::{feistel_index, Permutation};
 pub use recordings::{
-    capture_segments, window_count, Dataset, Kind, ReadPolicy, Recording, Segment, Storage,
-    KIND_NAMES,
+    window_count, Dataset, Kind, Layout, ReadPolicy, Recording, Run, Segment, Storage, KIND_NAMES,
 };
 pub use stream::{assemble, Batch, Buffer, BufferPool, RawBuf, Ring, Slots, Stream, StreamSpec};
 
@@ -60,15 +63,14 @@ pub(crate) mod testutil {
         }
     }
 
-    /// `Dataset::open` with one capture at sample 0 per recording (no capture boundaries).
+    /// `Dataset::open` with no layouts: every recording a plain file, one run covering it.
     pub fn open_plain<P: AsRef<str>, K: AsRef<str>>(
         paths: &[P],
         kinds: &[K],
         window: u64,
         stride: u64,
     ) -> crate::Result<crate::Dataset> {
-        let captures = vec![[0u64]; paths.len()];
-        crate::Dataset::open(paths, kinds, &captures, window, stride)
+        crate::Dataset::open(paths, kinds, &vec![None; paths.len()], window, stride)
     }
 
     impl Drop for TempDir {

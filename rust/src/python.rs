@@ -10,8 +10,8 @@ use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
 
 use crate::{
-    bytes_mut, AlignedVec, Buffer, BufferPool, Dataset, Error, Plain, RawBuf, ReadPolicy, Storage,
-    Stream,
+    bytes_mut, AlignedVec, Buffer, BufferPool, Dataset, Error, Layout, Piece, Plain, RawBuf,
+    ReadPolicy, Run, Storage, Stream,
 };
 
 pyo3::import_exception!(iqtrain.errors, IQTrainError);
@@ -87,7 +87,12 @@ fn describe(obj: &Bound<'_, PyAny>) -> String {
         _ => obj
             .get_type()
             .name()
-            .map(|n| format!("a {n}"))
+            .map(|n| {
+                let an = n
+                    .to_str()
+                    .is_ok_and(|n| n.starts_with(['a', 'e', 'i', 'o', 'u']));
+                format!("{} {n}", if an { "an" } else { "a" })
+            })
             .unwrap_or_else(|_| "an unknown object".into()),
     }
 }
@@ -302,30 +307,128 @@ fn ring_buffer<T: Element + Plain>(
     Ok(RawBuf::new(bytes.as_mut_ptr(), bytes.len())?)
 }
 
-/// Capture starts as u64, a negative one named like the metadata field it came from.
-fn capture_starts(paths: &[String], captures: Vec<Vec<i128>>) -> Result<Vec<Vec<u64>>, Error> {
-    captures
-        .into_iter()
-        .enumerate()
-        .map(|(r, starts)| {
-            starts
-                .into_iter()
-                .enumerate()
-                .map(|(i, s)| {
-                    u64::try_from(s).map_err(|_| {
-                        Error::data(
-                            paths.get(r).map_or("captures", String::as_str),
-                            &format!("captures[{i}].core:sample_start"),
-                            format!("must be a non-negative integer below 2^64, got {s}"),
-                        )
-                    })
-                })
-                .collect()
-        })
-        .collect()
+/// The items of a list or tuple (any sequence but a string or bytes), or None.
+fn items<'py>(obj: &Bound<'py, PyAny>) -> Option<Vec<Bound<'py, PyAny>>> {
+    if obj.is_instance_of::<pyo3::types::PyString>() || obj.is_instance_of::<pyo3::types::PyBytes>()
+    {
+        return None;
+    }
+    obj.extract().ok()
 }
 
-/// Recordings cut into windows, one capture segment at a time; see docs/design.md section 1.
+/// `describe`, with the number of items of a sequence.
+fn counted(obj: &Bound<'_, PyAny>) -> String {
+    match items(obj) {
+        Some(v) => format!("{} of {} items", describe(obj), v.len()),
+        None => describe(obj),
+    }
+}
+
+/// One integer of recording `path`'s layout, as u64: anything else (negative, 2^64 or more, not
+/// an int) is a DataError naming the file and `field`.
+fn layout_uint(path: &str, field: &str, obj: &Bound<'_, PyAny>) -> Result<u64, Error> {
+    let bad = |got: String| {
+        Error::data(
+            path,
+            field,
+            format!("must be a non-negative integer below 2^64, got {got}"),
+        )
+    };
+    match obj.extract::<i128>() {
+        Ok(v) => u64::try_from(v).map_err(|_| bad(v.to_string())),
+        Err(_) if obj.is_instance_of::<pyo3::types::PyInt>() => Err(bad(obj
+            .str()
+            .map_or_else(|_| "an int".into(), |s| s.to_string()))),
+        Err(_) => Err(bad(describe(obj))),
+    }
+}
+
+/// The `layouts` argument: None (every recording plain), or one entry per data path, each None
+/// (plain) or `(file_bytes, channels, channel, runs)` with `runs` a list of
+/// `(start, samples, byte)`. A malformed list or entry is a ConfigError naming it (`layouts`,
+/// `layouts[r]`, `layouts[r].runs`, `layouts[r].runs[i]`); a bad integer a DataError naming the
+/// recording's file and the field (`file_bytes`, `channels`, `channel`, `segment {i} start`,
+/// `segment {i} samples`, `segment {i} byte`).
+fn layouts_arg(paths: &[String], obj: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<Option<Layout>>> {
+    let Some(obj) = obj.filter(|o| !o.is_none()) else {
+        return Ok(vec![None; paths.len()]);
+    };
+    let entries = items(obj).ok_or_else(|| {
+        Error::config(
+            "layouts",
+            format!(
+                "must be None or a list with one entry per data path (None or a tuple \
+                 (file_bytes, channels, channel, runs)), got {}",
+                describe(obj)
+            ),
+        )
+    })?;
+    if entries.len() != paths.len() {
+        return Err(Error::config(
+            "layouts",
+            format!(
+                "has {} entries but data_paths has {}",
+                entries.len(),
+                paths.len()
+            ),
+        )
+        .into());
+    }
+    let mut out = Vec::with_capacity(entries.len());
+    for (r, (entry, path)) in entries.iter().zip(paths).enumerate() {
+        if entry.is_none() {
+            out.push(None);
+            continue;
+        }
+        let fields = items(entry).filter(|f| f.len() == 4).ok_or_else(|| {
+            Error::config(
+                &format!("layouts[{r}]"),
+                format!(
+                    "must be None or a tuple (file_bytes, channels, channel, runs), got {}",
+                    counted(entry)
+                ),
+            )
+        })?;
+        let runs = items(&fields[3]).ok_or_else(|| {
+            Error::config(
+                &format!("layouts[{r}].runs"),
+                format!(
+                    "must be a list of (start, samples, byte) tuples, got {}",
+                    describe(&fields[3])
+                ),
+            )
+        })?;
+        let runs = runs
+            .iter()
+            .enumerate()
+            .map(|(i, run)| {
+                let t = items(run).filter(|t| t.len() == 3).ok_or_else(|| {
+                    Error::config(
+                        &format!("layouts[{r}].runs[{i}]"),
+                        format!(
+                            "must be a tuple (start, samples, byte), got {}",
+                            counted(run)
+                        ),
+                    )
+                })?;
+                Ok(Run {
+                    start: layout_uint(path, &format!("segment {i} start"), &t[0])?,
+                    samples: layout_uint(path, &format!("segment {i} samples"), &t[1])?,
+                    byte: layout_uint(path, &format!("segment {i} byte"), &t[2])?,
+                })
+            })
+            .collect::<Result<Vec<Run>, Error>>()?;
+        out.push(Some(Layout {
+            file_bytes: layout_uint(path, "file_bytes", &fields[0])?,
+            channels: layout_uint(path, "channels", &fields[1])?,
+            channel: layout_uint(path, "channel", &fields[2])?,
+            runs,
+        }));
+    }
+    Ok(out)
+}
+
+/// Recordings cut into windows, one run (capture segment) at a time; see docs/design.md section 1.
 #[pyclass(module = "iqtrain._native", frozen)]
 pub struct NativeDataset {
     ds: Arc<Dataset>,
@@ -333,10 +436,15 @@ pub struct NativeDataset {
 
 #[pymethods]
 impl NativeDataset {
-    /// `captures[r]`: recording `r`'s capture starts (`core:sample_start`, metadata order);
-    /// omitted or empty means one segment covering the file. `map_min_bytes`: data files of at
-    /// least this many bytes are read from a guarded memory map (default 256 KiB; 2**64 - 1
-    /// maps nothing). `max_open_files`: at most this many data files are open at once (default:
+    /// `kinds[r]`: recording `r`'s SigMF datatype (one of the 14 complex ones, canonical name).
+    /// `layouts`: None (every recording a plain single-channel file of whole samples, one run
+    /// covering it) or one entry per data path: None (plain), or
+    /// `(file_bytes, channels, channel, runs)`: the file's length (it must have it, else a
+    /// DataError "changed length"), its interleaved channels and the one read, and its runs,
+    /// each `(start, samples, byte)`: `samples` sample frames from byte `byte` of the file,
+    /// windowed on their own (`start`, the run's first sample index, is what window locations
+    /// report). `map_min_bytes`: recordings whose runs span at least this many bytes are read
+    /// from a guarded memory map of that span (default 256 KiB; 2**64 - 1 maps nothing). `max_open_files`: at most this many data files are open at once (default:
     /// every recording with a window); the rest are opened again, by path, when read.
     /// `select`: base window ids (the numbering without it) the dataset is restricted to, in
     /// order (a 1-D numpy uint64 array or a sequence of ints): window `i` is then base window
@@ -345,7 +453,7 @@ impl NativeDataset {
     // The Python constructor's keyword arguments, one per option.
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (
-        data_paths, kinds, window, stride, captures = None, map_min_bytes = None,
+        data_paths, kinds, window, stride, layouts = None, map_min_bytes = None,
         max_open_files = None, select = None
     ))]
     fn new(
@@ -354,7 +462,7 @@ impl NativeDataset {
         kinds: Vec<String>,
         window: i128,
         stride: i128,
-        captures: Option<Vec<Vec<i128>>>,
+        layouts: Option<&Bound<'_, PyAny>>,
         map_min_bytes: Option<i128>,
         max_open_files: Option<i128>,
         select: Option<&Bound<'_, PyAny>>,
@@ -369,16 +477,13 @@ impl NativeDataset {
             let v = positive("max_open_files", v)?;
             policy.max_open_files = usize::try_from(v).unwrap_or(usize::MAX);
         }
-        let captures = match captures {
-            None => vec![Vec::new(); data_paths.len()],
-            Some(c) => capture_starts(&data_paths, c)?,
-        };
+        let layouts = layouts_arg(&data_paths, layouts)?;
         let select = select
             .filter(|obj| !obj.is_none())
             .map(select_arg)
             .transpose()?;
         let ds = py.detach(|| {
-            let ds = Dataset::open_with(&data_paths, &kinds, &captures, window, stride, policy)?;
+            let ds = Dataset::open_with(&data_paths, &kinds, &layouts, window, stride, policy)?;
             match select {
                 Some(ids) => ds.select(ids),
                 None => Ok(ds),
@@ -435,6 +540,7 @@ impl NativeDataset {
     fn recording_windows(&self) -> Vec<u64> {
         self.ds.recordings().iter().map(|r| r.windows).collect()
     }
+    /// Samples (of the channel read) in each recording's runs.
     #[getter]
     fn recording_samples(&self) -> Vec<u64> {
         self.ds.recordings().iter().map(|r| r.samples).collect()
@@ -674,55 +780,82 @@ impl NativeStream {
     }
 }
 
-/// Lowercase hex BLAKE3 of the full content of each file, in the order given, computed in
-/// parallel without the GIL. `expected_lengths[i]`, when given, is the length `paths[i]` must
+/// Lowercase hex BLAKE3 of each file's content, in the order given, computed in parallel
+/// without the GIL: the whole file, or with `offsets[i]` / `sizes[i]` its region
+/// `[offset, offset + size)` hashed as an input of its own (an archive member; defaults: 0 and
+/// to the end of the file). `expected_lengths[i]`, when given, is the length `paths[i]` must
 /// have (what a dataset opened); any other length, or one that changes while being read, is a
-/// DataError naming the file, as is a file that cannot be read.
+/// DataError naming the file, as is a file that cannot be read. A region outside the file is a
+/// ConfigError (`region`); a list of another length than `paths` a ConfigError naming it.
 #[pyfunction]
-#[pyo3(signature = (paths, expected_lengths = None))]
+#[pyo3(signature = (paths, expected_lengths = None, offsets = None, sizes = None))]
 fn digest_files(
     py: Python<'_>,
     paths: Vec<String>,
     expected_lengths: Option<Vec<u64>>,
+    offsets: Option<Vec<u64>>,
+    sizes: Option<Vec<u64>>,
 ) -> PyResult<Vec<String>> {
-    let hashes = py.detach(|| crate::digest_files(&paths, expected_lengths.as_deref()))?;
+    let hashes = py.detach(|| {
+        crate::digest_files(
+            &paths,
+            expected_lengths.as_deref(),
+            offsets.as_deref(),
+            sizes.as_deref(),
+        )
+    })?;
     Ok(hashes.iter().map(|h| h.to_hex().to_string()).collect())
 }
 
-/// The pieces `(offset, bytes)` a file of `length` bytes is hashed in when its digest is shared
-/// (`piece`: a power of two >= 1024): one piece, the whole file, when it fits.
+/// The pieces `(offset, bytes)` a region (or file) of `length` bytes is hashed in when its
+/// digest is shared (`piece`: a power of two >= 1024): one piece, the whole region, when it
+/// fits. Offsets are within the region.
 #[pyfunction]
 fn digest_plan(length: u64, piece: u64) -> PyResult<Vec<(u64, u64)>> {
     Ok(crate::pieces(length, piece)?)
 }
 
-/// One 32-byte value per piece `(paths[i], lengths[i], offsets[i], sizes[i])`, in parallel
-/// without the GIL: a whole file's BLAKE3, or a piece's chaining value (for `digest_merge`).
-/// The error of the first failing piece, in the order given.
+/// One 32-byte value per piece, in parallel without the GIL: piece `i` is bytes
+/// `[offsets[i], offsets[i] + sizes[i])` of the region `[bases[i], bases[i] + regions[i])` of
+/// `paths[i]`, a file of `lengths[i]` bytes (defaults: base 0, region the whole file). The value
+/// is the region's BLAKE3 when the piece is the whole region, else the piece's chaining value
+/// (for `digest_merge`, with the region's length). The error of the first failing piece, in the
+/// order given.
 #[pyfunction]
+#[pyo3(signature = (paths, lengths, offsets, sizes, bases = None, regions = None))]
+#[allow(clippy::too_many_arguments)]
 fn digest_pieces<'py>(
     py: Python<'py>,
     paths: Vec<String>,
     lengths: Vec<u64>,
     offsets: Vec<u64>,
     sizes: Vec<u64>,
+    bases: Option<Vec<u64>>,
+    regions: Option<Vec<u64>>,
 ) -> PyResult<Vec<Bound<'py, pyo3::types::PyBytes>>> {
     let n = paths.len();
     for (key, len) in [
-        ("lengths", lengths.len()),
-        ("offsets", offsets.len()),
-        ("sizes", sizes.len()),
+        ("lengths", Some(lengths.len())),
+        ("offsets", Some(offsets.len())),
+        ("sizes", Some(sizes.len())),
+        ("bases", bases.as_ref().map(Vec::len)),
+        ("regions", regions.as_ref().map(Vec::len)),
     ] {
-        if len != n {
+        if let Some(len) = len.filter(|&l| l != n) {
             return Err(Error::config(key, format!("has {len} entries but paths has {n}")).into());
         }
     }
-    let pieces: Vec<(String, u64, u64, u64)> = paths
+    let pieces: Vec<Piece<String>> = paths
         .into_iter()
-        .zip(lengths)
-        .zip(offsets)
-        .zip(sizes)
-        .map(|(((p, l), o), k)| (p, l, o, k))
+        .enumerate()
+        .map(|(i, path)| Piece {
+            path,
+            len: lengths[i],
+            base: bases.as_ref().map_or(0, |b| b[i]),
+            region: regions.as_ref().map_or(lengths[i], |r| r[i]),
+            offset: offsets[i],
+            size: sizes[i],
+        })
         .collect();
     let values = py.detach(|| crate::digest_pieces(&pieces))?;
     Ok(values
@@ -731,7 +864,8 @@ fn digest_pieces<'py>(
         .collect())
 }
 
-/// Lowercase hex BLAKE3 of a file of `length` bytes from its pieces' values (`digest_plan` order).
+/// Lowercase hex BLAKE3 of a region (or file) of `length` bytes from its pieces' values
+/// (`digest_plan` order).
 #[pyfunction]
 fn digest_merge(length: u64, values: Vec<Vec<u8>>, piece: u64) -> PyResult<String> {
     let mut cvs = Vec::with_capacity(values.len());

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ __all__ = [
     "STATE_VERSION",
     "CheckpointState",
     "classes_problem",
+    "sort_classes",
     "init_record_problem",
     "loop_field_problem",
     "read_json_object",
@@ -100,17 +102,31 @@ def loop_field_problem(key: str, value: Any) -> str | None:
     return None
 
 
+_INTEGER = re.compile(r"-?(0|[1-9][0-9]*)")
+
+
+def sort_classes(names: Iterable[str]) -> list[str]:
+    """Class names in the order a classifier's outputs take them (docs/data.md, labels):
+    numerically when every name is an integer's decimal digits (``5`` before ``10``), else as
+    strings."""
+    unique = set(names)
+    if unique and all(_INTEGER.fullmatch(n) for n in unique):
+        return sorted(unique, key=int)
+    return sorted(unique)
+
+
 def classes_problem(classes: Any) -> str | None:
     """What is wrong with a ``classes`` record of a ``model.objective = "classify"`` attempt
-    (None: nothing): a non-empty list of distinct non-empty strings in sorted order, the same
-    list in attempt.json and in every checkpoint's state.json."""
+    (None: nothing): a non-empty list of distinct non-empty strings in :func:`sort_classes`
+    order (or sorted as strings, as integer classes were before), the same list in
+    attempt.json and in every checkpoint's state.json."""
     if (
         not isinstance(classes, list)
         or not classes
         or not all(isinstance(c, str) and c for c in classes)
     ):
         return f"classes is {classes!r:.200}, not a list of non-empty class names"
-    if any(a >= b for a, b in zip(classes, classes[1:], strict=False)):
+    if classes != sort_classes(classes) and classes != sorted(set(classes)):
         return f"classes is {classes!r:.200}, not sorted and distinct"
     return None
 

@@ -276,6 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=cmd_report)
 
     from iqtrain.cli.convert import add_convert_parser
+    from iqtrain.cli.describe import add_describe_parser
     from iqtrain.cli.infer import add_embed_parser, add_predict_parser, add_score_parser
     from iqtrain.cli.probe import add_probe_parser
 
@@ -284,6 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_score_parser(sub)
     add_predict_parser(sub)
     add_convert_parser(sub, _Parser)
+    add_describe_parser(sub)
     return p
 
 

@@ -25,6 +25,7 @@ __all__ = [
     "OBJECTIVES",
     "PARALLEL",
     "PRECISIONS",
+    "SAMPLE_RATE_RULES",
     "SHAPES",
     "SIGMF_DATATYPES",
     "STEP_NAME",
@@ -66,6 +67,8 @@ SHAPES = ("linear", "cosine", "sqrt")
 #: ``model.bins`` quantised bins of it (cross-entropy). Fine-tuning: "classify" the class of a
 #: labelled window (cross-entropy over the training set's classes, section 4.7).
 OBJECTIVES = ("mse", "categorical", "classify")
+#: ``data.sample_rate`` as a rule rather than a rate (docs/design.md 1.2, sample rates).
+SAMPLE_RATE_RULES = ("same", "any")
 #: ``model.pool`` of "classify": how the patches' hidden states become one vector per window.
 POOLS = ("mean", "attention")
 
@@ -86,20 +89,41 @@ class Datatype:
 
     bytes_per_sample: int  # one complex sample: I and Q
     full_scale: float | None  # the code a float 1.0 is written as by synth; None: read only
+    #: What a batch of recordings of this datatype alone holds: "int8", "int16" or "float32".
+    storage: str = "float32"
+    #: numpy's dtype of one component (I or Q) as stored: "<i2", ">f8", "u1", ...
+    component: str = "<f4"
 
 
-#: Every SigMF datatype iqtrain reads (the one table: the reader in :mod:`iqtrain.data.dataset`,
-#: :mod:`iqtrain.data.synth`, ``data.synthetic.datatype`` and ``iqtrain synth --datatype`` all take
-#: theirs from it). ``cu8`` is offset binary (sample - 128). The ``_be`` variants are read and
-#: converted but never written; real-valued and multi-channel data are rejected by the reader.
-SIGMF_DATATYPES: dict[str, Datatype] = {
-    "ci16_le": Datatype(bytes_per_sample=4, full_scale=32767.0),
-    "cf32_le": Datatype(bytes_per_sample=8, full_scale=1.0),
-    "ci8": Datatype(bytes_per_sample=2, full_scale=127.0),
-    "cu8": Datatype(bytes_per_sample=2, full_scale=127.0),
-    "ci16_be": Datatype(bytes_per_sample=4, full_scale=None),
-    "cf32_be": Datatype(bytes_per_sample=8, full_scale=None),
-}
+def _datatypes() -> dict[str, Datatype]:
+    """The 14 complex SigMF datatypes: today's four synth writes first (its default first)."""
+    storage = {"i8": "int8", "u8": "int8", "i16": "int16", "u16": "int16"}
+    scale = {"ci16_le": 32767.0, "cf32_le": 1.0, "ci8": 127.0, "cu8": 127.0}
+    names = ["ci16_le", "cf32_le", "ci8", "cu8", "ci16_be", "cf32_be"]
+    names += [f"c{t}_{e}" for t in ("u16", "i32", "u32", "f64") for e in ("le", "be")]
+    out = {}
+    for name in names:
+        kind, _, order = name[1:].partition("_")
+        bits = int(kind[1:])
+        out[name] = Datatype(
+            bytes_per_sample=2 * bits // 8,
+            full_scale=scale.get(name),
+            storage=storage.get(kind, "float32"),
+            component=("|" if bits == 8 else "<" if order == "le" else ">")
+            + kind[0]
+            + str(bits // 8),
+        )
+    return out
+
+
+#: Every SigMF datatype iqtrain reads: the 14 complex ones of the specification (the one table:
+#: the reader in :mod:`iqtrain.data.sigmf`, :mod:`iqtrain.data.synth`,
+#: ``data.synthetic.datatype`` and ``iqtrain synth --datatype`` all take theirs from it).
+#: Unsigned types are offset binary (``u - 2**(bits-1)``); 8- and 16-bit integers are stored
+#: as they are, 32-bit integers and cf64 as float32 (by value, rounded to nearest). Only
+#: ``ci16_le``, ``cf32_le``, ``ci8`` and ``cu8`` are written (by synth); real-valued data is
+#: refused by the reader.
+SIGMF_DATATYPES: dict[str, Datatype] = _datatypes()
 #: The datatypes ``iqtrain synth`` writes, its default first.
 SYNTH_DATATYPES = tuple(k for k, v in SIGMF_DATATYPES.items() if v.full_scale is not None)
 
@@ -272,8 +296,18 @@ class DataConfig:
     norm: str = "window"
     prefix_patches: int = 4
     prefetch: int = 2
-    # model.objective = "classify": the annotation field whose value is a window's class.
+    # model.objective = "classify": the annotation field whose value is a window's class (a
+    # field name, or a path into its objects: "signal:detail.mod_class").
     label_key: str = "core:label"
+    # The channel read of multi-channel recordings (core:num_channels > 1); None: refuse them.
+    channel: int | None = None
+    # Recordings that cannot be read: refused, every one named (false), or read past and
+    # recorded in attempt.json and the manifest (true).
+    skip_invalid: bool = False
+    # The recordings' core:sample_rate: "same" (one rate, or none, across each set and the
+    # training and validation sets alike), "any" (mixed rates allowed), or a rate in Hz every
+    # recording must have.
+    sample_rate: str | float = "same"
     synthetic: SynthConfig = field(default_factory=SynthConfig)
 
     def __post_init__(self) -> None:
@@ -309,6 +343,20 @@ class DataConfig:
         self.prefetch = require_int("data.prefetch", self.prefetch, minimum=0)
         if not require_str("data.label_key", self.label_key).strip():
             raise ConfigError("data.label_key: must not be empty")
+        if self.channel is not None:
+            self.channel = require_int("data.channel", self.channel, minimum=0)
+        if not isinstance(self.skip_invalid, bool):
+            raise ConfigError(
+                f"data.skip_invalid: must be true or false, got {self.skip_invalid!r}"
+            )
+        if isinstance(self.sample_rate, str):
+            if self.sample_rate not in SAMPLE_RATE_RULES:
+                raise ConfigError(
+                    "data.sample_rate: a rate in Hz (a number), 'same' or 'any', got "
+                    f"{self.sample_rate!r}"
+                )
+        else:
+            self.sample_rate = require_float("data.sample_rate", self.sample_rate, gt=0.0)
         if not isinstance(self.synthetic, SynthConfig):
             raise ConfigError("data.synthetic: must be a table")
 

@@ -1,36 +1,45 @@
 """SigMF recordings, windows and the deterministic training stream.
 
-Python reads and validates each ``.sigmf-meta`` with the ``sigmf`` package and decides how its
-bytes are to be read (datatype, capture segments); the Rust extension (``iqtrain._native``)
-opens the ``.sigmf-data`` files and owns every byte after that: window lookup, the seeded epoch
-permutation, parallel batch assembly, the background prefetch and full-content digests.
+Python reads each recording's metadata (:mod:`iqtrain.data.sigmf`: loose files, archives,
+collections, non-conforming datasets) and decides where every sample is (datatype, channels,
+capture segments and their bytes); the Rust extension (``iqtrain._native``) opens the data
+files and owns every byte after that: window lookup, the seeded epoch permutation, parallel
+batch assembly, the background prefetch and full-content digests.
 
-Samples are read with positioned reads (``pread``), not a memory map, so a data file truncated
-while a run reads it raises :class:`~iqtrain.errors.DataError` naming the file ("data file
-changed length while being read") instead of killing the process with SIGBUS.
+Samples are read from a guarded memory map or with positioned reads (``pread``), so a data file
+truncated while a run reads it raises :class:`~iqtrain.errors.DataError` naming the file ("data
+file changed length while being read") instead of killing the process with SIGBUS.
 """
 
 from __future__ import annotations
 
 import contextlib
-import glob
 import hashlib
 import json
 import os
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from iqtrain._native import NativeDataset, NativeStream, digest_files
-from iqtrain.data.sigmf_meta import SUPPORTED_DATATYPES, Recording, read_recording
-from iqtrain.errors import ConfigError, CursorMismatchError, DataError, WindowTooLongError
+from iqtrain.data.sigmf import Recording, Source, expand, read_recording
+from iqtrain.errors import (
+    ConfigError,
+    CursorMismatchError,
+    DataError,
+    RecordingsRefused,
+    WindowTooLongError,
+)
 
 __all__ = [
     "IQDataset",
+    "ReadOptions",
     "TrainStream",
+    "shown_path",
 ]
 
 # Quick identity (the cursor's check): FINGERPRINT_BLOCKS blocks of FINGERPRINT_BLOCK bytes at
@@ -41,85 +50,45 @@ FINGERPRINT_BLOCKS = 16
 CURSOR_VERSION = 1
 
 
-def _expand(
-    paths: str | os.PathLike | Sequence[str | os.PathLike],
-) -> tuple[list[Path], dict[Path, Path]]:
-    """The ``.sigmf-meta`` files that ``paths`` (files or globs) name, resolved and sorted, and
-    the path each resolved one was matched as where that differs (a symlink)."""
-    if isinstance(paths, (str, os.PathLike)):
-        paths = [paths]
-    found: set[str] = set()
-    for entry in paths:
-        text = os.fspath(entry)
-        if glob.has_magic(text):
-            matches = glob.glob(text, recursive=True)
-            if not matches:
-                raise DataError(f"{text}: no recordings match this pattern")
-            found.update(m for m in matches if m.endswith(".sigmf-meta"))
-        else:
-            path = Path(text)
-            if path.suffix != ".sigmf-meta":
-                raise DataError(f"{text}: expected a .sigmf-meta file")
-            if not path.is_file() and not path.is_symlink():
-                raise DataError(f"{text}: no such file")
-            found.add(os.fspath(path))
-    if not found:
-        raise DataError(f"{', '.join(os.fspath(p) for p in paths)}: no .sigmf-meta files found")
-    resolved, links = _resolve(found)
-    # Absolute, sorted: window ids enumerate recordings in sorted path order.
-    return [Path(p) for p in _sorted_as_paths(resolved)], links
+def shown_path(path: str | os.PathLike) -> str:
+    """A path as a note shows it: relative to the current directory when it lies inside it,
+    else absolute (never a bare file name: two folders may hold the same name)."""
+    text = os.fspath(path)
+    with contextlib.suppress(ValueError):
+        rel = os.path.relpath(text)
+        if not rel.startswith(".."):
+            return rel
+    return text
 
 
-def _resolve(found: set[str]) -> tuple[set[str], dict[Path, Path]]:
-    """Each path resolved (``Path.resolve``), and ``links``: resolved -> the symlink named.
+@dataclass(frozen=True)
+class ReadOptions:
+    """How recordings are read, beside the window: ``channel`` (of multi-channel recordings)
+    and ``skip_invalid`` (read past recordings that cannot be read) as :class:`IQDataset` takes
+    them."""
 
-    A file that is not a symlink resolves to its directory's resolution plus its name, so each
-    directory is resolved once (``realpath`` of every file lstat'ed every component of its
-    path: 60-90 us a file here, against one lstat of the file itself)."""
-    dirs: dict[str, str] = {}
-    resolved: set[str] = set()
-    links: dict[Path, Path] = {}
-    for path in found:
-        if os.path.islink(path):
-            if not os.path.exists(path):
-                raise DataError(
-                    f"{Path(path)}: a symlink to {os.readlink(path)}, which does not exist"
-                )
-            target = os.path.realpath(path)
-            links[Path(target)] = Path(path)
-            resolved.add(target)
-            continue
-        head, name = os.path.split(path)
-        real = dirs.get(head)
-        if real is None:
-            real = dirs[head] = os.path.realpath(head)
-        resolved.add(os.path.join(real, name))
-    return resolved, links
+    channel: int | None = None
+    skip_invalid: bool = False
 
 
-def _sorted_as_paths(paths: set[str]) -> list[str]:
-    """``paths`` (absolute, normalised) in the order ``sorted(map(Path, paths))`` gives.
-
-    Path order compares component by component, which is not string order ("b/x" sorts before
-    "b-c/x"); with every separator replaced by NUL, a string sorts exactly so (NUL is below
-    every character a component holds) and without building a Path per file."""
-    if os.sep != "/" or os.altsep:
-        return [os.fspath(p) for p in sorted(map(Path, paths))]
-    return sorted(paths, key=lambda p: p.replace("/", "\0"))
-
-
-def _sampled_digest(path: Path, nbytes: int) -> bytes:
+def _sampled_digest(path: Path, base: int, nbytes: int) -> bytes:
+    """SHA-256 of the dataset's bytes ``[base, base + nbytes)`` of ``path``: all of them up to
+    16 blocks, else 16 blocks at fixed offsets (docs/design.md 1.3)."""
     # Plain descriptor reads: a buffered file object cost as much again as the reads here.
     h = hashlib.sha256()
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     try:
         if nbytes <= FINGERPRINT_BLOCK * FINGERPRINT_BLOCKS:
-            while chunk := os.read(fd, FINGERPRINT_BLOCK * FINGERPRINT_BLOCKS + 1):
-                h.update(chunk)  # the whole file, to its end now
+            if base == 0:
+                while chunk := os.read(fd, FINGERPRINT_BLOCK * FINGERPRINT_BLOCKS + 1):
+                    h.update(chunk)  # the whole file, to its end now
+            else:
+                h.update(os.pread(fd, nbytes, base))
         else:
             last = nbytes - FINGERPRINT_BLOCK
             for i in range(FINGERPRINT_BLOCKS):
-                h.update(os.pread(fd, FINGERPRINT_BLOCK, i * last // (FINGERPRINT_BLOCKS - 1)))
+                at = base + i * last // (FINGERPRINT_BLOCKS - 1)
+                h.update(os.pread(fd, FINGERPRINT_BLOCK, at))
     finally:
         os.close(fd)
     return h.digest()
@@ -133,14 +102,16 @@ def _fingerprint_piece(rec: Recording, meta_bytes: bytes) -> bytes:
         rec.meta_path.name.encode() + b"\0",
         len(meta_bytes).to_bytes(8, "little") + meta_bytes,
         nbytes.to_bytes(8, "little"),
-        _sampled_digest(rec.data_path, nbytes),
+        _sampled_digest(rec.data_path, rec.data_offset, nbytes),
     ]
     segments = rec.segments
     if len(segments) > 1:
         # Window ids of a recording cut into several capture segments differ from those of
         # iqtrain before segmenting (windows then ran across captures), so a cursor saved by it
         # must not match; one segment keeps its fingerprint and ids.
-        piece.append(b"segments\0" + json.dumps(segments).encode())
+        piece.append(b"segments\0" + json.dumps([list(s) for s in segments]).encode())
+    if rec.channels > 1:  # data.channel chooses what a window reads: not in the file's bytes
+        piece.append(f"channel\0{rec.channel}/{rec.channels}".encode())
     return b"".join(piece)
 
 
@@ -153,45 +124,43 @@ def _selection_fingerprint(base: str, selection: np.ndarray) -> str:
     return h.hexdigest()
 
 
-def _read_one(meta: Path) -> tuple[Recording, bytes | OSError]:
-    """One recording, parsed and validated, with its fingerprint piece; a data file that cannot
-    be read comes back as its OSError, for the dataset to raise only once the native open (which
-    names such a file its own way) has passed."""
-    rec, meta_bytes = read_recording(meta)
+def _read_one(source: Source, channel: int | None) -> tuple[Recording, bytes]:
+    """One recording, parsed and checked, with its fingerprint piece (a DataError when it
+    cannot be read, the data file unreadable included)."""
+    rec, meta_bytes = read_recording(source, channel=channel)
     try:
         return rec, _fingerprint_piece(rec, meta_bytes)
     except OSError as exc:
-        return rec, exc
-
-
-def _read_recordings(metas: list[Path]) -> Iterator[tuple[Recording, bytes | OSError]]:
-    """:func:`_read_one` of every file, in order: the first bad file in sorted order raises."""
-    return map(_read_one, metas)
+        raise DataError(
+            f"{rec.data_path}: data file: cannot be read ({exc.strerror or exc})"
+        ) from None
 
 
 def _sha512_problem(rec: Recording) -> str | None:
-    """Why ``rec``'s data does not match its ``core:sha512``, or None when it does."""
-    expected = rec.data_bytes
+    """Why ``rec``'s data does not match its ``core:sha512``, or None when it does. The hash is
+    of the dataset's bytes: the data file, or the archive member."""
     h = hashlib.sha512()
-    got = 0
+    want, got = rec.data_bytes, 0
     view = memoryview(bytearray(1 << 22))
     try:
         # Plain reads to the end (no map): a truncated file reads short instead of faulting.
         with open(rec.data_path, "rb", buffering=0) as f:
-            while n := f.readinto(view):
+            f.seek(rec.data_offset)
+            while got < want and (n := f.readinto(view[: min(len(view), want - got)])):
                 h.update(view[:n])  # hashlib releases the GIL for large updates
                 got += n
+            size = os.fstat(f.fileno()).st_size
     except OSError as exc:
         return f"{rec.data_path}: cannot be read ({exc.strerror or exc})"
-    if got != expected:
+    if got != want or size != rec.file_bytes:
         return (
             f"{rec.data_path}: data file changed length while being read "
-            f"(expected {expected} bytes, found {got})"
+            f"(expected {rec.file_bytes} bytes, found {size})"
         )
     digest = h.hexdigest()
     if digest != str(rec.sha512).lower():
         return (
-            f"{rec.data_path}: core:sha512 does not match the data "
+            f"{rec.data_name}: core:sha512 does not match the data "
             f"(metadata {str(rec.sha512)[:16]}…, data {digest[:16]}…)"
         )
     return None
@@ -251,18 +220,27 @@ def _open_file_budget(n: int) -> int:
 class IQDataset:
     """Fixed-length windows over a sorted set of SigMF recordings.
 
+    ``paths``: ``.sigmf-meta`` files, ``.sigmf`` archives (or ``ARCHIVE/MEMBER``),
+    ``.sigmf-collection`` files, or globs of them (:func:`iqtrain.data.sigmf.expand`).
+
     A window is ``window`` consecutive complex samples starting at a multiple of ``stride``
     (default: ``window``, i.e. non-overlapping) inside one capture segment of one recording, so
     windows never cross a recording or a capture boundary (a retune, or a ``core:global_index``
     jump marking dropped samples). Each SigMF capture is a segment from its ``core:sample_start``
-    to the next capture's (or the end of the data); samples before the first capture, when it
-    does not start at 0, are a leading segment of their own. Global window ids enumerate
-    recordings in sorted path order, then segments in order, then windows. A recording with one
-    capture at sample 0 is a single segment. Opening costs O(recordings + captures).
+    to the next capture's (or the end of the data), captures that continue each other with
+    nothing else changed being one; samples before the first capture form a leading segment of
+    their own (docs/design.md 1.2). Global window ids enumerate recordings in sorted path order,
+    then segments in order, then windows. Opening costs O(recordings + captures).
 
-    ``skipped`` lists ``(data file, samples)`` of every recording that yields no window at all
-    (shorter than the window, or only capture segments that are); they are read by nothing.
-    ``links`` maps each recording's resolved ``.sigmf-meta`` path to the symlink it was named by,
+    Every recording that cannot be read is listed at once (:class:`RecordingsRefused`, each
+    with its file and field); ``skip_invalid`` reads the others instead, and ``refused`` keeps
+    ``(path, reason)`` of each. ``notes`` holds ``(metadata path, field, message)`` of what the
+    reader tolerated (a version string of another form, a missing annotations list, ...).
+    ``channel``: the channel read of multi-channel recordings (required for them).
+
+    ``skipped`` lists ``(metadata path, samples)`` of every recording that yields no window at
+    all (shorter than the window, or only capture segments that are); they are read by nothing.
+    ``links`` maps each recording's resolved metadata path to the symlink it was named by,
     where it was named by one (its identity is the resolved file's).
 
     ``map_min_bytes``: data files of at least this many bytes are read from a guarded memory map
@@ -298,6 +276,8 @@ class IQDataset:
         map_min_bytes: int | None = None,
         max_open_files: int | None = None,
         select: np.ndarray | Sequence[int] | None = None,
+        channel: int | None = None,
+        skip_invalid: bool = False,
     ) -> None:
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:
             raise ConfigError(f"window: must be a positive integer, got {window!r}")
@@ -310,47 +290,34 @@ class IQDataset:
             or max_open_files < 1
         ):
             raise ConfigError(f"max_open_files: must be a positive integer, got {max_open_files!r}")
+        if channel is not None and (
+            isinstance(channel, bool) or not isinstance(channel, int) or channel < 0
+        ):
+            raise ConfigError(f"channel: must be an integer >= 0, got {channel!r}")
         if isinstance(select, list | tuple) and any(isinstance(i, bool) for i in select):
             # True is an int to Python (and to the extension): a list of flags is no list of ids.
             raise ConfigError("select: window ids, not flags (a bool in the sequence)")
-        metas, self.links = _expand(paths)
-        self.recordings: list[Recording] = []
-        h = hashlib.sha256(b"iqtrain-dataset-v1\0")
-        unread: tuple[Path, OSError] | None = None  # raised after the native open's own errors
-        for rec, piece in _read_recordings(metas):
-            self.recordings.append(rec)
-            if not isinstance(piece, OSError):
-                h.update(piece)
-            elif unread is None:
-                unread = (rec.data_path, piece)
+        self.recordings, h = self._read(paths, channel, skip_invalid)
         self.stride = stride
-        longest = max(n for r in self.recordings for _, n in r.segments)
-        if longest < window:
-            raise WindowTooLongError(
-                f"{self.recordings[0].meta_path.parent}: every recording is shorter than the "
-                f"window ({window} samples; longest capture segment: {longest})"
-            )
+        self._check_window(window)
         budget = _open_file_budget(len(self.recordings))
         if max_open_files is not None:
             budget = min(budget, max_open_files)
         self._native = NativeDataset(
             [os.fspath(r.data_path) for r in self.recordings],
-            [SUPPORTED_DATATYPES[r.datatype] for r in self.recordings],
+            [r.datatype for r in self.recordings],
             window,
             stride,
-            [list(r.capture_starts) for r in self.recordings],
+            [r.layout() for r in self.recordings],
             map_min_bytes,
             budget,
             select,
         )
         self.skipped: list[tuple[str, int]] = [
-            (os.fspath(r.data_path), r.num_samples)
+            (os.fspath(r.meta_path), r.num_samples)
             for r, n in zip(self.recordings, self._native.recording_windows, strict=True)
             if n == 0
         ]
-        if unread is not None:
-            path, exc = unread
-            raise DataError(f"{path}: data file: cannot be read ({exc.strerror or exc})")
         #: The fingerprint of the recordings alone, whatever is selected.
         self.base_fingerprint: str = h.hexdigest()
         selection = self._native.selection
@@ -358,6 +325,51 @@ class IQDataset:
             self.base_fingerprint
             if selection is None
             else _selection_fingerprint(self.base_fingerprint, selection)
+        )
+
+    def _read(
+        self,
+        paths: str | os.PathLike | Sequence[str | os.PathLike],
+        channel: int | None,
+        skip_invalid: bool,
+    ) -> tuple[list[Recording], Any]:
+        """Every recording ``paths`` name, read in order, and the fingerprint's hash of them.
+        Sets ``links``, ``refused`` and ``notes``; raises RecordingsRefused listing every
+        recording that cannot be read (unless ``skip_invalid`` and some can)."""
+        found = expand(paths)
+        self.links = found.links
+        problems = list(found.problems)
+        recordings: list[Recording] = []
+        h = hashlib.sha256(b"iqtrain-dataset-v1\0")
+        for source in found.sources:
+            try:
+                rec, piece = _read_one(source, channel)
+            except DataError as exc:
+                problems.append((os.fspath(source.meta), str(exc)))
+                continue
+            recordings.append(rec)
+            h.update(piece)
+        #: ``(path, reason)`` of every input refused (recorded, and read past, with
+        #: ``skip_invalid``).
+        self.refused: list[tuple[str, str]] = problems
+        #: ``(metadata path, field, message)`` of everything tolerated (docs/design.md 1.1).
+        self.notes: list[tuple[str, str, str]] = [
+            (os.fspath(r.meta_path), f, m) for r in recordings for f, m in r.notes
+        ]
+        if problems and (not skip_invalid or not recordings):
+            raise RecordingsRefused(problems, len(problems) + len(recordings))
+        return recordings, h
+
+    def _check_window(self, window: int) -> None:
+        """WindowTooLongError, naming the recordings, when none holds a window."""
+        longest = max((n for r in self.recordings for _, n in r.segments), default=0)
+        if longest >= window:
+            return
+        names = [shown_path(r.meta_path) for r in self.recordings]
+        shown = ", ".join(names[:8]) + (f" (+{len(names) - 8} more)" if len(names) > 8 else "")
+        raise WindowTooLongError(
+            f"every recording is shorter than the window ({window} samples; longest capture "
+            f"segment: {longest}): {shown}"
         )
 
     @property
@@ -417,17 +429,24 @@ class IQDataset:
             yield self.windows(np.arange(start, min(start + batch_size, n), dtype=np.uint64))
 
     def content_digests(self) -> dict[str, str]:
-        """BLAKE3 of every byte of each recording's data file: ``{data file: lowercase hex}``.
+        """BLAKE3 of every byte of each recording's dataset: ``{data name: lowercase hex}``.
 
-        Keys are the absolute ``.sigmf-data`` paths in sorted (window id) order, every recording
-        included (also those in ``skipped``). Covers the data files only: each ``.sigmf-meta`` is
+        Keys are the datasets' names (:attr:`Recording.data_name`: the absolute data file path,
+        or ``ARCHIVE/MEMBER`` for an archive member, whose bytes alone are hashed) in window id
+        order, every recording included (also those in ``skipped``). Covers the datasets only:
+        each metadata file is
         hashed whole by :attr:`fingerprint`. Reads every byte on every call (multi-threaded, in
         Rust, without the GIL; no cache). A data file whose length is not what this dataset
         opened, or changes while being read, or cannot be read is a DataError naming it.
         """
-        paths = [os.fspath(r.data_path) for r in self.recordings]
-        lengths = [r.data_bytes for r in self.recordings]
-        return dict(zip(paths, digest_files(paths, lengths), strict=True))
+        recs = self.recordings
+        values = digest_files(
+            [os.fspath(r.data_path) for r in recs],
+            [r.file_bytes for r in recs],
+            [r.data_offset for r in recs],
+            [r.data_bytes for r in recs],
+        )
+        return dict(zip((r.data_name for r in recs), values, strict=True))
 
     def verify_content(self) -> list[str]:
         """Check each recording's data against its SigMF ``core:sha512`` (reads every byte).

@@ -27,7 +27,7 @@ from pathlib import Path
 from iqtrain._native import digest_merge, digest_pieces, digest_plan
 from iqtrain.checkpoint.state import CheckpointState
 from iqtrain.data.dataset import IQDataset
-from iqtrain.data.sigmf_meta import meta_sha256
+from iqtrain.data.sigmf import meta_sha256
 from iqtrain.distributed.world import World, agree
 from iqtrain.errors import CursorMismatchError, DataError, TrainingError
 
@@ -87,7 +87,10 @@ class DataIdentity:
         checked: bool = False,
     ):
         self.fingerprints = {"train": train.fingerprint, "val": val.fingerprint}
-        self._lengths = [(rec, rec.data_bytes) for ds in (train, val) for rec in ds.recordings]
+        # Each data file once (an archive's recordings share one), with its length at open.
+        self._lengths = {
+            os.fspath(rec.data_path): rec.file_bytes for ds in (train, val) for rec in ds.recordings
+        }
         self._datasets = (train, val)
         self._world = world
         self._digests = digests
@@ -112,14 +115,14 @@ class DataIdentity:
     def check_lengths(self) -> None:
         """Every data file still has the length it was opened with (a file that grew is not
         read past its old end, but it is not the data the digests describe any more)."""
-        for rec, nbytes in self._lengths:
+        for path, nbytes in self._lengths.items():
             try:
-                found = os.stat(rec.data_path).st_size
+                found = os.stat(path).st_size
             except OSError as exc:
-                raise DataError(f"{rec.data_path}: cannot inspect: {exc.strerror}") from None
+                raise DataError(f"{path}: cannot inspect: {exc.strerror}") from None
             if found != nbytes:
                 raise DataError(
-                    f"{rec.data_path}: data file changed length while being read "
+                    f"{path}: data file changed length while being read "
                     f"(expected {nbytes} bytes, found {found})"
                 )
 
@@ -175,8 +178,12 @@ class _ShareFailed(TrainingError):
 
 def _compare(key: str, old: dict[str, str], new: dict[str, str], what: str, ds: IQDataset) -> None:
     added = sorted(new.keys() - old.keys())
+    metas = {r.data_name: r.meta_path for r in ds.recordings} | {
+        os.fspath(r.meta_path): r.meta_path for r in ds.recordings
+    }
     for path in added:  # named through a symlink that now points elsewhere: say so first
-        link = ds.links.get(Path(path).with_suffix(".sigmf-meta"))
+        meta = metas.get(path)
+        link = ds.links.get(meta) if meta is not None else None
         if link is not None:
             raise CursorMismatchError(
                 f"data.{key}: {link} is a symlink that now resolves to {path}, which the parent "
@@ -218,16 +225,20 @@ def check_parent_data(
             )
 
 
-def verify_data(recorded: CheckpointState, checkpoint: str) -> list[str]:
+def verify_data(
+    recorded: CheckpointState, checkpoint: str, channel: int | None = None
+) -> list[str]:
     """``iqtrain verify --data``: every recording ``recorded`` (the state of checkpoint
-    ``checkpoint``, by name) lists, re-read and compared with its digests, and each
-    recording's SigMF ``core:sha512`` where its metadata carries one. Reads every byte."""
+    ``checkpoint``, by name) lists, re-opened from its metadata (``channel``: the attempt's
+    ``data.channel``), re-read and compared with its digests, and each recording's SigMF
+    ``core:sha512`` where its metadata carries one. Reads every byte."""
     problems: list[str] = []
     for key in _GROUPS:
         digests = recorded.data[key]
-        metas = [str(Path(p).with_suffix(".sigmf-meta")) for p in sorted(digests)]
+        metas = sorted(recorded.data[f"{key}_meta"])
         try:
-            dataset = IQDataset(metas, window=1)  # every recording, whatever its length
+            # every recording, whatever its length, read as the attempt read it
+            dataset = IQDataset(metas, window=1, channel=channel)
             now = dataset.content_digests()
             problems += dataset.verify_content()
         except DataError as exc:
@@ -256,11 +267,15 @@ def verify_data(recorded: CheckpointState, checkpoint: str) -> list[str]:
 
 @dataclass(frozen=True)
 class _Piece:
-    """Bytes ``[offset, offset + size)`` of data file ``path`` (``length`` bytes) of ``group``."""
+    """Bytes ``[offset, offset + size)`` of the dataset ``name`` of ``group``: the ``region``
+    bytes from ``base`` of file ``path`` (``length`` bytes long)."""
 
     group: str
+    name: str
     path: str
     length: int
+    base: int
+    region: int
     offset: int
     size: int
 
@@ -276,8 +291,11 @@ def _pieces(train: IQDataset, val: IQDataset) -> list[_Piece]:
     out = []
     for group, ds in (("train", train), ("val", val)):
         for rec in ds.recordings:
-            path, length = os.fspath(rec.data_path), rec.data_bytes
-            out += [_Piece(group, path, length, o, n) for o, n in digest_plan(length, PIECE)]
+            path, name, region = os.fspath(rec.data_path), rec.data_name, rec.data_bytes
+            out += [
+                _Piece(group, name, path, rec.file_bytes, rec.data_offset, region, o, n)
+                for o, n in digest_plan(region, PIECE)
+            ]
     return out
 
 
@@ -364,6 +382,8 @@ def _read_share(
             [pieces[i].length for i in batch],
             [pieces[i].offset for i in batch],
             [pieces[i].size for i in batch],
+            [pieces[i].base for i in batch],
+            [pieces[i].region for i in batch],
         )
         values.update(zip(batch, got, strict=True))
         done += nbytes
@@ -388,9 +408,9 @@ def _merge(pieces: list[_Piece], shares: list[DigestShare]) -> Digests:
         raise DataError(f"data check: pieces {missing} of {len(pieces)} were read by no rank")
     per_file: dict[tuple[str, str, int], list[bytes]] = {}
     for i, p in enumerate(pieces):
-        per_file.setdefault((p.group, p.path, p.length), []).append(values[i])
+        per_file.setdefault((p.group, p.name, p.region), []).append(values[i])
     out: Digests = {"train": {}, "val": {}}
-    for (group, path, length), vals in per_file.items():
-        # A one-piece file's value is its BLAKE3 already.
-        out[group][path] = vals[0].hex() if len(vals) == 1 else digest_merge(length, vals, PIECE)
+    for (group, name, region), vals in per_file.items():
+        # A one-piece dataset's value is its BLAKE3 already.
+        out[group][name] = vals[0].hex() if len(vals) == 1 else digest_merge(region, vals, PIECE)
     return out

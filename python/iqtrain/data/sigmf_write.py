@@ -5,7 +5,7 @@
   like), declared optional in ``core:extensions`` (sigmf wants a namespace declared);
 - :func:`attach_data`: the samples, over which sigmf computes ``core:sha512``;
 - :func:`write_recording`: checked against the SigMF schema (the validator built once:
-  :func:`~iqtrain.data.sigmf_meta.validate_metadata`), written by sigmf (``SigMFFile.tofile``:
+  :func:`~iqtrain.data.sigmf.validate_metadata`), written by sigmf (``SigMFFile.tofile``:
   keys sorted by its ``ordered_metadata``), optionally fsynced; a failure removes both files
   and is the StorageError naming the data file.
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from sigmf import SigMFFile
 
-from iqtrain.data.sigmf_meta import validate_metadata
+from iqtrain.data.sigmf import validate_metadata
 from iqtrain.storage import fsync_file, storage_error, unlink_quietly
 
 __all__ = ["EXTENSION", "attach_data", "extensions", "write_recording"]

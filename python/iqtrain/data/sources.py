@@ -7,6 +7,7 @@ import glob
 import hashlib
 import json
 import os
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -20,10 +21,16 @@ from iqtrain.config.sections import (
     SynthConfig,
 )
 from iqtrain.console import note
-from iqtrain.data.dataset import IQDataset
+from iqtrain.data.dataset import IQDataset, ReadOptions, shown_path
 from iqtrain.data.synth import synthesize, synthesize_labelled
 from iqtrain.data.windows import LabelledSet, labelled_windows
-from iqtrain.errors import ConfigError, StorageError, WindowTooLongError
+from iqtrain.errors import (
+    ConfigError,
+    DataError,
+    RecordingsRefused,
+    StorageError,
+    WindowTooLongError,
+)
 from iqtrain.storage import storage_error
 
 __all__ = [
@@ -34,9 +41,16 @@ __all__ = [
     "open_datasets",
     "open_labelled",
     "probe_patterns",
+    "check_sample_rates",
+    "format_rate",
+    "report_dataset",
+    "report_notes",
     "report_skipped",
     "validation_patterns",
 ]
+
+#: The hint a refusal of training data ends with.
+SKIP_HINT = "data.skip_invalid = true trains on the others"
 
 #: Windows in each burst of a synthetic probe set (its bursts are this many windows long).
 PROBE_WINDOWS_PER_ANNOTATION = 4
@@ -176,15 +190,20 @@ def open_labelled(d: DataConfig) -> tuple[LabelledSet, LabelledSet]:
                 key=d.label_key,
                 classes=classes,
                 select=True,
-                name=f"{key}: ",
+                read=ReadOptions(d.channel, d.skip_invalid),
             )
-        except WindowTooLongError:
+        except WindowTooLongError as exc:
             raise ConfigError(
                 f"data.seq_patches: a window of {d.window} samples "
-                f"(seq_patches x patch_len) is longer than every recording in {key}"
+                f"(seq_patches x patch_len) is longer than every recording in {key} ({exc})"
             ) from None
+        except RecordingsRefused as exc:
+            raise exc.context(key, SKIP_HINT) from None
+        except DataError as exc:  # the labels: said of the data list
+            raise type(exc)(f"{key}: {exc}") from None
         classes = ls.classes
         out.append(ls)
+    check_sample_rates(d.sample_rate, {"data.train": out[0].dataset, "data.val": out[1].dataset})
     return out[0], out[1]
 
 
@@ -223,7 +242,8 @@ def _generate(root: Path, key: str, write: Callable[[Path], None]) -> None:
 
 
 def open_datasets(d: DataConfig) -> tuple[IQDataset, IQDataset]:
-    """The train and validation datasets of ``[data]`` (synthetic when data.train is empty).
+    """The train and validation datasets of ``[data]`` (synthetic when data.train is empty),
+    their sample rates checked against ``data.sample_rate`` (:func:`check_sample_rates`).
 
     The config's paths are absolute already (resolved when it was built).
     """
@@ -236,20 +256,112 @@ def open_datasets(d: DataConfig) -> tuple[IQDataset, IQDataset]:
     out = []
     for key, paths in (("data.train", train), ("data.val", val)):
         try:
-            ds = IQDataset(paths, window=d.window, stride=d.stride)
-        except WindowTooLongError:
+            ds = IQDataset(
+                paths,
+                window=d.window,
+                stride=d.stride,
+                channel=d.channel,
+                skip_invalid=d.skip_invalid,
+            )
+        except WindowTooLongError as exc:
             raise ConfigError(
                 f"data.seq_patches: a window of {d.window} samples "
-                f"(seq_patches x patch_len) is longer than every recording in {key}"
+                f"(seq_patches x patch_len) is longer than every recording in {key} ({exc})"
             ) from None
+        except RecordingsRefused as exc:
+            raise exc.context(key, SKIP_HINT) from None
         out.append(ds)
+    check_sample_rates(d.sample_rate, {"data.train": out[0], "data.val": out[1]})
     return out[0], out[1]
+
+
+def format_rate(rate: float | None) -> str:
+    """A sample rate as a person reads it (``2.4 MHz``; ``no core:sample_rate``)."""
+    if rate is None:
+        return "no core:sample_rate"
+    for unit, scale in (("GHz", 1e9), ("MHz", 1e6), ("kHz", 1e3)):
+        if rate >= scale:
+            return f"{rate / scale:.9g} {unit}"
+    return f"{rate:.9g} Hz"
+
+
+def _rates(sets: dict[str, IQDataset]) -> dict[float | None, list[str]]:
+    """Each sample rate (None: none recorded) -> the metadata paths of its recordings."""
+    out: dict[float | None, list[str]] = {}
+    for ds in sets.values():
+        for rec in ds.recordings:
+            out.setdefault(rec.sample_rate, []).append(os.fspath(rec.meta_path))
+    return out
+
+
+def check_sample_rates(rule: str | float, sets: dict[str, IQDataset]) -> float | None:
+    """The one sample rate of every recording of ``sets`` (None when none records one, or with
+    ``rule = "any"`` when they differ), or a DataError (exit 2) naming the rates, their counts
+    and ``data.sample_rate``: with ``"same"`` the sets must share one rate (or all have none);
+    with a number every recording must have exactly that rate."""
+    rates = _rates(sets)
+    where = " and ".join(sets)
+    if isinstance(rule, float):
+        wrong = {r: p for r, p in rates.items() if r != rule}
+        if wrong:
+            worst = max(wrong, key=lambda r: len(wrong[r]))
+            raise DataError(
+                f"{where}: data.sample_rate = {rule:g} but "
+                + ", ".join(
+                    f"{len(p)} recording(s) have {format_rate(r)}" for r, p in wrong.items()
+                )
+                + f" (e.g. {shown_path(wrong[worst][0])})"
+            )
+        return rule
+    if len(rates) <= 1:
+        return next(iter(rates), None)
+    if rule == "any":
+        return None
+    listed = ", ".join(
+        f"{format_rate(r)} ({len(p)}, e.g. {shown_path(p[0])})"
+        for r, p in sorted(rates.items(), key=lambda kv: -len(kv[1]))
+    )
+    raise DataError(
+        f"{where}: recordings at {len(rates)} sample rates: {listed}; a model sees samples, not "
+        'seconds: set data.sample_rate = "any" to mix them, or a rate to keep to one'
+    )
+
+
+def report_dataset(key: str, ds: IQDataset, window: int) -> None:
+    """Rank 0's notes on a dataset: what the reader tolerated, what it skipped
+    (``data.skip_invalid``), and the recordings that yield no window."""
+    report_notes(key, ds)
+    if ds.refused:
+        shown = "; ".join(line for _, line in ds.refused[:3])
+        more = f" (+{len(ds.refused) - 3} more)" if len(ds.refused) > 3 else ""
+        note(
+            f"{key}: {len(ds.refused)} input(s) cannot be read and are skipped "
+            f"(data.skip_invalid; recorded in attempt.json): {shown}{more}"
+        )
+    report_skipped(key, ds, window)
+
+
+def report_notes(key: str, ds: IQDataset) -> None:
+    """One note per kind of tolerated departure from SigMF (field with indices as ``*``):
+    how many recordings, the first message and file."""
+    kinds: dict[str, tuple[set[str], str, str]] = {}
+    for path, field, message in ds.notes:
+        kind = re.sub(r"\[\d+\]", "[*]", field)
+        paths, _, _ = kinds.setdefault(kind, (set(), message, path))
+        paths.add(path)
+    for kind, (paths, message, first) in list(kinds.items())[:10]:
+        note(
+            f"{key}: {kind}: {message} in {len(paths)} recording(s), e.g. {shown_path(first)} "
+            "(read as sigmf-python reads it)"
+        )
+    if len(kinds) > 10:
+        note(f"{key}: and {len(kinds) - 10} more kinds of notes")
 
 
 def report_skipped(key: str, ds: IQDataset, window: int) -> None:
     skipped = ds.skipped
     if skipped:
-        names = [os.path.basename(p) for p, _ in skipped]
+        names = [shown_path(p) for p, _ in skipped]
         shown = ", ".join(names[:8]) + (f" (+{len(names) - 8} more)" if len(names) > 8 else "")
         note(
             f"{key}: {len(names)} recording(s) yield no window of {window} "

@@ -25,17 +25,19 @@ from typing import Any
 
 import numpy as np
 
-from iqtrain.data.dataset import IQDataset
-from iqtrain.data.sigmf_meta import read_annotations
+from iqtrain.checkpoint.state import sort_classes
+from iqtrain.data.dataset import IQDataset, ReadOptions
+from iqtrain.data.sigmf import MISSING, field_at, read_annotations
 from iqtrain.errors import ConfigError, DataError, NoLabelledWindowError
 
 __all__ = [
     "FEATURE_BATCH",
+    "ClassRule",
     "LabelledSet",
     "WindowGrid",
-    "class_name",
     "grid_windows",
     "labelled_windows",
+    "show_class",
 ]
 
 # A fixed batch: a matmul's rounding can depend on the batch size, and features must not.
@@ -61,6 +63,8 @@ class LabelledSet:
     # The fields of each group's annotation (index: ``groups``), and where it was written.
     group_fields: tuple[dict[str, Any], ...] = ()
     group_where: tuple[str, ...] = ()
+    #: The note to give about labels read as blank (:meth:`ClassRule.note_blank`), or None.
+    blank: str | None = None
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -105,7 +109,7 @@ class LabelledSet:
 
 
 def _annotation_starts(
-    segments: list[tuple[int, int]], start: int, count: int, window: int, stride: int
+    segments: Sequence[tuple[int, int]], start: int, count: int, window: int, stride: int
 ) -> Iterator[tuple[int, int]]:
     """``(segment index, first sample)`` of each window of one annotation.
 
@@ -120,15 +124,87 @@ def _annotation_starts(
             yield k, s
 
 
-def class_name(value: Any) -> str | None:
-    """An annotation field's value as a class name: a printable string that is not blank (no
-    newline, NUL or other control character: names go into reports, TensorBoard tags and JSON
-    as they are), or an integer (its decimal digits); None for anything else."""
-    if isinstance(value, str) and value.strip() and value.isprintable():
-        return value
-    if isinstance(value, int) and not isinstance(value, bool):
-        return str(value)
-    return None
+def show_class(name: str) -> str:
+    """A class name as every command prints it: as written, or quoted (``' 16QAM'``) when it
+    has white space at either end or a quote there, so two classes never look the same."""
+    if name and name == name.strip() and name[0] not in "'\"" and name[-1] not in "'\"":
+        return name
+    return repr(name)
+
+
+class ClassRule:
+    """The one rule every command reads a label by (docs/data.md, labels).
+
+    The label is the value of ``key`` in an annotation (a field, or a path into its objects:
+    :func:`~iqtrain.data.sigmf.field_at`). Absent, ``null``, an empty or all-white-space
+    string: the annotation is unlabelled (``blank`` counts the strings). A string is its class
+    as written (white space inside or around it included: ``" 16QAM"`` and ``"16QAM"`` are two
+    classes, printed apart by :func:`show_class`); an integer is the class of its decimal
+    digits. Anything else, a string with a control character, or one class written both as the
+    integer 5 and the string "5", is a DataError naming the annotation. Classes sort
+    numerically when every one is an integer, else as strings
+    (:func:`~iqtrain.checkpoint.state.sort_classes`).
+    """
+
+    def __init__(self, key: str = "core:label") -> None:
+        self.key = key
+        self.blank = 0
+        self._first: dict[str, tuple[bool, str]] = {}  # class -> (written as an int?, where)
+
+    def of(self, fields: dict[str, Any], where: str) -> str | None:
+        """The class of the annotation with ``fields`` (written at ``where``), or None."""
+        value = field_at(fields, self.key)
+        if value is MISSING or value is None:
+            return None
+        if isinstance(value, str) and not value.strip():
+            self.blank += 1
+            return None
+        if isinstance(value, bool) or not isinstance(value, str | int):
+            raise DataError(
+                f"{where} {self.key} is {value!r:.60}, not a class name (a string or an integer)"
+            )
+        if isinstance(value, str) and not value.isprintable():
+            raise DataError(
+                f"{where} {self.key} is {value!r:.60}: a class name holds no control "
+                "character (newline, tab, NUL, ...)"
+            )
+        text = str(value)
+        as_int = isinstance(value, int)
+        first = self._first.setdefault(text, (as_int, where))
+        if first[0] != as_int:
+            other = f"the integer {text}" if first[0] else f"the string {text!r}"
+            raise DataError(
+                f"{where} {self.key} is {value!r}, but {first[1]} writes this class "
+                f"as {other}: write one class one way"
+            )
+        return text
+
+    def note_blank(self) -> str | None:
+        """The note to give when blank labels were read as unlabelled, or None."""
+        if not self.blank:
+            return None
+        return f"{self.blank} annotation(s) with an empty {self.key} are read as unlabelled"
+
+
+def _stride_one(
+    patterns: str | Sequence[str], window: int, read: ReadOptions, select: Any = None
+) -> IQDataset:
+    """Every stride-1 window of ``patterns`` (or the ``select``-ed ones)."""
+    return IQDataset(
+        patterns,
+        window=window,
+        stride=1,
+        select=select,
+        channel=read.channel,
+        skip_invalid=read.skip_invalid,
+    )
+
+
+class _Every(ClassRule):
+    """Every annotation, labelled or not, as one class (``labelled_windows(key=None)``)."""
+
+    def of(self, fields: dict[str, Any], where: str) -> str | None:
+        return "annotation"
 
 
 def labelled_windows(
@@ -137,19 +213,19 @@ def labelled_windows(
     *,
     min_classes: int = 2,
     stride: int | None = None,
-    key: str = "core:label",
+    key: str | None = "core:label",
     classes: Sequence[str] | None = None,
     select: bool = False,
-    name: str = "",
+    read: ReadOptions | None = None,
 ) -> LabelledSet:
-    """Every window of ``window`` samples inside a SigMF annotation that carries ``key``
-    (``core:label`` by default), on a grid of ``stride`` (default: ``window``) from each such
+    """Every window of ``window`` samples inside a SigMF annotation labelled by ``key``
+    (:class:`ClassRule`: ``core:label`` by default, or a path such as
+    ``signal:detail.mod_class``), on a grid of ``stride`` (default: ``window``) from each such
     annotation's first sample, never crossing its end or a capture boundary.
 
-    ``patterns``: .sigmf-meta paths or glob patterns, validated as training data is (a bad or
-    missing file, or a pattern matching nothing, is a DataError naming it). Samples outside such
-    annotations are ignored. A class is the field's value (a non-empty string, or an integer as
-    its digits; anything else is a DataError naming the annotation). No labelled window at all,
+    ``patterns``: what ``IQDataset`` reads (``read``: its options), validated as training data
+    is (a bad or missing file, or a pattern matching nothing, is a DataError
+    naming it). Samples outside labelled annotations are ignored. No labelled window at all,
     or fewer than ``min_classes`` classes (a probe needs two; ``iqtrain embed`` one), is a
     DataError (:class:`~iqtrain.errors.NoLabelledWindowError` for the first). ``classes``: the
     class names to number labels by (a fine-tune's validation set takes its training set's): a
@@ -157,23 +233,26 @@ def labelled_windows(
 
     ``select``: ``dataset`` holds exactly these windows (``IQDataset(select=...)``: ``ids`` are
     then ``0..n-1`` in this order), for a training stream; otherwise it holds every stride-1
-    window and ``ids`` index them. ``name`` prefixes every error (the config key).
+    window and ``ids`` index them. ``key=None``: the windows of every annotation, labelled or
+    not, as one class (``iqtrain predict``).
     """
-    dataset = IQDataset(patterns, window=window, stride=1)
+    read = read or ReadOptions()
+    dataset = _stride_one(patterns, window, read)
+    rule = ClassRule(key) if key is not None else _Every("")
     rows, fields, places = _labelled_rows(
-        dataset, window, window if stride is None else stride, key, name
+        dataset, window, window if stride is None else stride, rule
     )
     where = ", ".join(map(os.fspath, [patterns] if isinstance(patterns, str) else patterns))
     if not rows:
         raise NoLabelledWindowError(
-            f"{name}{where}: no labelled window: no annotation with a {key} holds a whole "
-            f"window of {window} samples (data.seq_patches * data.patch_len)"
+            f"{where}: no labelled window: no annotation with a {key or 'sample'} holds a "
+            f"whole window of {window} samples (data.seq_patches * data.patch_len)"
         )
     if classes is None:
-        classes = tuple(sorted({row[2] for row in rows}))
+        classes = tuple(sort_classes(row[2] for row in rows))
         if len(classes) < min_classes:
             raise DataError(
-                f"{name}{where}: every labelled window is {classes[0]!r}; at least "
+                f"{where}: every labelled window is {show_class(classes[0])}; at least "
                 f"{min_classes} classes are needed"
             )
     classes = tuple(classes)
@@ -181,13 +260,13 @@ def labelled_windows(
     for row in rows:
         if row[2] not in index:
             raise DataError(
-                f"{name}{places[row[1]]}: class {row[2]!r} is not one of the training set's "
-                f"{len(classes)} classes ({', '.join(map(repr, classes[:8]))}"
+                f"{places[row[1]]}: class {show_class(row[2])} is not one of the training "
+                f"set's {len(classes)} classes ({', '.join(map(show_class, classes[:8]))}"
                 f"{', ...' if len(classes) > 8 else ''})"
             )
     ids = np.array([row[0] for row in rows], dtype=np.uint64)
     if select:
-        dataset = IQDataset(patterns, window=window, stride=1, select=ids)
+        dataset = _stride_one(patterns, window, read, select=ids)
         ids = np.arange(len(rows), dtype=np.uint64)
     return LabelledSet(
         dataset=dataset,
@@ -199,11 +278,12 @@ def labelled_windows(
         classes=classes,
         group_fields=tuple(fields),
         group_where=tuple(places),
+        blank=rule.note_blank(),
     )
 
 
 def _labelled_rows(
-    dataset: IQDataset, window: int, stride: int, key: str, name: str
+    dataset: IQDataset, window: int, stride: int, rule: ClassRule
 ) -> tuple[list[tuple[int, int, str, int, int]], list[dict[str, Any]], list[str]]:
     """:func:`labelled_windows`' windows of ``dataset`` (opened with stride 1): ``(stride-1 id,
     annotation, class name, recording, first sample)`` each, with each annotation's fields and
@@ -219,14 +299,10 @@ def _labelled_rows(
             offsets.append(base)
             base += max(n - window + 1, 0)
         for i, ann in enumerate(read_annotations(rec)):
-            if key not in ann.fields:
-                continue
-            label = class_name(ann.fields[key])
+            place = f"{rec.meta_path}: annotations[{i}]"
+            label = rule.of(ann.fields, place)
             if label is None:
-                raise DataError(
-                    f"{name}{rec.meta_path}: annotations[{i}] {key} is {ann.fields[key]!r:.60}, "
-                    "not a class name (a printable, non-blank string or an integer)"
-                )
+                continue
             found = [
                 (offsets[k] + s - segments[k][0], group, label, r, s)
                 for k, s in _annotation_starts(
@@ -236,7 +312,7 @@ def _labelled_rows(
             rows += found
             if found:
                 fields.append(ann.fields)
-                places.append(f"{rec.meta_path}: annotations[{i}]")
+                places.append(place)
             group += bool(found)
     assert base == dataset.num_windows, "window numbering disagrees with the native dataset"
     return rows, fields, places
@@ -253,6 +329,8 @@ class WindowGrid:
     starts: np.ndarray
     labels: np.ndarray
     classes: tuple[str, ...]
+    #: The note to give about labels read as blank (:meth:`ClassRule.note_blank`), or None.
+    blank: str | None = None
 
     def __len__(self) -> int:
         return len(self.starts)
@@ -264,12 +342,22 @@ class WindowGrid:
             yield self.dataset.windows(np.arange(lo, min(lo + batch_size, n), dtype=np.uint64))
 
 
-def grid_windows(patterns: str | Sequence[str], window: int) -> WindowGrid:
-    """Every window of ``window`` samples of ``patterns`` (validated as training data is), on a
-    grid of one window from each capture segment's start; labelled where a labelled annotation
-    holds a window whole (the first such annotation in metadata order; ``classes``: the sorted
-    labels that label a window)."""
-    dataset = IQDataset(patterns, window=window)
+def grid_windows(
+    patterns: str | Sequence[str],
+    window: int,
+    *,
+    key: str = "core:label",
+    read: ReadOptions | None = None,
+) -> WindowGrid:
+    """Every window of ``window`` samples of ``patterns`` (what ``IQDataset`` reads, validated
+    as training data is), on a grid of one window from each capture segment's start; labelled
+    (by ``key``, :class:`ClassRule`) where a labelled annotation holds a window whole (the first
+    such annotation in metadata order; ``classes``: the labels that label a window, sorted)."""
+    read = read or ReadOptions()
+    dataset = IQDataset(
+        patterns, window=window, channel=read.channel, skip_invalid=read.skip_invalid
+    )
+    rule = ClassRule(key)
     recordings: list[np.ndarray] = []
     starts: list[np.ndarray] = []
     held: list[tuple[int, int, str]] = []  # first and last window id + 1, label
@@ -281,16 +369,17 @@ def grid_windows(patterns: str | Sequence[str], window: int) -> WindowGrid:
         )
         starts.append(first)
         recordings.append(np.full(first.size, r, dtype=np.int64))
-        for ann in read_annotations(rec):
-            if ann.label is None:
+        for i, ann in enumerate(read_annotations(rec)):
+            label = rule.of(ann.fields, f"{rec.meta_path}: annotations[{i}]")
+            if label is None:
                 continue
             lo = int(np.searchsorted(first, ann.sample_start, side="left"))
             hi = int(np.searchsorted(first, ann.sample_start + ann.sample_count - window, "right"))
             if hi > lo:
-                held.append((base + lo, base + hi, ann.label))
+                held.append((base + lo, base + hi, label))
         base += first.size
     assert base == dataset.num_windows, "window numbering disagrees with the native dataset"
-    names = sorted({label for _, _, label in held})
+    names = sort_classes(label for _, _, label in held)
     number = {c: i for i, c in enumerate(names)}
     provisional = np.full(base, -1, dtype=np.int64)
     for lo, hi, label in reversed(held):  # the first annotation in metadata order wins
@@ -306,4 +395,5 @@ def grid_windows(patterns: str | Sequence[str], window: int) -> WindowGrid:
         np.concatenate(starts),
         labels,
         classes,
+        blank=rule.note_blank(),
     )

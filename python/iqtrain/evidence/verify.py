@@ -14,8 +14,9 @@ from pathlib import Path
 
 from iqtrain.checkpoint.files import crash_leftovers, list_checkpoints
 from iqtrain.checkpoint.state import CheckpointState
+from iqtrain.config.schema import read_toml
 from iqtrain.data.identity import verify_data
-from iqtrain.errors import CheckpointError
+from iqtrain.errors import CheckpointError, ConfigError
 from iqtrain.evidence.lock import attempt_status, read_attempt_info
 from iqtrain.evidence.manifest import (
     ManifestError,
@@ -163,4 +164,14 @@ def verify_attempt_data(attempt: Path) -> list[str]:
         state = CheckpointState.read(ckpt)
     except CheckpointError as exc:
         return [str(exc)]
-    return verify_data(state, ckpt.name)
+    return verify_data(state, ckpt.name, _data_channel(attempt))
+
+
+def _data_channel(attempt: Path) -> int | None:
+    """The attempt's ``data.channel`` (the channel of multi-channel recordings it read)."""
+    try:
+        data = read_toml(attempt / "config.toml").get("data", {})
+    except (OSError, ConfigError):
+        return None
+    channel = data.get("channel") if isinstance(data, dict) else None
+    return channel if type(channel) is int else None

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from iqtrain.console import note
-from iqtrain.data.windows import FEATURE_BATCH, class_name, grid_windows, labelled_windows
+from iqtrain.data.windows import FEATURE_BATCH, ClassRule, grid_windows, labelled_windows
 from iqtrain.errors import ConfigError, DataError, NoLabelledWindowError
 from iqtrain.pretrained.load import Pretrained, nonfinite_rows, parse_layer
 from iqtrain.storage import write_bytes_atomic
@@ -430,24 +430,14 @@ def accuracy_scores(truth: np.ndarray, guess: np.ndarray, classes: Sequence[str]
     )
 
 
-def _annotation_label(fields: dict[str, Any], key: str) -> str | None:
-    """The ``key`` value of an annotation as a label (None without one). A value that is no
-    class name (a bool, a float, a list...) is no class of any model: its ``repr`` (at most 40
-    characters) stands for it, predicted and counted as a label the model does not know."""
-    if key not in fields:
-        return None
-    value = fields[key]
-    label = class_name(value)
-    return label if label is not None else f"{value!r:.40}"
-
-
 def _grid_labels(grid: Any, key: str, window: int) -> list[str | None]:
-    """Per window of ``grid``: the ``key`` value of the first annotation (metadata order)
-    carrying ``key`` that holds the window whole, else None (as :func:`grid_windows` labels by
-    ``core:label``)."""
-    from iqtrain.data.sigmf_meta import read_annotations
+    """Per window of ``grid``: the class (:class:`ClassRule` of ``key``) of the first annotation
+    (metadata order) labelled by ``key`` that holds the window whole, else None (as
+    :func:`grid_windows` labels)."""
+    from iqtrain.data.sigmf import read_annotations
 
     names: dict[str, int] = {}
+    rule = ClassRule(key)
     code = np.full(len(grid), -1, dtype=np.int64)
     for r, rec in enumerate(grid.dataset.recordings):
         idx = np.flatnonzero(grid.recordings == r)  # a recording's starts ascend
@@ -455,8 +445,8 @@ def _grid_labels(grid: Any, key: str, window: int) -> list[str | None]:
             continue
         first = grid.starts[idx]
         held = []
-        for ann in read_annotations(rec):
-            label = _annotation_label(ann.fields, key)
+        for i, ann in enumerate(read_annotations(rec)):
+            label = rule.of(ann.fields, f"{rec.meta_path}: annotations[{i}]")
             if label is None:
                 continue
             lo = int(np.searchsorted(first, ann.sample_start, side="left"))
@@ -505,8 +495,9 @@ def predict_recordings(
     window, of the first annotation carrying the key that holds it whole. Accuracy, per-class
     accuracy and the confusion matrix count the rows whose label is one of the model's classes.
 
-    A label value that is no class name (a bool, a float...) is shown as its ``repr`` and, like
-    any label the model does not know, predicted but not scored. A pretraining model is a
+    Labels follow :class:`~iqtrain.data.windows.ClassRule` (a value that is no class name is a
+    DataError naming its annotation); a label the model does not know is predicted but not
+    scored. A pretraining model is a
     ConfigError naming the attempt; no annotation holding a window
     (``per="annotation"``) and a window with non-finite output are DataErrors naming the data.
     """
@@ -537,10 +528,6 @@ def predict_recordings(
     )
 
 
-#: Every SigMF annotation carries this field (an integer): the key that selects them all.
-_EVERY_ANNOTATION = "core:sample_start"
-
-
 def _predict_annotations(
     pre: Pretrained,
     patterns: Sequence[str],
@@ -549,9 +536,7 @@ def _predict_annotations(
     stride: int | None,
 ) -> Prediction:
     try:
-        ls = labelled_windows(
-            patterns, pre.window, min_classes=1, key=_EVERY_ANNOTATION, stride=stride
-        )
+        ls = labelled_windows(patterns, pre.window, min_classes=1, key=None, stride=stride)
     except NoLabelledWindowError:
         where = ", ".join(map(os.fspath, [patterns] if isinstance(patterns, str) else patterns))
         raise DataError(
@@ -564,7 +549,8 @@ def _predict_annotations(
     _check_rows(nonfinite_rows(lp), recs, ls.recordings, ls.starts)
     count = int(ls.groups.max()) + 1
     guess, prob = predicted(mean_log_probs(lp, ls.groups, count))
-    labels = [_annotation_label(ls.group_fields[g], key) for g in range(count)]
+    rule = ClassRule(key)
+    labels = [rule.of(ls.group_fields[g], ls.group_where[g]) for g in range(count)]
     truth, unknown = _number(labels, classes)
     first = np.unique(ls.groups, return_index=True)[1]
     sizes = np.bincount(ls.groups, minlength=count)

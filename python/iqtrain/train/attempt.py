@@ -40,7 +40,7 @@ from iqtrain.data.identity import (
     DigestShare,
     check_parent_data,
 )
-from iqtrain.data.sources import open_datasets, open_labelled, report_skipped
+from iqtrain.data.sources import open_datasets, open_labelled, report_dataset
 from iqtrain.data.windows import LabelledSet
 from iqtrain.distributed.world import PeerError, RankExit, World, agree, join
 from iqtrain.errors import (
@@ -248,7 +248,7 @@ def _checked(
         check_parent_data(parent.state, train, val, digests)
     plan, start_step = _plan(config, parent)
     for key, ds in (("data.train", train), ("data.val", val)) if world.is_main else ():
-        report_skipped(key, ds, config.data.window)
+        report_dataset(key, ds, config.data.window)
     stream = TrainStream(
         train,
         batch_size=config.data.batch_size,

@@ -1,5 +1,8 @@
 //! Read-only memory maps of data files whose page faults cannot kill the process.
 //!
+//! A mapping covers one byte range of a file (a recording's runs; `mmap` starts it at the page
+//! boundary at or below the range), and copies out of it are addressed by file offset.
+//!
 //! A batch row copied from a mapping costs a user-space `memcpy`; the same row read with `pread`
 //! costs a system call and a kernel copy, about 2x more here (docs/design.md section 2.3 has the
 //! measurements). A plain mapping has one fatal flaw: when the file is truncated under it, a
@@ -41,28 +44,42 @@ pub const MAX_MAPPED: usize = 8192;
 /// leaving room for patched pages and for everything else the process maps.
 pub const MAX_LIVE_MAPPINGS: usize = 16384;
 
-/// A read-only shared mapping of a whole data file.
+/// A read-only shared mapping of a byte range of a data file.
 pub struct Mapping {
+    /// The start of the mapped memory: file byte `file_offset` (a page boundary).
     base: *const u8,
+    /// Bytes mapped from `base` (what the handler's registry holds).
     len: usize,
+    /// The file offset `base` maps.
+    file_offset: u64,
     poisoned: AtomicBool,
 }
 
-// The mapping is read-only and owned by this value for its whole life; the raw pointer is
-// only ever read through guarded copies, from any thread.
+// SAFETY: the mapping is read-only and owned by this value for its whole life; the raw
+// pointer is only ever read through guarded copies (any thread may run one: the guard is
+// per thread, the flag atomic), and unmapped only by Drop, which has the value to itself.
 unsafe impl Send for Mapping {}
+// SAFETY: as above; `&Mapping` only offers guarded copies and the atomic flag.
 unsafe impl Sync for Mapping {}
 
 impl Mapping {
-    /// Maps `len` bytes of `file`, or `None` when mapping is unavailable (not Linux, the SIGBUS
-    /// guard could not be installed, `mmap` failed, or the file is empty): the caller then reads
-    /// with `pread`, so a failure here only costs speed.
-    pub fn new(file: &File, len: u64) -> Option<Mapping> {
-        sys::map(file, len).map(|(base, len)| Mapping {
+    /// Maps bytes `[offset, offset + len)` of `file` (from `offset` rounded down to a page
+    /// boundary, as `mmap` needs), or `None` when mapping is unavailable (not Linux, the SIGBUS
+    /// guard could not be installed, `mmap` failed, or `len` is 0): the caller then reads with
+    /// `pread`, so a failure here only costs speed.
+    pub fn new(file: &File, offset: u64, len: u64) -> Option<Mapping> {
+        sys::map(file, offset, len).map(|(base, len, file_offset)| Mapping {
             base,
             len,
+            file_offset,
             poisoned: AtomicBool::new(false),
         })
+    }
+
+    /// The file bytes `[start, end)` mapped (`start` a page boundary).
+    #[cfg(test)]
+    pub(crate) fn range(&self) -> (u64, u64) {
+        (self.file_offset, self.file_offset + self.len as u64)
     }
 
     /// True once a copy faulted or the file was seen shorter than the mapping: from then on the
@@ -75,23 +92,24 @@ impl Mapping {
         self.poisoned.store(true, Ordering::Release);
     }
 
-    /// Copies `out.len()` bytes from `offset` into `out`. False when the mapping is (or became,
-    /// during the copy) poisoned: `out` may then hold zeros and the caller must re-read the row.
-    /// `offset + out.len()` must be within the mapping (the caller's windows are, by
+    /// Copies the `out.len()` bytes at `offset` in the FILE into `out`. False when the mapping
+    /// is (or became, during the copy) poisoned: `out` may then hold zeros and the caller must
+    /// re-read the row. The range must be within the mapping (the caller's windows are, by
     /// construction); a range outside it is refused (false) rather than read.
     pub fn copy_to(&self, offset: u64, out: &mut [u8]) -> bool {
-        let in_range = usize::try_from(offset)
-            .ok()
-            .and_then(|o| o.checked_add(out.len()).map(|end| (o, end)))
-            .filter(|&(_, end)| end <= self.len);
-        let Some((start, _)) = in_range else {
+        let in_range = offset
+            .checked_sub(self.file_offset)
+            .and_then(|o| usize::try_from(o).ok())
+            .filter(|&o| o.checked_add(out.len()).is_some_and(|end| end <= self.len));
+        let Some(start) = in_range else {
             return false;
         };
         if self.poisoned() {
             return false;
         }
-        // SAFETY: [start, start + out.len()) lies inside the mapping, which lives as long as
-        // self; a fault there is turned into a zero page by the guard's handler.
+        // SAFETY: [start, start + out.len()) lies inside the mapping [base, base + len) (checked
+        // just above), which lives as long as self; a fault there is turned into a zero page by
+        // the guard's handler.
         unsafe {
             sys::guarded_copy(
                 self.base,
@@ -194,12 +212,19 @@ mod sys {
         })
     }
 
-    pub(super) fn map(file: &File, len: u64) -> Option<(*const u8, usize)> {
-        let len = usize::try_from(len).ok().filter(|&l| l > 0)?;
-        if !install() {
+    /// Maps `[offset, offset + len)` of `file` from the page boundary at or below `offset`;
+    /// returns the mapping's start, its length and the file offset it starts at.
+    pub(super) fn map(file: &File, offset: u64, len: u64) -> Option<(*const u8, usize, u64)> {
+        if len == 0 || !install() {
             return None;
         }
-        // SAFETY: a fresh read-only mapping of an open file; nothing else refers to it.
+        // Set by install(); a page size is a power of two (anything else maps nothing).
+        let page = Some(PAGE.load(Ordering::Relaxed) as u64).filter(|p| p.is_power_of_two())?;
+        let aligned = offset & !(page - 1);
+        let len = usize::try_from(offset.checked_add(len)? - aligned).ok()?;
+        let at = libc::off_t::try_from(aligned).ok()?;
+        // SAFETY: a fresh read-only mapping of an open file at a page-aligned offset (mmap
+        // refuses anything else and we handle its failure); nothing else refers to it.
         let p = unsafe {
             libc::mmap(
                 ptr::null_mut(),
@@ -207,7 +232,7 @@ mod sys {
                 libc::PROT_READ,
                 libc::MAP_SHARED,
                 file.as_raw_fd(),
-                0,
+                at,
             )
         };
         if p == libc::MAP_FAILED {
@@ -219,9 +244,10 @@ mod sys {
         }
         // Windows are read in a shuffled order: without this, each fault on a page not in the
         // page cache reads ahead around it (read_ahead_kb, often megabytes) for one window.
-        // SAFETY: advice on the mapping just made; failure only loses the hint.
+        // SAFETY: advice on the mapping just made (p is page-aligned, len its length); failure
+        // only loses the hint.
         unsafe { libc::madvise(p, len, libc::MADV_RANDOM) };
-        Some((p as *const u8, len))
+        Some((p as *const u8, len, aligned))
     }
 
     pub(super) fn unmap(base: *const u8, len: usize) {
@@ -373,7 +399,7 @@ mod sys {
     use std::fs::File;
     use std::sync::atomic::AtomicBool;
 
-    pub(super) fn map(_file: &File, _len: u64) -> Option<(*const u8, usize)> {
+    pub(super) fn map(_file: &File, _offset: u64, _len: u64) -> Option<(*const u8, usize, u64)> {
         None
     }
 
@@ -401,7 +427,7 @@ mod tests {
         let bytes: Vec<u8> = (0..3 * 4096 + 100).map(|i| (i * 7 % 251) as u8).collect();
         let p = t.file("a", &bytes);
         let f = File::open(&p).unwrap();
-        let m = Mapping::new(&f, bytes.len() as u64).expect("mapping");
+        let m = Mapping::new(&f, 0, bytes.len() as u64).expect("mapping");
         let mut out = vec![0u8; 5000];
         assert!(m.copy_to(1234, &mut out));
         assert_eq!(out, bytes[1234..6234]);
@@ -416,7 +442,7 @@ mod tests {
         let bytes = vec![7u8; 8 * 4096];
         let p = t.file("a", &bytes);
         let f = File::open(&p).unwrap();
-        let m = Mapping::new(&f, bytes.len() as u64).expect("mapping");
+        let m = Mapping::new(&f, 0, bytes.len() as u64).expect("mapping");
         let mut out = vec![0u8; 4096];
         assert!(m.copy_to(6 * 4096, &mut out));
         std::fs::OpenOptions::new()
@@ -434,7 +460,7 @@ mod tests {
             "a poisoned mapping is never read again"
         );
         // A second mapping of the same file still works, and sees the new length.
-        let m2 = Mapping::new(&f, 2 * 4096).expect("mapping");
+        let m2 = Mapping::new(&f, 0, 2 * 4096).expect("mapping");
         assert!(m2.copy_to(0, &mut out));
         assert_eq!(out, vec![7u8; 4096]);
     }
@@ -447,7 +473,7 @@ mod tests {
         let bytes: Vec<u8> = (0..8 * 4096).map(|i| (i % 251) as u8).collect();
         let p = t.file("a", &bytes);
         let f = File::open(&p).unwrap();
-        let m = Mapping::new(&f, bytes.len() as u64).expect("mapping");
+        let m = Mapping::new(&f, 0, bytes.len() as u64).expect("mapping");
         let mut buf = crate::io::AlignedVec::<u8>::zeroed(4 * 4096).unwrap();
         let at = (16 + 4096 - buf.as_ptr() as usize % 4096) % 4096;
         let out = &mut buf[at..at + 2 * 4096];
@@ -467,5 +493,59 @@ mod tests {
         assert!(!m.copy_to(4 * 4096, out));
         assert!(m.poisoned());
         assert_eq!(&out[..4096], &bytes[4 * 4096..5 * 4096]);
+    }
+
+    #[test]
+    fn a_range_mapping_copies_by_file_offset_and_refuses_outside_it() {
+        let t = TempDir::new("mapped-range");
+        let bytes: Vec<u8> = (0..10 * 4096 + 300).map(|i| (i * 13 % 251) as u8).collect();
+        let p = t.file("a", &bytes);
+        let f = File::open(&p).unwrap();
+        // [5000, 5000 + 3 * 4096 + 7): mapped from the page at 4096.
+        let (off, len) = (5000u64, 3 * 4096 + 7);
+        let m = Mapping::new(&f, off, len).expect("mapping");
+        assert_eq!((m.file_offset, m.len), (4096, 904 + 3 * 4096 + 7));
+        let mut out = vec![0u8; 3000];
+        for at in [5000u64, 5001, 6000, off + len - 3000, 4096] {
+            assert!(m.copy_to(at, &mut out), "{at}");
+            assert_eq!(out, bytes[at as usize..at as usize + 3000], "{at}");
+        }
+        assert!(!m.copy_to(4095, &mut out), "before the mapped page");
+        assert!(
+            !m.copy_to(off + len - 2999, &mut out),
+            "past the mapped range"
+        );
+        assert!(!m.copy_to(u64::MAX, &mut out));
+        assert!(Mapping::new(&f, 7, 0).is_none(), "nothing to map");
+        assert!(Mapping::new(&f, u64::MAX, 2).is_none(), "overflows");
+        // A range starting on a page boundary maps from there.
+        let m = Mapping::new(&f, 8192, 100).expect("mapping");
+        assert_eq!((m.file_offset, m.len), (8192, 100));
+        let mut out = vec![0u8; 100];
+        assert!(m.copy_to(8192, &mut out));
+        assert_eq!(out, bytes[8192..8292]);
+        assert!(!m.poisoned());
+    }
+
+    #[test]
+    fn a_fault_in_a_range_mapping_poisons_instead_of_killing() {
+        let t = TempDir::new("mapped-range-fault");
+        let bytes: Vec<u8> = (0..16 * 4096).map(|i| (i % 249) as u8).collect();
+        let p = t.file("a", &bytes);
+        let f = File::open(&p).unwrap();
+        let m = Mapping::new(&f, 6 * 4096 + 100, 8 * 4096).expect("mapping");
+        let mut out = vec![0u8; 4096];
+        assert!(m.copy_to(12 * 4096, &mut out));
+        assert_eq!(out, bytes[12 * 4096..13 * 4096]);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .set_len(9 * 4096)
+            .unwrap();
+        assert!(m.copy_to(7 * 4096, &mut out), "inside what is left");
+        assert!(!m.copy_to(10 * 4096, &mut out), "past the cut: absorbed");
+        assert!(m.poisoned());
+        assert!(!m.copy_to(7 * 4096, &mut out));
     }
 }

@@ -1,23 +1,23 @@
-//! The dataset: recordings, their segments and window ids, and the reads of its rows (guarded
-//! map or `pread`, through the open-file pool).
+//! The dataset: recordings, their layouts, segments and window ids, and the reads of its rows
+//! (guarded map or `pread`, through the open-file pool).
 
 use std::cell::Cell;
 use std::fs::File;
 use std::ops::Range;
 
 use super::datatype::{Kind, Storage, KIND_NAMES};
-use super::decode::{convert_in_place, widen};
-use super::segments::{capture_segments, window_count, Segment};
+use super::decode::{convert_frames, convert_in_place};
+use super::segments::{window_count, Layout, Run, Segment};
 use crate::error::{Error, Result};
 use crate::io::{
     open_regular, read_error, read_exact_at, FileId, FilePool, Held, Mapping,
     DEFAULT_MAP_MIN_BYTES, MAX_MAPPED,
 };
 
-/// How rows are read: data files of at least `map_min_bytes` are mapped (at most
-/// [`MAX_MAPPED`] of them), the rest read with `pread`. `u64::MAX` maps nothing. At most
-/// `max_open_files` data files are open at once (`usize::MAX`: every recording with a window
-/// stays open).
+/// How rows are read: recordings whose runs (those with a window) span at least
+/// `map_min_bytes` bytes of their data file have that span mapped (at most [`MAX_MAPPED`] of
+/// them), the rest are read with `pread`. `u64::MAX` maps nothing. At most `max_open_files` data
+/// files are open at once (`usize::MAX`: every recording with a window stays open).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ReadPolicy {
     pub map_min_bytes: u64,
@@ -33,18 +33,28 @@ impl Default for ReadPolicy {
     }
 }
 
-/// One recording: its data file (open in the dataset's pool while any window reads from it) and
-/// its segments.
+/// One recording: its data file (open in the dataset's pool while any window reads from it),
+/// its layout and its segments.
 pub struct Recording {
     pub path: String,
     pub kind: Kind,
+    /// Samples in its runs (every sample of the file when it has no layout).
     pub samples: u64,
     pub windows: u64,
-    /// This recording's entries in [`Dataset::segments`].
+    /// This recording's entries in [`Dataset::segments`], one per run.
     pub segments: Range<usize>,
+    /// Interleaved channels in the file's sample frames, and the one read.
+    pub channels: u64,
+    pub channel: u64,
+    /// The data file's length, which it must keep ([`Layout::file_bytes`]).
+    file_bytes: u64,
+    /// Bytes of one sample frame: `channels * kind.sample_bytes()`.
+    frame: u64,
+    /// Raw bytes of one window (`window * frame`); 0 when the recording has no window.
+    raw_row: usize,
     /// The data file's device and inode at open: a file opened again must be this one.
     id: Option<FileId>,
-    /// The guarded mapping rows are copied from, when the policy maps this file.
+    /// The guarded mapping of its runs' bytes rows are copied from, when the policy maps it.
     map: Option<Mapping>,
     /// The mapped file's status-change and modification times at open (seconds, nanoseconds):
     /// a truncation that the file then regrew past leaves its length as it was, not these.
@@ -83,32 +93,26 @@ pub struct Dataset {
 }
 
 impl Dataset {
-    /// Opens every data file, validates lengths, kinds, capture starts and window geometry.
+    /// Opens every data file, validates kinds, layouts, lengths and window geometry.
     ///
-    /// `captures[r]` holds recording `r`'s capture starts (`core:sample_start`, see
-    /// [`capture_segments`]); an empty list means one segment covering the whole file.
-    pub fn open<P: AsRef<str>, K: AsRef<str>, C: AsRef<[u64]>>(
+    /// `layouts[r]` is recording `r`'s byte layout ([`Layout`]: its file's length, channels and
+    /// runs, each run a segment windowed on its own). `None` is a plain single-channel file of
+    /// whole samples, one run covering it.
+    pub fn open<P: AsRef<str>, K: AsRef<str>>(
         paths: &[P],
         kinds: &[K],
-        captures: &[C],
+        layouts: &[Option<Layout>],
         window: u64,
         stride: u64,
     ) -> Result<Dataset> {
-        Self::open_with(
-            paths,
-            kinds,
-            captures,
-            window,
-            stride,
-            ReadPolicy::default(),
-        )
+        Self::open_with(paths, kinds, layouts, window, stride, ReadPolicy::default())
     }
 
     /// [`Dataset::open`] with an explicit [`ReadPolicy`].
-    pub fn open_with<P: AsRef<str>, K: AsRef<str>, C: AsRef<[u64]>>(
+    pub fn open_with<P: AsRef<str>, K: AsRef<str>>(
         paths: &[P],
         kinds: &[K],
-        captures: &[C],
+        layouts: &[Option<Layout>],
         window: u64,
         stride: u64,
         policy: ReadPolicy,
@@ -125,7 +129,7 @@ impl Dataset {
                 format!("must be >= 1, got {stride}"),
             ));
         }
-        for (key, len) in [("kinds", kinds.len()), ("captures", captures.len())] {
+        for (key, len) in [("kinds", kinds.len()), ("layouts", layouts.len())] {
             if len != paths.len() {
                 return Err(Error::config(
                     key,
@@ -166,29 +170,54 @@ impl Dataset {
         let mut total = 0u64;
         let mut mapped = 0usize;
         let mut files = FilePool::new(paths.len(), policy.max_open_files)?;
-        for (r, ((p, kind), starts)) in paths.iter().zip(parsed).zip(captures).enumerate() {
+        for (r, ((p, kind), layout)) in paths.iter().zip(parsed).zip(layouts).enumerate() {
             let path = p.as_ref();
-            let (file, meta, samples) = open_data(path, kind)?;
+            let (file, meta, layout, frame) = open_data(path, kind, layout.as_ref())?;
             let first = segments.len();
-            let mut windows = 0u64;
-            for (start, len) in capture_segments(path, starts.as_ref(), samples)? {
-                let w = window_count(len, window, stride);
-                windows += w; // <= samples / stride: cannot overflow
+            let (mut samples, mut windows) = (0u64, 0u64);
+            // The bytes of the runs that have a window: what a mapping must cover.
+            let mut span = (u64::MAX, 0u64);
+            for run in &layout.runs {
+                let w = window_count(run.samples, window, stride);
                 total = total.checked_add(w).ok_or_else(|| {
                     Error::data(path, "data length", "overflows the 2^64 window id space")
                 })?;
+                windows += w; // <= total
+                              // Runs may overlap: their samples may add up to more than the file holds.
+                samples = samples.saturating_add(run.samples);
                 prefix.push(total);
                 segments.push(Segment {
                     recording: r,
-                    start,
-                    samples: len,
+                    start: run.start,
+                    samples: run.samples,
+                    byte: run.byte,
                     windows: w,
                 });
+                if w > 0 {
+                    span = (
+                        span.0.min(run.byte),
+                        span.1.max(run.byte + run.samples * frame),
+                    );
+                }
             }
-            let bytes = samples * kind.sample_bytes() as u64;
-            let map = (windows > 0 && bytes >= policy.map_min_bytes && mapped < MAX_MAPPED)
-                .then(|| Mapping::new(&file, bytes))
-                .flatten();
+            // window * frame <= run.samples * frame <= file bytes when there is a window.
+            let raw_row = if windows > 0 {
+                usize::try_from(window * frame)
+                    .ok()
+                    .filter(|&b| b <= isize::MAX as usize - 64)
+                    .ok_or_else(|| {
+                        Error::config(
+                            "window",
+                            format!("{window} samples of {frame}-byte frames is too large"),
+                        )
+                    })?
+            } else {
+                0
+            };
+            let map =
+                (windows > 0 && span.1 - span.0 >= policy.map_min_bytes && mapped < MAX_MAPPED)
+                    .then(|| Mapping::new(&file, span.0, span.1 - span.0))
+                    .flatten();
             mapped += usize::from(map.is_some());
             let stamp = map.as_ref().and_then(|_| stamp(&meta));
             // Unusable recordings hold no descriptor, nor (when the pool cannot hold every
@@ -202,6 +231,11 @@ impl Dataset {
                 samples,
                 windows,
                 segments: first..segments.len(),
+                channels: layout.channels,
+                channel: layout.channel,
+                file_bytes: layout.file_bytes,
+                frame,
+                raw_row,
                 id: FileId::of(&meta),
                 map,
                 stamp,
@@ -281,7 +315,7 @@ impl Dataset {
     pub fn recordings(&self) -> &[Recording] {
         &self.recordings
     }
-    /// Every capture segment, recordings in order, each recording's segments in order.
+    /// Every segment (one per run), recordings in order, each recording's runs in order.
     pub fn segments(&self) -> &[Segment] {
         &self.segments
     }
@@ -306,9 +340,19 @@ impl Dataset {
         }
     }
 
-    /// `(recording index, first sample)` of window `id`; `id` must be valid. With a selection,
-    /// `id` indexes the selection, which names the base window located.
+    /// `(recording index, first sample index)` of window `id`; `id` must be valid. The index
+    /// is its run's [`Run::start`] plus the window's offset in the run. With a selection, `id`
+    /// indexes the selection, which names the base window located.
     pub fn locate(&self, id: u64) -> Result<(usize, u64)> {
+        let (s, k) = self.place(id)?;
+        let seg = &self.segments[s];
+        // start + samples fits in u64 (checked at open) and k * stride < samples.
+        Ok((seg.recording, seg.start + k * self.stride))
+    }
+
+    /// The segment of window `id` (an index into [`Dataset::segments`]) and the window's index
+    /// within that segment.
+    fn place(&self, id: u64) -> Result<(usize, u64)> {
         self.check_id(id)?;
         let id = match &self.selection {
             // In range: check_id bounds id by the table's length.
@@ -318,11 +362,7 @@ impl Dataset {
         // First segment whose prefix end exceeds id; segments without windows have equal
         // bounds and are skipped by the strict comparison. O(log segments).
         let s = self.prefix.partition_point(|&p| p <= id) - 1;
-        let seg = &self.segments[s];
-        Ok((
-            seg.recording,
-            seg.start + (id - self.prefix[s]) * self.stride,
-        ))
+        Ok((s, id - self.prefix[s]))
     }
 
     /// Decodes window `id` into `out` (exactly `row_bytes()` bytes, storage dtype, native order).
@@ -336,38 +376,41 @@ impl Dataset {
     /// One row, without the length check of mapped files; returns its recording's index and
     /// whether the bytes came from the mapping (the rows that check is for).
     fn decode_row(&self, id: u64, out: &mut [u8]) -> Result<RowSource> {
-        let (r, start) = self.locate(id)?;
+        let (s, k) = self.place(id)?;
         if out.len() != self.row_bytes() {
             return Err(Error::config(
                 "out",
                 format!("row has {} bytes, expected {}", out.len(), self.row_bytes()),
             ));
         }
+        let seg = &self.segments[s];
+        let r = seg.recording;
         let rec = &self.recordings[r];
-        let sb = rec.kind.sample_bytes();
-        // In range by construction: start + window <= samples, and samples * sb == file length.
-        let offset = start * sb as u64;
-        let raw = self.window as usize * sb;
-        let mapped = if raw == out.len() {
+        // In range by construction: k * stride + window <= seg.samples, and the segment's
+        // frames [byte, byte + samples * frame) are inside the file (checked at open).
+        let offset = seg.byte + k * self.stride * rec.frame;
+        let mapped = if rec.channels == 1 && rec.kind.elem_bytes() == self.storage.elem_bytes() {
             // Same element width as the storage: read straight into the row, fix up in place.
             let mapped = self.read_at(r, out, offset)?;
             convert_in_place(rec.kind, self.storage, out)?;
             mapped
         } else {
-            // Widening to float32 (mixed datatypes): raw bytes go through a per-thread scratch
-            // row, kept between calls so the hot path does not allocate.
+            // Widening to float32 (mixed datatypes), narrowing cf64, or one channel of several:
+            // the raw frames go through a per-thread scratch row, kept between calls so the
+            // hot path does not allocate.
             thread_local!(static SCRATCH: Cell<Vec<u8>> = const { Cell::new(Vec::new()) });
+            let raw = rec.raw_row;
+            let at = rec.channel as usize * rec.kind.sample_bytes(); // < frame <= raw
             SCRATCH.with(|cell| {
                 // take/set rather than a RefCell borrow: nothing here can panic on re-entry.
                 let mut scratch = cell.take();
-                if scratch.len() < raw + 64 {
-                    scratch.resize(raw + 64, 0);
-                }
-                // Cache-line aligned like the batch rows (see `io/aligned.rs` `AlignedVec` for why).
-                let at = scratch.as_ptr().align_offset(64).min(64);
-                let src = &mut scratch[at..at + raw];
-                let res = self.read_at(r, src, offset).and_then(|mapped| {
-                    widen(rec.kind, self.storage, src, out)?;
+                let res = grow(&mut scratch, raw + 64).and_then(|()| {
+                    // Cache-line aligned like the batch rows (see `io/aligned.rs` `AlignedVec`
+                    // for why).
+                    let a = scratch.as_ptr().align_offset(64).min(64);
+                    let src = &mut scratch[a..a + raw];
+                    let mapped = self.read_at(r, src, offset)?;
+                    convert_frames(rec.kind, self.storage, src, rec.frame as usize, at, out)?;
                     Ok(mapped)
                 });
                 cell.set(scratch);
@@ -456,27 +499,165 @@ impl Dataset {
 /// from the mapping (the rows `Dataset::recheck` is for).
 pub(crate) type RowSource = (usize, bool);
 
-/// Opens a data file and returns it with its status and its length in samples of `kind`.
-fn open_data(path: &str, kind: Kind) -> Result<(File, std::fs::Metadata, u64)> {
+/// Grows a scratch buffer to at least `len` bytes; an allocation failure is an error, not an
+/// abort.
+fn grow(buf: &mut Vec<u8>, len: usize) -> Result<()> {
+    if buf.len() < len {
+        buf.clear();
+        buf.try_reserve_exact(len).map_err(|_| Error::Alloc {
+            what: "a row's raw bytes",
+            bytes: len as u128,
+        })?;
+        buf.resize(len, 0);
+    }
+    Ok(())
+}
+
+/// Opens recording `path`'s data file and checks it against its layout (without one: that it
+/// holds whole samples of `kind`, one run covering it). Returns the file, its status, the layout
+/// the recording is read by and its frame bytes. Errors name the file and the field:
+/// `channel` (no channels, or a channel out of range), `segment {i}` (run `i` outside the file),
+/// `data length` (a plain file of partial samples); a file of another length than the layout's
+/// is [`Error::LengthChanged`].
+fn open_data(
+    path: &str,
+    kind: Kind,
+    layout: Option<&Layout>,
+) -> Result<(File, std::fs::Metadata, Layout, u64)> {
+    let sb = kind.sample_bytes() as u64;
+    let frame = match layout {
+        None => sb,
+        Some(l) => frame_bytes(path, kind, l)?,
+    };
     let (file, meta) = open_regular(path)?;
-    let (len, sb) = (meta.len(), kind.sample_bytes() as u64);
-    if len % sb != 0 {
+    let len = meta.len();
+    let Some(layout) = layout else {
+        if len % sb != 0 {
+            return Err(Error::data(
+                path,
+                "data length",
+                format!(
+                    "{len} bytes is not a whole number of {} samples ({sb} bytes each)",
+                    kind.name()
+                ),
+            ));
+        }
+        let run = Run {
+            start: 0,
+            samples: len / sb,
+            byte: 0,
+        };
+        let plain = Layout {
+            file_bytes: len,
+            channels: 1,
+            channel: 0,
+            runs: vec![run],
+        };
+        return Ok((file, meta, plain, sb));
+    };
+    if len != layout.file_bytes {
+        return Err(Error::LengthChanged {
+            file: path.to_owned(),
+            expected: layout.file_bytes,
+            found: len,
+        });
+    }
+    for (i, run) in layout.runs.iter().enumerate() {
+        let field = format!("segment {i}");
+        if run.start.checked_add(run.samples).is_none() {
+            return Err(Error::data(
+                path,
+                &field,
+                format!(
+                    "starts at sample {} and has {} samples: its sample indices pass 2^64",
+                    run.start, run.samples
+                ),
+            ));
+        }
+        let end = run
+            .samples
+            .checked_mul(frame)
+            .and_then(|b| b.checked_add(run.byte));
+        match end {
+            Some(end) if end <= len => {}
+            Some(end) => {
+                return Err(Error::data(
+                    path,
+                    &field,
+                    format!(
+                        "bytes [{}, {end}) ({} samples of {frame}-byte frames) are not inside \
+                         the file ({len} bytes)",
+                        run.byte, run.samples
+                    ),
+                ))
+            }
+            None => {
+                return Err(Error::data(
+                    path,
+                    &field,
+                    format!(
+                        "of {} samples of {frame}-byte frames at byte {} ends past 2^64 bytes, \
+                         outside the file ({len} bytes)",
+                        run.samples, run.byte
+                    ),
+                ))
+            }
+        }
+    }
+    Ok((file, meta, layout.clone(), frame))
+}
+
+/// The bytes of one sample frame of `layout`'s channels, checking its channel.
+fn frame_bytes(path: &str, kind: Kind, layout: &Layout) -> Result<u64> {
+    let (channels, channel) = (layout.channels, layout.channel);
+    if channels == 0 {
         return Err(Error::data(
             path,
-            "data length",
+            "channel",
+            format!("{channel} cannot be read: the layout has 0 channels (must be >= 1)"),
+        ));
+    }
+    if channel >= channels {
+        return Err(Error::data(
+            path,
+            "channel",
             format!(
-                "{len} bytes is not a whole number of {} samples ({sb} bytes each)",
-                kind.name()
+                "{channel} is out of range: the data has {channels} channels (0 to {})",
+                channels - 1
             ),
         ));
     }
-    Ok((file, meta, len / sb))
+    channels
+        .checked_mul(kind.sample_bytes() as u64)
+        .ok_or_else(|| {
+            Error::data(
+                path,
+                "channel",
+                format!(
+                    "{channel} cannot be read: {channels} channels of {} samples overflow a \
+                     frame",
+                    kind.name()
+                ),
+            )
+        })
 }
 
 impl Recording {
-    /// Bytes of the data file when it was opened.
+    /// Bytes of the data file when it was opened (its layout's `file_bytes`): the length it
+    /// must keep.
     pub fn bytes(&self) -> u64 {
-        self.samples * self.kind.sample_bytes() as u64
+        self.file_bytes
+    }
+
+    /// Bytes of one sample frame (`channels * kind.sample_bytes()`).
+    pub fn frame_bytes(&self) -> u64 {
+        self.frame
+    }
+
+    /// The file bytes `[start, end)` the mapping covers (from a page boundary), if mapped.
+    #[cfg(test)]
+    pub(super) fn mapped_range(&self) -> Option<(u64, u64)> {
+        self.map.as_ref().map(Mapping::range)
     }
 
     /// Whether the file is mapped (rows are copied from the mapping while it is sound).
@@ -515,7 +696,7 @@ impl Dataset {
         (self.files.open_files(), self.files.cap())
     }
 
-    /// For a mapped file: true when the file is now shorter than the mapping, or its status
+    /// For a mapped file: true when the file is now shorter than it was at open, or its status
     /// changed since open (a cut the file was then regrown past: zeros where the data was, at
     /// the old length). The mapping is then poisoned (every later read of it uses `pread`, which
     /// sees the file as it is). One `fstat` of the descriptor the pool holds, or, when it
@@ -537,7 +718,7 @@ impl Dataset {
         };
         // An unreadable status is treated as a change: the re-read reports what is wrong.
         let changed = match meta {
-            Ok(m) => FileId::of(&m) != rec.id || m.len() < rec.bytes() || stamp(&m) != rec.stamp,
+            Ok(m) => FileId::of(&m) != rec.id || m.len() < rec.file_bytes || stamp(&m) != rec.stamp,
             Err(_) => true,
         };
         if changed {
@@ -559,6 +740,6 @@ impl Dataset {
         let file = self.file(r)?;
         read_exact_at(&file, buf, offset)
             .map(|()| false)
-            .map_err(|e| read_error(&rec.path, &file, rec.bytes(), e))
+            .map_err(|e| read_error(&rec.path, &file, rec.file_bytes, e))
     }
 }

@@ -1,64 +1,213 @@
 //! Row decode: raw samples of a recording's datatype into the storage dtype.
+//!
+//! Every scalar is converted by value, never scaled: `cu8` is `b - 128` and `cu16` is
+//! `u - 32768` (as int8 / int16, or as float32 in a mixed dataset), `cu32` is `u - 2^31`; the
+//! 32-bit integers and `cf64` become the nearest float32 (ties to even, as numpy's
+//! `astype(np.float32)` gives; float64 beyond float32's range becomes infinity, NaN stays NaN).
+//! Big-endian kinds (and little-endian ones on a big-endian host) are byte-swapped.
+//!
+//! Two paths: [`convert_in_place`] for a row read straight into the output (the raw scalar as
+//! wide as the stored one: 8-bit kinds into int8, 16-bit into int16, `cf32`, `ci32` and `cu32`
+//! into float32), and [`convert_frames`] for everything else (widening, `cf64`, and one channel
+//! out of interleaved multi-channel frames), from a scratch buffer.
 
-use super::datatype::{Kind, Storage};
+use super::datatype::{Kind, Scalar, Storage};
 use crate::error::{Error, Result};
 
-/// Converts a row read straight from the file into the storage dtype, in place (same width).
-pub(super) fn convert_in_place(kind: Kind, storage: Storage, buf: &mut [u8]) -> Result<()> {
-    const LE: bool = cfg!(target_endian = "little");
-    match (kind, storage) {
-        (Kind::Ci8, Storage::Int8) => {}
-        (Kind::Cu8, Storage::Int8) => buf.iter_mut().for_each(|b| *b ^= 0x80),
-        (Kind::Ci16Le, Storage::Int16) | (Kind::Cf32Le, Storage::Float32) if LE => {}
-        (Kind::Ci16Be, Storage::Int16) | (Kind::Cf32Be, Storage::Float32) if !LE => {}
-        (Kind::Ci16Le | Kind::Ci16Be, Storage::Int16) => swap_bytes::<2>(buf),
-        (Kind::Cf32Le | Kind::Cf32Be, Storage::Float32) => swap_bytes::<4>(buf),
-        // Integer storage is only chosen when every recording is of that family.
-        _ => {
-            return Err(Error::Internal(format!(
-                "{} cannot be stored as {}",
-                kind.name(),
-                storage.name()
-            )))
+/// Whether `kind`'s scalars are in the host's byte order.
+fn native(kind: Kind) -> bool {
+    kind.big_endian() == cfg!(target_endian = "big")
+}
+
+fn unsupported(kind: Kind, storage: Storage) -> Error {
+    Error::Internal(format!(
+        "{} cannot be stored as {}",
+        kind.name(),
+        storage.name()
+    ))
+}
+
+/// Calls `$f($args..., closure)` with a closure that reads one scalar of type `$t` in the byte
+/// order `$be` says into `$v` and returns `$body` (the output scalar's bytes). The order is
+/// chosen once, outside the loop in `$f`.
+macro_rules! by_order {
+    ($be:expr, $t:ty, |$v:ident| $body:expr, $f:ident($($arg:expr),*)) => {
+        if $be {
+            $f($($arg,)* |b| {
+                let $v = <$t>::from_be_bytes(b);
+                $body
+            })
+        } else {
+            $f($($arg,)* |b| {
+                let $v = <$t>::from_le_bytes(b);
+                $body
+            })
         }
+    };
+}
+
+#[inline(always)]
+fn array<const N: usize>(s: &[u8]) -> [u8; N] {
+    let mut a = [0u8; N];
+    a.copy_from_slice(s);
+    a
+}
+
+/// Replaces every `N`-byte scalar of `buf` by `f` of it.
+#[inline(always)]
+fn in_place<const N: usize>(buf: &mut [u8], f: impl Fn([u8; N]) -> [u8; N]) {
+    for c in buf.chunks_exact_mut(N) {
+        let v = f(array(c));
+        c.copy_from_slice(&v);
+    }
+}
+
+/// Converts a row read straight from the file into the storage dtype, in place: the kind's
+/// scalars must be as wide as the storage's (one channel).
+pub(super) fn convert_in_place(kind: Kind, storage: Storage, buf: &mut [u8]) -> Result<()> {
+    let be = kind.big_endian();
+    match (kind.scalar(), storage) {
+        (Scalar::I8, Storage::Int8) => {}
+        (Scalar::U8, Storage::Int8) => buf.iter_mut().for_each(|b| *b ^= 0x80),
+        (Scalar::I16, Storage::Int16) | (Scalar::F32, Storage::Float32) if native(kind) => {}
+        (Scalar::I16, Storage::Int16) => swap_bytes::<2>(buf),
+        (Scalar::F32, Storage::Float32) => swap_bytes::<4>(buf),
+        (Scalar::U16, Storage::Int16) => by_order!(
+            be,
+            u16,
+            |v| ((v ^ 0x8000) as i16).to_ne_bytes(),
+            in_place(buf)
+        ),
+        (Scalar::I32, Storage::Float32) => {
+            by_order!(be, i32, |v| (v as f32).to_ne_bytes(), in_place(buf))
+        }
+        (Scalar::U32, Storage::Float32) => by_order!(
+            be,
+            u32,
+            |v| (((v ^ 0x8000_0000) as i32) as f32).to_ne_bytes(),
+            in_place(buf)
+        ),
+        // Integer storage is only chosen when every recording is of that family; other widths
+        // go through `convert_frames`.
+        _ => return Err(unsupported(kind, storage)),
     }
     Ok(())
 }
 
-/// Mixed datatypes: promotes raw samples `src` of `kind` by value to float32 in `out` (no
-/// scaling). `out.len() == src.len() / kind_elem_bytes * 4`.
-pub(super) fn widen(kind: Kind, storage: Storage, src: &[u8], out: &mut [u8]) -> Result<()> {
-    if storage != Storage::Float32 {
+/// Writes `f` of each sample's I and Q scalars (`N` bytes each, `at` bytes into each `frame`
+/// of `src`) to consecutive `M`-byte scalars of `out`.
+#[inline(always)]
+fn frames<const N: usize, const M: usize>(
+    src: &[u8],
+    frame: usize,
+    at: usize,
+    out: &mut [u8],
+    f: impl Fn([u8; N]) -> [u8; M],
+) {
+    if frame == 2 * N {
+        // One channel: the scalars are contiguous.
+        for (o, s) in out.chunks_exact_mut(M).zip(src.chunks_exact(N)) {
+            o.copy_from_slice(&f(array(s)));
+        }
+    } else {
+        for (o, fr) in out.chunks_exact_mut(2 * M).zip(src.chunks_exact(frame)) {
+            let (i, q) = o.split_at_mut(M);
+            i.copy_from_slice(&f(array(&fr[at..at + N])));
+            q.copy_from_slice(&f(array(&fr[at + N..at + 2 * N])));
+        }
+    }
+}
+
+/// Converts raw frames `src` of `kind` (one sample frame of `frame` bytes per output sample,
+/// the wanted channel's I/Q pair `at` bytes into each) by value into the storage dtype in
+/// `out`, which must hold exactly one output sample per frame.
+pub(super) fn convert_frames(
+    kind: Kind,
+    storage: Storage,
+    src: &[u8],
+    frame: usize,
+    at: usize,
+    out: &mut [u8],
+) -> Result<()> {
+    let sb = kind.sample_bytes();
+    let fits = at.checked_add(sb).is_some_and(|end| end <= frame)
+        && src.len() % frame == 0
+        && (src.len() / frame).checked_mul(2 * storage.elem_bytes()) == Some(out.len());
+    if !fits {
         return Err(Error::Internal(format!(
-            "{} cannot be stored as {}",
-            kind.name(),
+            "{} bytes of {}-byte frames (sample at {at}) do not fill {} bytes of {}",
+            src.len(),
+            frame,
+            out.len(),
             storage.name()
         )));
     }
-    let dst = out.chunks_exact_mut(4);
-    match kind {
-        Kind::Ci8 => dst
-            .zip(src)
-            .for_each(|(o, &b)| o.copy_from_slice(&(b as i8 as f32).to_ne_bytes())),
-        Kind::Cu8 => dst
-            .zip(src)
-            .for_each(|(o, &b)| o.copy_from_slice(&((b as i32 - 128) as f32).to_ne_bytes())),
-        Kind::Ci16Le => dst.zip(src.chunks_exact(2)).for_each(|(o, s)| {
-            let v = i16::from_le_bytes([s[0], s[1]]) as f32;
-            o.copy_from_slice(&v.to_ne_bytes())
-        }),
-        Kind::Ci16Be => dst.zip(src.chunks_exact(2)).for_each(|(o, s)| {
-            let v = i16::from_be_bytes([s[0], s[1]]) as f32;
-            o.copy_from_slice(&v.to_ne_bytes())
-        }),
-        Kind::Cf32Le => dst.zip(src.chunks_exact(4)).for_each(|(o, s)| {
-            let v = f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
-            o.copy_from_slice(&v.to_ne_bytes())
-        }),
-        Kind::Cf32Be => dst.zip(src.chunks_exact(4)).for_each(|(o, s)| {
-            let v = f32::from_be_bytes([s[0], s[1], s[2], s[3]]);
-            o.copy_from_slice(&v.to_ne_bytes())
-        }),
+    let be = kind.big_endian();
+    match (kind.scalar(), storage) {
+        (Scalar::I8, Storage::Int8) => {
+            by_order!(be, i8, |v| v.to_ne_bytes(), frames(src, frame, at, out))
+        }
+        (Scalar::U8, Storage::Int8) => by_order!(
+            be,
+            u8,
+            |v| ((v ^ 0x80) as i8).to_ne_bytes(),
+            frames(src, frame, at, out)
+        ),
+        (Scalar::I16, Storage::Int16) => {
+            by_order!(be, i16, |v| v.to_ne_bytes(), frames(src, frame, at, out))
+        }
+        (Scalar::U16, Storage::Int16) => by_order!(
+            be,
+            u16,
+            |v| ((v ^ 0x8000) as i16).to_ne_bytes(),
+            frames(src, frame, at, out)
+        ),
+        (Scalar::I8, Storage::Float32) => by_order!(
+            be,
+            i8,
+            |v| f32::from(v).to_ne_bytes(),
+            frames(src, frame, at, out)
+        ),
+        (Scalar::U8, Storage::Float32) => by_order!(
+            be,
+            u8,
+            |v| f32::from((v ^ 0x80) as i8).to_ne_bytes(),
+            frames(src, frame, at, out)
+        ),
+        (Scalar::I16, Storage::Float32) => by_order!(
+            be,
+            i16,
+            |v| f32::from(v).to_ne_bytes(),
+            frames(src, frame, at, out)
+        ),
+        (Scalar::U16, Storage::Float32) => by_order!(
+            be,
+            u16,
+            |v| f32::from((v ^ 0x8000) as i16).to_ne_bytes(),
+            frames(src, frame, at, out)
+        ),
+        (Scalar::I32, Storage::Float32) => by_order!(
+            be,
+            i32,
+            |v| (v as f32).to_ne_bytes(),
+            frames(src, frame, at, out)
+        ),
+        (Scalar::U32, Storage::Float32) => by_order!(
+            be,
+            u32,
+            |v| (((v ^ 0x8000_0000) as i32) as f32).to_ne_bytes(),
+            frames(src, frame, at, out)
+        ),
+        (Scalar::F32, Storage::Float32) => {
+            by_order!(be, f32, |v| v.to_ne_bytes(), frames(src, frame, at, out))
+        }
+        (Scalar::F64, Storage::Float32) => by_order!(
+            be,
+            f64,
+            |v| (v as f32).to_ne_bytes(),
+            frames(src, frame, at, out)
+        ),
+        _ => return Err(unsupported(kind, storage)),
     }
     Ok(())
 }

@@ -422,7 +422,7 @@ mod tests {
             map_min_bytes: if mapped { 0 } else { u64::MAX },
             ..ReadPolicy::default()
         };
-        let ds = Dataset::open_with(&paths, &["ci8", "ci8"], &[[0u64], [0]], 16, 16, policy);
+        let ds = Dataset::open_with(&paths, &["ci8", "ci8"], &[None, None], 16, 16, policy);
         Arc::new(ds.unwrap())
     }
 

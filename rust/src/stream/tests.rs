@@ -247,13 +247,13 @@ fn cooperative_assembly_equals_synchronous_assembly() {
             t.file(&format!("r{r}.sigmf-data"), &bytes)
         })
         .collect();
-    let caps = vec![[0u64]; 3];
+    let plain = vec![None; 3];
     for map_min_bytes in [0, u64::MAX] {
         let policy = crate::recordings::ReadPolicy {
             map_min_bytes,
             ..Default::default()
         };
-        let ds = Dataset::open_with(&paths, &["ci16_le"; 3], &caps, 64, 48, policy);
+        let ds = Dataset::open_with(&paths, &["ci16_le"; 3], &plain, 64, 48, policy);
         let ds = Arc::new(ds.unwrap());
         let mut reference = Stream::new(ds.clone(), 24, 5, 0, 1, 0).unwrap();
         let want = take(&mut reference, 150);

@@ -247,16 +247,19 @@ def test_load_config_resolves_against_the_cwd_not_the_file(tmp_path, monkeypatch
 
 
 def test_one_datatype_table_for_reader_synth_and_config():
+    import numpy as np
     from helpers import COMPONENT_DTYPES
 
     from iqtrain.config.sections import SIGMF_DATATYPES, SYNTH_DATATYPES, SynthConfig
-    from iqtrain.data.sigmf_meta import SUPPORTED_DATATYPES
+    from iqtrain.data.sigmf.datatypes import parse_datatype
 
-    # The reader takes every datatype in the table, and nothing else.
-    assert list(SUPPORTED_DATATYPES) == list(SIGMF_DATATYPES)
+    # The reader takes every datatype in the table as itself: the 14 complex ones of SigMF.
+    assert len(SIGMF_DATATYPES) == 14
+    assert all(parse_datatype(name) == (name, None) for name in SIGMF_DATATYPES)
     assert set(COMPONENT_DTYPES) == set(SIGMF_DATATYPES)
     for name, dt in SIGMF_DATATYPES.items():
         assert dt.bytes_per_sample == 2 * COMPONENT_DTYPES[name].itemsize, name
+        assert np.dtype(dt.component) == COMPONENT_DTYPES[name], name
     # Synth writes the little-endian and byte-wide ones, its default first.
     assert SYNTH_DATATYPES == ("ci16_le", "cf32_le", "ci8", "cu8")
     assert SynthConfig.__dataclass_fields__["datatype"].default == SYNTH_DATATYPES[0]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import COMPONENT_DTYPES, random_iq, write_sigmf
+from helpers import COMPONENT_DTYPES, as_read, random_iq, write_sigmf
 
 from iqtrain._native import digest_files
 from iqtrain.data.dataset import IQDataset, TrainStream
@@ -45,17 +45,20 @@ def ds(make_recording, tmp_path):
 def test_window_equals_sigmf_read(make_recording, datatype):
     meta, iq = make_recording(500, datatype)
     ds = IQDataset([meta], window=48, stride=20)
-    expected_dtype = {"c": "int8", "ci16": "int16", "cf32": "float32"}
-    key = "c" if datatype in ("ci8", "cu8") else datatype[:4]
-    assert ds.dtype == np.dtype(expected_dtype[key])
+    expected_dtype = {"ci8": "int8", "cu8": "int8", "ci16": "int16", "cu16": "int16"}
+    assert ds.dtype == np.dtype(expected_dtype.get(datatype[:4].rstrip("_"), "float32"))
     assert ds.num_windows == (500 - 48) // 20 + 1
-    offset = 128 if datatype == "cu8" else 0  # cu8 is offset binary: sample - 128
+    # Unsigned types are offset binary: sample - 2**(bits - 1).
+    dt = COMPONENT_DTYPES[datatype]
+    offset = 1 << (8 * dt.itemsize - 1) if dt.kind == "u" else 0
     for i in (0, 1, ds.num_windows - 1):
         got = ds.window(i)
         assert got.shape == (48, 2) and got.dtype == ds.dtype
+        np.testing.assert_array_equal(got, as_read(iq[i * 20 : i * 20 + 48], datatype))
+        if datatype.startswith("cu32"):
+            continue  # sigmf rounds u32 to float32 before taking the offset off: not exact
         ref = _sigmf_read(meta, i * 20, 48) - offset
         np.testing.assert_array_equal(got.astype(np.float64), ref.astype(np.float64))
-        np.testing.assert_array_equal(got, iq[i * 20 : i * 20 + 48].astype(np.float64) - offset)
 
 
 def test_windows_enumerate_recordings_in_sorted_order(make_recording, tmp_path):
@@ -287,14 +290,13 @@ def _raw_meta(path, **global_fields):
     [
         ({"core:datatype": "rf32_le"}, "core:datatype"),
         ({"core:datatype": "ri16_le"}, "core:datatype"),
-        ({"core:datatype": "cf64_le"}, "core:datatype"),
-        ({"core:datatype": "cu16_le"}, "core:datatype"),
+        ({"core:datatype": "cf128"}, "core:datatype"),
         ({"core:num_channels": 2}, "core:num_channels"),
-        ({"core:offset": 10}, "core:offset"),
-        ({"core:trailing_bytes": 8}, "core:trailing_bytes"),
+        ({"core:offset": -1}, "core:offset"),
+        ({"core:trailing_bytes": 80}, "core:trailing_bytes"),
     ],
 )
-def test_unsupported_metadata_is_rejected_naming_file_and_field(tmp_path, fields, field):
+def test_unreadable_metadata_is_refused_naming_file_and_field(tmp_path, fields, field):
     meta = _raw_meta(tmp_path / "x.sigmf-meta", **fields)
     (tmp_path / "x.sigmf-data").write_bytes(bytes(64))
     with pytest.raises(DataError) as err:
@@ -302,20 +304,27 @@ def test_unsupported_metadata_is_rejected_naming_file_and_field(tmp_path, fields
     assert str(meta) in str(err.value) and field in str(err.value)
 
 
-def test_header_bytes_rejected(tmp_path):
+def test_header_and_trailing_bytes_and_the_offset_are_honoured(tmp_path):
     meta = tmp_path / "x.sigmf-meta"
     meta.write_text(
         json.dumps(
             {
-                "global": {"core:datatype": "ci16_le", "core:version": "1.2.0"},
-                "captures": [{"core:sample_start": 0, "core:header_bytes": 44}],
+                "global": {
+                    "core:datatype": "ci16_le",
+                    "core:version": "1.2.0",
+                    "core:offset": 1000,
+                    "core:trailing_bytes": 6,
+                },
+                "captures": [{"core:sample_start": 1000, "core:header_bytes": 44}],
                 "annotations": [],
             }
         )
     )
-    (tmp_path / "x.sigmf-data").write_bytes(bytes(64))
-    with pytest.raises(DataError, match="header_bytes"):
-        IQDataset([meta], window=4)
+    iq = np.arange(32, dtype="<i2").reshape(16, 2)
+    (tmp_path / "x.sigmf-data").write_bytes(b"h" * 44 + iq.tobytes() + b"t" * 6)
+    ds = IQDataset([meta], window=4)
+    assert ds.num_windows == 4 and ds.recordings[0].segments == ((1000, 16),)
+    np.testing.assert_array_equal(ds.windows(np.arange(4)).reshape(16, 2), iq)
 
 
 def test_partial_sample_length_rejected(tmp_path):
@@ -421,8 +430,7 @@ def test_two_captures_are_windowed_separately(tmp_path):
     ]
     meta = _write_captures(tmp_path, "retune", _ramp(2500), "ci16_le", captures)
     ds = IQDataset([meta], window=128)
-    assert ds.recordings[0].capture_starts == (0, 1000)
-    assert ds.recordings[0].segments == [(0, 1000), (1000, 1500)]
+    assert ds.recordings[0].segments == ((0, 1000), (1000, 1500))
     # 7 windows in the first capture, 11 in the second; straight across would be 19, with
     # window 7 (samples 896..1024) mixing both frequencies.
     assert ds.num_windows == 7 + 11
@@ -455,7 +463,7 @@ def test_every_window_of_a_multi_capture_file_equals_sigmf_per_capture(tmp_path,
 def test_no_window_crosses_a_capture_boundary(tmp_path):
     # First capture at 100: samples 0..100 are a leading segment of their own.
     bounds = [0, 100, 450, 470, 1200, 2047, 3000]
-    captures = [(s, {}) for s in bounds[1:-1]]
+    captures = [(s, {"core:frequency": 1e8 * (i + 1)}) for i, s in enumerate(bounds[1:-1])]
     meta = _write_captures(tmp_path, "many", _ramp(3000), "ci16_le", captures)
     other = _write_captures(tmp_path, "plain", _ramp(500), "ci16_le", [(0, {})])
     for window, stride in [(64, 64), (64, 7), (100, 100), (5, 1)]:
@@ -489,13 +497,11 @@ def _meta_with_captures(path, captures, datatype="ci16_le"):
 @pytest.mark.parametrize(
     ("starts", "bad"),
     [
-        ([0, 10, 10], 2),  # not strictly increasing
-        ([0, 10, 5], 2),
+        ([0, 10, 5], 2),  # not sorted
         ([0, -3], 1),
         ([0, 1.5], 1),
         ([0, "8"], 1),
         ([True], 0),
-        ([0, 17], 1),  # beyond the 16 samples of the data (16 itself is allowed: see below)
     ],
 )
 def test_bad_capture_starts_name_file_and_field(tmp_path, starts, bad):
@@ -509,14 +515,28 @@ def test_bad_capture_starts_name_file_and_field(tmp_path, starts, bad):
     assert f"captures[{bad}].core:sample_start" in str(err.value)
 
 
-def test_a_capture_at_the_end_of_the_data_is_empty(tmp_path):
-    meta = _meta_with_captures(
-        tmp_path / "x.sigmf-meta", [{"core:sample_start": 0}, {"core:sample_start": 16}]
-    )
+def test_captures_at_or_past_the_end_are_ignored_and_equal_starts_leave_one_empty(tmp_path):
+    caps = [{"core:sample_start": s, "core:frequency": f} for s, f in ((0, 1), (8, 2), (8, 3))]
+    caps += [{"core:sample_start": 16}, {"core:sample_start": 17}]
+    meta = _meta_with_captures(tmp_path / "x.sigmf-meta", caps)
     (tmp_path / "x.sigmf-data").write_bytes(bytes(4 * 16))
     ds = IQDataset([meta], window=4)
-    assert ds.recordings[0].segments == [(0, 16), (16, 0)]
+    assert ds.recordings[0].segments == ((0, 8), (8, 0), (8, 8))
     assert ds.num_windows == 4
+    assert [f for _, f, _ in ds.notes] == [
+        "captures[3].core:sample_start",
+        "captures[4].core:sample_start",
+    ]
+
+
+def test_captures_that_only_continue_each_other_are_one_segment(tmp_path):
+    # What a recorder writes at every buffer (GNU Radio's sink, a tag per block): only the
+    # start and a global index that continues. A window runs across them.
+    captures = [(s, {"core:frequency": 915e6, "core:global_index": 5000 + s}) for s in (0, 100)]
+    meta = _write_captures(tmp_path, "cont", _ramp(300), "ci16_le", captures)
+    ds = IQDataset([meta], window=128, stride=64)
+    assert ds.recordings[0].segments == ((0, 300),)
+    np.testing.assert_array_equal(ds.window(1)[:, 0], np.arange(64, 192))
 
 
 def test_recordings_without_a_window_are_listed(tmp_path):
@@ -524,12 +544,13 @@ def test_recordings_without_a_window_are_listed(tmp_path):
     _write_captures(rec, "a_long", _ramp(1000), "ci16_le", [(0, {})])
     _write_captures(rec, "b_short", _ramp(50), "ci16_le", [(0, {})])
     # 300 samples, but every capture segment is shorter than the window.
-    _write_captures(rec, "c_chopped", _ramp(300), "ci16_le", [(s, {}) for s in (0, 80, 160, 240)])
+    chopped = [(s, {"core:frequency": 1e6 * s}) for s in (0, 80, 160, 240)]
+    _write_captures(rec, "c_chopped", _ramp(300), "ci16_le", chopped)
     (rec / "d_empty.sigmf-data").write_bytes(b"")  # the sigmf package cannot write this one
     _meta_with_captures(rec / "d_empty.sigmf-meta", [{"core:sample_start": 0}])
     ds = IQDataset(str(rec / "*.sigmf-meta"), window=100)
-    data = {r.meta_path.stem: os.fspath(r.data_path) for r in ds.recordings}
-    assert ds.skipped == [(data["b_short"], 50), (data["c_chopped"], 300), (data["d_empty"], 0)]
+    meta = {r.meta_path.stem: os.fspath(r.meta_path) for r in ds.recordings}
+    assert ds.skipped == [(meta["b_short"], 50), (meta["c_chopped"], 300), (meta["d_empty"], 0)]
     assert ds.num_windows == 10
     with pytest.raises(DataError, match="shorter than the window"):
         IQDataset(str(rec / "[bcd]*.sigmf-meta"), window=100)
@@ -1034,8 +1055,9 @@ def test_mapped_rows_into_a_destination_at_any_distance_from_the_page(make_recor
 
 
 def _pinned_set(directory):
-    """Three ci8 recordings: whole-file sampling, block sampling (> 64 KiB), two segments; one
-    directory name that sorts differently as a string ("b-c" < "b/") than as a path."""
+    """Three ci8 recordings: whole-file sampling, block sampling (> 64 KiB), two segments (each
+    capture tuned elsewhere); one directory name that sorts differently as a string ("b-c" <
+    "b/") than as a path."""
     layout = (("b-c/x", 4000, [0]), ("b/x", 70_000, [0]), ("b/y", 8000, [0, 500]))
     for name, nbytes, starts in layout:
         path = directory / name
@@ -1043,7 +1065,10 @@ def _pinned_set(directory):
         Path(f"{path}.sigmf-data").write_bytes((np.arange(nbytes) % 251).astype(np.uint8).tobytes())
         meta = {
             "global": {"core:datatype": "ci8", "core:version": "1.2.0"},
-            "captures": [{"core:sample_start": s} for s in starts],
+            "captures": [
+                {"core:sample_start": s, "core:frequency": 1e8 * (i + 1)}
+                for i, s in enumerate(starts)
+            ],
             "annotations": [],
         }
         Path(f"{path}.sigmf-meta").write_text(json.dumps(meta))
@@ -1051,21 +1076,21 @@ def _pinned_set(directory):
 
 
 def test_the_fingerprint_and_the_order_are_pinned(tmp_path):
-    # Computed by the opening before it was made to grow gently (per-directory resolution, the
-    # compiled schema check, descriptor reads): resumes of existing checkpoints depend on it.
+    # Computed by the opening before it read archives, offsets and header bytes (and, before
+    # that, before it was made to grow gently): resumes of existing checkpoints depend on it.
     ds = IQDataset(_pinned_set(tmp_path), window=16)
     assert [os.fspath(r.meta_path.relative_to(tmp_path)) for r in ds.recordings] == [
         "b/x.sigmf-meta",
         "b/y.sigmf-meta",
         "b-c/x.sigmf-meta",
     ]
-    assert ds.fingerprint == "a3836c2254d8e9639b75ae5780159f3bb0992a2593e0e17d72d8d9db62f5a233"
+    assert ds.fingerprint == "7aefff6feedf891aebe1d7cd08cd67a8150572ff08d326a284dbfef05fd1578a"
 
 
 def test_sorted_paths_are_path_order():
     import random
 
-    from iqtrain.data.dataset import _sorted_as_paths
+    from iqtrain.data.sigmf.inputs import sorted_as_paths as _sorted_as_paths
 
     parts = ["b", "b-c", "b.c", "b0", "B", "a b", "é", "b_", "bb", "~"]
     rng = random.Random(1)
@@ -1074,7 +1099,11 @@ def test_sorted_paths_are_path_order():
 
 
 def test_paths_resolve_through_linked_directories_and_files(tmp_path):
-    from iqtrain.data.dataset import _expand
+    from iqtrain.data.sigmf import expand
+
+    def _expand(paths):
+        found = expand(paths)
+        return [s.meta for s in found.sources], found.links
 
     real = tmp_path / "real"
     for name in ("a", "b"):
@@ -1092,34 +1121,55 @@ def test_paths_resolve_through_linked_directories_and_files(tmp_path):
         _expand([os.fspath(tmp_path / "files" / "*.sigmf-meta")])
 
 
-def test_the_first_bad_file_in_sorted_order_is_the_one_named(tmp_path, monkeypatch):
+def test_every_bad_recording_is_named_at_once_or_skipped_on_request(tmp_path, monkeypatch):
     import iqtrain.data.dataset as dataset
+    from iqtrain.errors import RecordingsRefused
 
     for name in ("a", "b", "c", "d", "e"):
         _vector_recording(tmp_path, name, 64)
     (tmp_path / "d.sigmf-meta").write_text("{not json")
     (tmp_path / "e.sigmf-data").unlink()
-    pattern = os.fspath(tmp_path / "*.sigmf-meta")
-    with pytest.raises(DataError, match=r"/d\.sigmf-meta: not valid JSON"):
-        IQDataset(pattern, window=4)
     _meta_with_captures(tmp_path / "c.sigmf-meta", [{"core:sample_start": -1}], "ci8")
-    with pytest.raises(DataError, match=r"/c\.sigmf-meta: captures\[0\]\.core:sample_start"):
-        IQDataset(pattern, window=4)
-
-    # A data file that cannot be sampled for the fingerprint is named once every file has
-    # parsed (an earlier file's metadata error still comes first) and the native open passed.
     real = dataset._sampled_digest
 
-    def unreadable_b(path, nbytes):
+    def unreadable_b(path, base, nbytes):
         if Path(path).name == "b.sigmf-data":
             raise PermissionError(13, "Permission denied")
-        return real(path, nbytes)
+        return real(path, base, nbytes)
 
     monkeypatch.setattr(dataset, "_sampled_digest", unreadable_b)
-    with pytest.raises(DataError, match=r"/c\.sigmf-meta: captures"):
+    pattern = os.fspath(tmp_path / "*.sigmf-meta")
+    with pytest.raises(RecordingsRefused) as err:
         IQDataset(pattern, window=4)
-    with pytest.raises(DataError, match=r"/b\.sigmf-data: data file: cannot be read \(Perm"):
-        IQDataset(os.fspath(tmp_path / "[ab].sigmf-meta"), window=4)
+    lines = str(err.value).splitlines()
+    assert lines[0] == "4 of 5 recording(s) cannot be read:"
+    assert re.search(r"/b\.sigmf-data: data file: cannot be read \(Perm", lines[1])
+    assert re.search(r"/c\.sigmf-meta: captures\[0\]\.core:sample_start", lines[2])
+    assert re.search(r"/d\.sigmf-meta: not valid JSON", lines[3])
+    assert re.search(r"/e\.sigmf-data: data file missing", lines[4])
+    assert err.value.exit_code == 2
+    ds = IQDataset(pattern, window=4, skip_invalid=True)
+    assert [r.meta_path.name for r in ds.recordings] == ["a.sigmf-meta"]
+    assert [Path(p).name for p, _ in ds.refused] == [f"{n}.sigmf-meta" for n in "bcde"]
+    with pytest.raises(RecordingsRefused, match="3 of 3"):
+        IQDataset(os.fspath(tmp_path / "[cde].sigmf-meta"), window=4, skip_invalid=True)
+
+
+def test_a_refusal_lists_the_first_twenty_and_counts_the_rest(tmp_path):
+    from iqtrain.errors import RecordingsRefused
+
+    for i in range(25):
+        (tmp_path / f"r{i:02d}.sigmf-meta").write_text("[]")
+    with pytest.raises(RecordingsRefused) as err:
+        IQDataset(os.fspath(tmp_path / "*.sigmf-meta"), window=4)
+    lines = str(err.value).splitlines()
+    assert len(lines) == 22 and lines[-1] == "  ... and 5 more"
+    assert "r00.sigmf-meta: global: missing or not an object" in lines[1]
+    said = err.value.context("data.train", "data.skip_invalid = true trains on the others")
+    assert str(said).splitlines()[0] == (
+        "data.train: 25 of 25 recording(s) cannot be read (data.skip_invalid = true trains on "
+        "the others):"
+    )
 
 
 def test_the_hard_open_file_limit_is_raised_where_the_process_may(monkeypatch):

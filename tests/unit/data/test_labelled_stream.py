@@ -44,13 +44,42 @@ def test_the_label_key_picks_the_field_and_integer_values_are_class_names(tmp_pa
         fields=[{"x:mod": 3}, {"x:mod": 10}, {}, {"x:mod": 3}],
     )
     ls = labelled_windows(os.fspath(meta), W, key="x:mod")
-    assert ls.classes == ("10", "3") and ls.labels.tolist() == [1, 1, 0, 0, 1, 1]
+    # Integer classes sort as numbers.
+    assert ls.classes == ("3", "10") and ls.labels.tolist() == [0, 0, 1, 1, 0, 0]
     doc = json.loads(meta.read_text())
-    for bad in ([1], True, 1.5, None, " ", "a\nb", "a\x00"):
+    for bad, why in (([1], "not a class name"), (True, "not a class name"),
+                     (1.5, "not a class name"), ("a\nb", "control character"),
+                     ("a\x00", "control character")):  # fmt: skip
         doc["annotations"][0]["x:mod"] = bad
         meta.write_text(json.dumps(doc))
-        with pytest.raises(DataError, match=r"annotations\[0\] x:mod is .*, not a class name"):
+        with pytest.raises(DataError, match=rf"annotations\[0\] x:mod is .*{why}"):
             labelled_windows(os.fspath(meta), W, key="x:mod")
+    # null and blank strings: unlabelled, and said so.
+    for blank in (None, "", "  "):
+        doc["annotations"][0]["x:mod"] = blank
+        meta.write_text(json.dumps(doc))
+        ls = labelled_windows(os.fspath(meta), W, key="x:mod")
+        assert ls.num_annotations == 2
+        assert (ls.blank is None) == (blank is None)
+    # The integer 3 and the string "3" are one class written two ways: refused, both named.
+    doc["annotations"][0]["x:mod"] = "3"
+    meta.write_text(json.dumps(doc))
+    with pytest.raises(DataError, match=r"annotations\[3\] x:mod is 3, but .*annotations\[0\]"):
+        labelled_windows(os.fspath(meta), W, key="x:mod")
+
+
+def test_a_label_key_may_be_a_path_into_an_annotations_objects(tmp_path):
+    signal = [{"signal:detail": {"mod_class": m, "type": "digital"}} for m in ("qam", "psk")]
+    meta = write_bursts(tmp_path, "a", ["p", "q"], W, fields=signal)
+    ls = labelled_windows(os.fspath(meta), W, key="signal:detail.mod_class")
+    assert ls.classes == ("psk", "qam") and ls.labels.tolist() == [1, 1, 0, 0]
+    # A path that does not resolve leaves the annotation unlabelled.
+    with pytest.raises(DataError, match="no labelled window"):
+        labelled_windows(os.fspath(meta), W, key="signal:detail.standard")
+    # A field whose own name holds the dot is read first.
+    fields = [{"x:a.b": "one"}, {"x:a.b": "two"}]
+    meta = write_bursts(tmp_path, "b", ["p", "q"], W, fields=fields)
+    assert labelled_windows(os.fspath(meta), W, key="x:a.b").classes == ("one", "two")
 
 
 def _data(tmp_path, **kw) -> DataConfig:
@@ -75,8 +104,8 @@ def test_validation_is_numbered_by_the_training_classes(tmp_path):
 @pytest.mark.parametrize(
     ("train", "val", "message"),
     [
-        (["a", "a"], ["a"], r"data.train: .*every labelled window is 'a'; at least 2 classes"),
-        (["a", "b"], ["a", "z"], r"data.val: .*v.sigmf-meta: annotations\[1\]: class 'z' is not"),
+        (["a", "a"], ["a"], r"data.train: .*every labelled window is a; at least 2 classes"),
+        (["a", "b"], ["a", "z"], r"data.val: .*v.sigmf-meta: annotations\[1\]: class z is not"),
         ([None, None], ["a"], r"data.train: .*no labelled window"),
     ],
 )

@@ -187,11 +187,17 @@ def test_refusals_name_the_attempt_the_annotation_and_the_window(tmp_path):
     meta = json.loads(Path(bad).read_text())
     meta["annotations"][0]["x:class"] = 1.5
     Path(bad).write_text(json.dumps(meta))
-    # A label value that is no class name is no class of the model: predicted, not scored.
+    # A label value that is no class name is refused as every command refuses it.
+    for per in ("annotation", "window"):
+        with pytest.raises(DataError, match=r"bad.sigmf-meta: annotations\[0\] x:class is 1.5"):
+            predict_recordings(_fake(key="x:class"), [bad], per=per)
+    # A class the model does not know is predicted, not scored.
+    meta["annotations"][0]["x:class"] = "zz"
+    Path(bad).write_text(json.dumps(meta))
     for per in ("annotation", "window"):
         pred = predict_recordings(_fake(key="x:class"), [bad], per=per)
-        assert pred.unknown == {"1.5": 1 if per == "annotation" else 2}, pred.unknown
-        assert pred.scores.labelled == 0 and {r.label for r in pred.rows} - {None} == {"1.5"}
+        assert pred.unknown == {"zz": 1 if per == "annotation" else 2}, pred.unknown
+        assert pred.scores.labelled == 0 and {r.label for r in pred.rows} - {None} == {"zz"}
 
 
 def test_the_text_is_a_header_the_table_accuracy_per_class_and_the_confusion_matrix():

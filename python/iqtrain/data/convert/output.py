@@ -114,7 +114,12 @@ def _recording_meta(kind: Kind, first: int, batch: Batch, data: bytes) -> SigMFF
                 # iqtrain:snr_db and iqtrain:source_row: sigmf wants the namespace declared.
                 "core:extensions": extensions(),
             },
-            "captures": [{"core:sample_start": start} for start in starts],
+            # Each capture names its example: captures that differ only in their start are one
+            # segment to a SigMF reader (docs/design.md 1.2), and examples must not run together.
+            "captures": [
+                {"core:sample_start": start, "iqtrain:source_row": row}
+                for start, row in zip(starts, batch.rows.tolist(), strict=True)
+            ],
             "annotations": annotations,
         }
     )

@@ -9,7 +9,7 @@ import numpy as np
 import sigmf
 
 from iqtrain.data.convert import convert_radioml2016, output
-from iqtrain.data.sigmf_meta import read_recording
+from iqtrain.data.sigmf import read_recording
 
 
 def test_rml2016_recordings_are_capped_and_hold_whole_examples(

@@ -1,4 +1,5 @@
-"""The SigMF metadata check: the same verdict and message as the sigmf package's own, faster."""
+"""The SigMF schema check: the same verdict and message as the sigmf package's own, faster; and
+every violation listed, with its field, for the reader to sort into refusals and notes."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ import warnings
 
 import pytest
 
-from iqtrain.data.sigmf_meta import (
+from iqtrain.data.sigmf.schema import (
     _compile,
     _compiled_check,
     _schema_validator,
     _Unsupported,
+    schema_problems,
     validate_metadata,
 )
 
@@ -181,10 +183,28 @@ def test_a_keyword_that_is_not_compiled_leaves_every_file_to_jsonschema():
 
 
 def test_a_file_the_compiled_check_fails_gets_jsonschemas_message(monkeypatch):
-    import iqtrain.data.sigmf_meta as sigmf_meta
+    import iqtrain.data.sigmf.schema as schema
 
     # Whatever the compiled check says, the verdict and message are jsonschema's.
-    monkeypatch.setattr(sigmf_meta, "_compiled_check", lambda: lambda md: False)
+    monkeypatch.setattr(schema, "_compiled_check", lambda: lambda md: False)
     assert _verdict(validate_metadata, VALID) is None
     for case, md in CASES.items():
         assert _verdict(validate_metadata, md) == _verdict(_sigmfs_own, md), case
+
+
+def test_every_violation_is_listed_with_its_field():
+    md = _edit(("global", "core:version"), "1.0")
+    md["captures"][0]["core:datetime"] = 12345
+    del md["annotations"]
+    found = dict(schema_problems(md))
+    assert set(found) == {("global", "core:version"), ("captures", 0, "core:datetime"), ()}
+    assert "'annotations' is a required property" in found[()]
+    assert schema_problems(VALID) == []
+
+
+def test_the_listing_stops_at_its_cap():
+    from iqtrain.data.sigmf.schema import MAX_PROBLEMS
+
+    md = copy.deepcopy(VALID)
+    md["annotations"] = [{"core:sample_start": 0, "core:label": 7}] * (2 * MAX_PROBLEMS)
+    assert len(schema_problems(md)) == MAX_PROBLEMS
