@@ -14,11 +14,17 @@ readers. The few fields of the components that torch-free readers need (the best
 the stale-validation count, the best validation accuracy of a "classify" lineage, the world
 size that wrote the shards) have typed accessors below, checked when they are read. Format:
 docs/design.md section 6. Imports no torch.
+
+``sample_rate`` (the rate the lineage's data was recorded at, Hz; null when the recordings have
+none, or several with ``data.sample_rate = "any"``) is written in every state since it was
+recorded; a state written before has none, read as :data:`RATE_UNKNOWN`.
 """
 
 from __future__ import annotations
 
+import enum
 import json
+import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -32,8 +38,10 @@ __all__ = [
     "INIT_KEYS",
     "LOOP_DEFAULTS",
     "LOOP_FIELDS",
+    "RATE_UNKNOWN",
     "STATE_VERSION",
     "CheckpointState",
+    "UnknownRate",
     "classes_problem",
     "sort_classes",
     "init_record_problem",
@@ -41,7 +49,9 @@ __all__ = [
     "read_json_object",
     "recorded_bindings",
     "recorded_classes",
+    "recorded_sample_rate",
     "recorded_step",
+    "sample_rate_problem",
 ]
 
 #: The only version this iqtrain writes and reads. 3: ``rng`` holds every rank's generators
@@ -72,6 +82,17 @@ _DATA_GROUPS = ("train", "val", "train_meta", "val_meta")
 #: object in state.json, attempt.json and the manifest, and its JSON types.
 INIT_KEYS = {"attempt": str, "checkpoint": str, "step": int, "model_sha256": str}
 _CHECKPOINT = re.compile(r"step_[0-9]{8}")
+
+
+class UnknownRate(enum.Enum):
+    """The sample rate of a state.json written before states recorded one."""
+
+    RATE = "unknown"
+
+
+#: :attr:`CheckpointState.sample_rate` of a state written before the key was: unknown (not
+#: null, which says the recordings have no one rate).
+RATE_UNKNOWN = UnknownRate.RATE
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -91,6 +112,22 @@ def init_record_problem(init: Any) -> str | None:
         return f"init.checkpoint {name!r:.40} is not the checkpoint of step {step}"
     if not _SHA256.fullmatch(init["model_sha256"]):
         return f"init.model_sha256 {init['model_sha256']!r:.80} is not a SHA-256"
+    return None
+
+
+def sample_rate_problem(rate: Any) -> str | None:
+    """What is wrong with a recorded ``sample_rate`` (None: nothing): null, or a positive
+    finite number of Hz (a bool is not a number)."""
+    if rate is None:
+        return None
+    if isinstance(rate, bool) or not isinstance(rate, int | float):
+        return f"sample_rate is {rate!r:.100}, not a number or null"
+    try:
+        value = float(rate)
+    except OverflowError:  # an integer too large for a float is no rate either
+        value = math.inf
+    if not 0 < value < math.inf:
+        return f"sample_rate is {rate!r:.100}, not a positive finite rate in Hz"
     return None
 
 
@@ -165,6 +202,10 @@ class CheckpointState:
     #: ``model.objective = "classify"``: the sorted class names, the head's output order;
     #: None for the other objectives.
     classes: list[str] | None = None
+    #: The sample rate (Hz) of the recordings the lineage trains on (``data.sample_rate``'s
+    #: answer, docs/design.md 1.2); None: none recorded, or several (``"any"``);
+    #: :data:`RATE_UNKNOWN`: a state written before states recorded it (no key).
+    sample_rate: float | None | UnknownRate = RATE_UNKNOWN
 
     # ------------------------------------------------------------------ encoding
 
@@ -185,6 +226,8 @@ class CheckpointState:
             obj["init"] = self.init
         if self.classes is not None:  # "classify" only: other states are what they always were
             obj["classes"] = self.classes
+        if self.sample_rate is not RATE_UNKNOWN:  # null is written: it says something
+            obj["sample_rate"] = self.sample_rate
         return obj
 
     def encode(self) -> bytes:
@@ -223,6 +266,10 @@ class CheckpointState:
         problem = None if classes is None else classes_problem(classes)
         if problem is not None:
             raise CheckpointError(f"{path}: {problem}")
+        rate = obj.get("sample_rate", RATE_UNKNOWN)
+        problem = None if rate is RATE_UNKNOWN else sample_rate_problem(rate)
+        if problem is not None:
+            raise CheckpointError(f"{path}: {problem}")
         return cls(
             step=step,
             config_sha256=_want(obj, "config_sha256", str, path),
@@ -234,6 +281,7 @@ class CheckpointState:
             optimizer=optimizer,
             init=init,
             classes=classes,
+            sample_rate=rate if rate is RATE_UNKNOWN or rate is None else float(rate),
         )
 
     @classmethod
@@ -273,6 +321,12 @@ class CheckpointState:
         """The accuracy of the best validation of a "classify" lineage; None for the other
         objectives, before the first validation, and in states written before the key was."""
         return self._loop("best_val_accuracy")
+
+    @property
+    def known_rate(self) -> float | None:
+        """The recorded sample rate in Hz; None when there is none (null) or it is unknown (a
+        state written before states recorded it)."""
+        return None if self.sample_rate is RATE_UNKNOWN else self.sample_rate
 
     @property
     def world_size(self) -> int:
@@ -326,3 +380,10 @@ def recorded_classes(checkpoint: Path) -> Any:
     ``verify`` can compare a malformed one with attempt.json's; CheckpointError when the file
     is not a JSON object."""
     return read_json_object(Path(checkpoint) / "state.json").get("classes")
+
+
+def recorded_sample_rate(checkpoint: Path) -> Any:
+    """The ``sample_rate`` a checkpoint's state.json records, as written (:data:`RATE_UNKNOWN`
+    when absent), so ``verify`` can compare a malformed one with attempt.json's;
+    CheckpointError when the file is not a JSON object."""
+    return read_json_object(Path(checkpoint) / "state.json").get("sample_rate", RATE_UNKNOWN)

@@ -18,24 +18,47 @@ from typing import Any
 
 __all__ = [
     "add_embed_parser",
+    "add_read_flags",
     "add_predict_parser",
     "add_score_parser",
     "cmd_embed",
     "cmd_predict",
     "cmd_score",
+    "check_channel",
     "prediction_lines",
+    "read_options",
 ]
 
 _FROM_HELP = "latest, best or step_N (default best; a checkpoint directory names its own)"
+#: The annotation field embed and score read labels from without --label-key.
+DEFAULT_LABEL_KEY = "core:label"
 
 
 def _load(args: argparse.Namespace) -> Any:
     from iqtrain.pretrained.load import load_pretrained, source_ref
+    from iqtrain.pretrained.recordings import check_label_key
 
+    check_channel(args.channel)  # flags first: nothing is loaded for a bad one
+    check_label_key(args.label_key)
     source_ref(args.attempt, args.from_, name="--from")  # a bad --from is named as such
     return load_pretrained(
         args.attempt, which=args.from_, device=args.device, precision=args.precision
     )
+
+
+def check_channel(channel: int | None) -> None:
+    """``--channel``: an integer >= 0 (None: the model's ``data.channel``)."""
+    if channel is not None and channel < 0:
+        raise _usage(f"--channel: must be an integer >= 0, got {channel}")
+
+
+def read_options(args: argparse.Namespace, pre: Any) -> Any:
+    """How the command reads its recordings: ``--channel`` (default: the channel the model
+    trained on, ``data.channel``) and ``--skip-invalid``."""
+    from iqtrain.data.dataset import ReadOptions
+
+    channel = pre.config.data.channel if args.channel is None else args.channel
+    return ReadOptions(channel=channel, skip_invalid=args.skip_invalid)
 
 
 def cmd_embed(args: argparse.Namespace) -> int:
@@ -44,7 +67,15 @@ def cmd_embed(args: argparse.Namespace) -> int:
     out = Path(args.out)
     check_output(out, args.force)  # before the model or the data is read
     pre = _load(args)
-    emb = embed_recordings(pre, args.data, per=args.per, layer=args.layer)
+    emb = embed_recordings(
+        pre,
+        args.data,
+        per=args.per,
+        layer=args.layer,
+        key=args.label_key or DEFAULT_LABEL_KEY,
+        read=read_options(args, pre),
+        any_rate=args.any_rate,
+    )
     check_output(out, args.force)  # again: the work may have taken long
     write_embeddings(out, emb)
     labels = "" if emb.label is None else f", labels of {len(emb.classes)} classes"
@@ -61,16 +92,26 @@ def cmd_score(args: argparse.Namespace) -> int:
     if args.top is not None and args.top < 1:
         raise _usage(f"--top: must be >= 1, got {args.top}")
     pre = _load(args)
-    rows = score_recordings(pre, args.data, per=args.per)
+    table = score_recordings(
+        pre,
+        args.data,
+        per=args.per,
+        key=args.label_key or DEFAULT_LABEL_KEY,
+        read=read_options(args, pre),
+        any_rate=args.any_rate,
+    )
+    rows = table.rows
     shown = rows if args.top is None else rows[: args.top]
     unit = unit_of(pre)
+    # "(k of n)": with --per recording, n counts every recording read (a recording too
+    # short for a window has no score: a note named it).
     print(
         f"score of {pre.attempt} at {pre.checkpoint.name} (step {pre.step}): mean next-patch "
-        f"loss per {args.per}, {unit}, highest first ({len(shown)} of {len(rows)})"
+        f"loss per {args.per}, {unit}, highest first ({len(shown)} of {table.given})"
     )
     print(f"{'rank':>5}  {'score':>10}  {'windows':>7}  {'start':>10}  recording  label")
     for i, r in enumerate(shown, start=1):
-        label = "" if r.label is None else f"  {r.label}"
+        label = "" if r.label is None else f"  {_show(r.label)}"
         print(
             f"{i:>5}  {r.score:>10.5f}  {r.windows:>7}  {r.start:>10}  "
             f"{os.fspath(r.recording)}{label}"
@@ -91,7 +132,13 @@ def cmd_predict(args: argparse.Namespace) -> int:
         raise _usage(f"--stride: an integer >= 1, with --per annotation; got {args.stride}")
     pre = _load(args)
     pred = predict_recordings(  # a pretraining attempt is refused before any data is read
-        pre, args.data, per=args.per, stride=args.stride
+        pre,
+        args.data,
+        per=args.per,
+        stride=args.stride,
+        key=args.label_key,
+        read=read_options(args, pre),
+        any_rate=args.any_rate,
     )
     if pred.unknown:
         n = sum(pred.unknown.values())
@@ -113,6 +160,14 @@ def _rate(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.5f}"
 
 
+def _show(name: str) -> str:
+    """A class name as every command prints it (:func:`iqtrain.data.windows.show_class`,
+    imported when a command prints: ``--help`` reads no recording module)."""
+    from iqtrain.data.windows import show_class
+
+    return show_class(name)
+
+
 #: ``predict`` prints the confusion matrix of at most this many classes (``--json`` has all),
 #: and its table's name columns at most this wide.
 MAX_CONFUSION_CLASSES = 40
@@ -123,7 +178,8 @@ def prediction_lines(pred: Any, source: str, rows: int | None = None) -> list[st
     """The text ``iqtrain predict`` prints for ``pred`` (a
     :class:`~iqtrain.pretrained.recordings.Prediction`): a header, the table (the first
     ``rows`` rows; all when None), then, where a row's label is one of the model's classes,
-    accuracy, per-class accuracy and the confusion matrix (rows true, columns predicted)."""
+    accuracy, per-class accuracy and the confusion matrix (rows true, columns predicted).
+    Class names as :func:`~iqtrain.data.windows.show_class` prints them."""
     shown = pred.rows if rows is None else pred.rows[:rows]
     how = (
         "the class maximising the mean of its windows' log-probabilities, probability the "
@@ -135,20 +191,19 @@ def prediction_lines(pred: Any, source: str, rows: int | None = None) -> list[st
         f"predict of {source}: {len(pred.rows)} {pred.per}s ({how}); {len(pred.classes)} "
         f"classes; labels from {pred.label_key} ({len(shown)} of {len(pred.rows)} rows shown)"
     ]
+    names = [_show(c) for c in pred.classes]
+    labels = [_show(r.label) if r.label is not None else "-" for r in shown]
     # Columns as wide as the names shown, up to NAME_WIDTH (a longer name runs on).
-    width = min(
-        NAME_WIDTH,
-        max([9, *(len(c) for c in pred.classes), *(len(r.label or "") for r in shown)]),
-    )
+    width = min(NAME_WIDTH, max([9, *(len(c) for c in names), *(len(lab) for lab in labels)]))
     if shown:
         out.append(
             f"{'row':>5}  {'start':>10}  {'windows':>7}  {'predicted':<{width}}  "
             f"{'probability':>11}  {'label':<{width}}  recording"
         )
-    for i, r in enumerate(shown, start=1):
+    for i, (r, lab) in enumerate(zip(shown, labels, strict=True), start=1):
         out.append(
-            f"{i:>5}  {r.start:>10}  {r.windows:>7}  {r.predicted:<{width}}  "
-            f"{r.probability:>11.5f}  {r.label or '-':<{width}}  {os.fspath(r.recording)}"
+            f"{i:>5}  {r.start:>10}  {r.windows:>7}  {_show(r.predicted):<{width}}  "
+            f"{r.probability:>11.5f}  {lab:<{width}}  {os.fspath(r.recording)}"
         )
     s = pred.scores
     if not s.labelled:
@@ -157,21 +212,28 @@ def prediction_lines(pred: Any, source: str, rows: int | None = None) -> list[st
             "classes"
         )
         return out
+    return out + _accuracy_lines(pred, names)
+
+
+def _accuracy_lines(pred: Any, names: list[str]) -> list[str]:
+    """Accuracy, per-class accuracy and the confusion matrix of ``pred`` (``names``: its
+    classes as printed)."""
+    s = pred.scores
     windows = ""
     if pred.window_scores is not None:
         w = pred.window_scores
         windows = f"; each of their {w.labelled} windows alone {_rate(w.accuracy)}"
     hits = sum(s.confusion[k][k] for k in range(len(pred.classes)))
-    out.append(
+    out = [
         f"accuracy {_rate(s.accuracy)} ({hits} of {s.labelled} {pred.per}s with a known "
         f"label{windows})"
-    )
+    ]
     counts = [sum(row) for row in s.confusion]
     out.append(
         "class accuracy: "
         + ", ".join(
-            f"{c} {_rate(s.class_accuracy[c])} ({n})"
-            for c, n in zip(pred.classes, counts, strict=True)
+            f"{name} {_rate(s.class_accuracy[c])} ({n})"
+            for c, name, n in zip(pred.classes, names, counts, strict=True)
         )
     )
     if len(pred.classes) > MAX_CONFUSION_CLASSES:
@@ -181,10 +243,10 @@ def prediction_lines(pred: Any, source: str, rows: int | None = None) -> list[st
         )
         return out
     out.append("confusion (rows: true class, columns: predicted class):")
-    cw = max(5, *(len(c) for c in pred.classes), len(str(max(counts))))
-    out.append(" " * cw + "".join(f"  {c:>{cw}}" for c in pred.classes))
-    for c, row in zip(pred.classes, s.confusion, strict=True):
-        out.append(f"{c:>{cw}}" + "".join(f"  {v:>{cw}}" for v in row))
+    cw = max(5, *(len(c) for c in names), len(str(max(counts))))
+    out.append(" " * cw + "".join(f"  {c:>{cw}}" for c in names))
+    for name, row in zip(names, s.confusion, strict=True):
+        out.append(f"{name:>{cw}}" + "".join(f"  {v:>{cw}}" for v in row))
     return out
 
 
@@ -199,7 +261,30 @@ def _source_json(pre: Any) -> dict[str, Any]:
     return {"attempt": os.fspath(pre.attempt), "checkpoint": pre.checkpoint.name, "step": pre.step}
 
 
-def _common(sp: argparse.ArgumentParser) -> None:
+def add_read_flags(sp: argparse.ArgumentParser) -> None:
+    """``--channel``, ``--skip-invalid`` and ``--any-rate``: how a command that runs a model
+    reads its recordings (embed, score, predict, probe)."""
+    sp.add_argument(
+        "--channel",
+        type=int,
+        metavar="K",
+        default=None,
+        help="the channel read of multi-channel recordings (default: the model's data.channel)",
+    )
+    sp.add_argument(
+        "--skip-invalid",
+        action="store_true",
+        help="read past recordings that cannot be read (each is named in a note)",
+    )
+    sp.add_argument(
+        "--any-rate",
+        action="store_true",
+        help="read recordings at another sample rate than the model was trained at (or with "
+        "none recorded): refused without it, since a model sees samples, not seconds",
+    )
+
+
+def _common(sp: argparse.ArgumentParser, label_default: str = DEFAULT_LABEL_KEY) -> None:
     sp.add_argument("attempt", help="an attempt directory, or a checkpoint directory in one")
     sp.add_argument(
         "--data",
@@ -209,6 +294,14 @@ def _common(sp: argparse.ArgumentParser) -> None:
         help=".sigmf-meta files or glob patterns",
     )
     sp.add_argument("--from", dest="from_", default=None, help=_FROM_HELP)
+    sp.add_argument(
+        "--label-key",
+        metavar="KEY",
+        default=None,
+        help=f"the annotation field that names a class, or a path into one "
+        f"(signal:detail.mod_class); default: {label_default}",
+    )
+    add_read_flags(sp)
     sp.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
     sp.add_argument(
         "--precision",
@@ -282,7 +375,7 @@ def add_predict_parser(sub: Any) -> None:
         "(rows true, columns predicted) follow the table. Unlabelled recordings are fine: "
         "their rows have no label, and without annotations --per window still predicts.",
     )
-    _common(sp)
+    _common(sp, "the model's data.label_key, the field it trained on")
     sp.add_argument(
         "--per",
         choices=("annotation", "window"),

@@ -617,8 +617,8 @@ class ProbeConfig:
     ``probe`` records). ``every`` counts validations (0 = off); ``data`` are labelled SigMF
     recordings (paths or globs, resolved like data.train; empty = the validation recordings,
     or, with synthetic data and ``synthetic_annotations`` > 0, a generated labelled probe set
-    of that many annotations spread evenly over the classes). It reads the model and nothing
-    else: the training stream and RNG are untouched."""
+    of that many annotations spread evenly over the classes), labelled by ``label_key``. It
+    reads the model and nothing else: the training stream and RNG are untouched."""
 
     every: int = 0
     data: list[str] = field(default_factory=list)
@@ -634,6 +634,9 @@ class ProbeConfig:
     # With synthetic data and probe.data empty: a labelled probe set of this many annotations
     # (0 = probe the validation recordings).
     synthetic_annotations: int = 0
+    # The annotation field whose value is a window's class (a field name, or a path into its
+    # objects: "signal:detail.mod_class"), as data.label_key.
+    label_key: str = "core:label"
 
     def __post_init__(self) -> None:
         self.every = require_int("probe.every", self.every, minimum=0)
@@ -666,6 +669,8 @@ class ProbeConfig:
             for i, p in enumerate(require_str_list("probe.data", self.data))
         ]
         self.folds = require_int("probe.folds", self.folds, minimum=2)
+        if not require_str("probe.label_key", self.label_key).strip():
+            raise ConfigError("probe.label_key: must not be empty")
 
 
 #: A checkpoint's name as a user gives it (``step_300``, ``step_00000300``); ASCII digits only.

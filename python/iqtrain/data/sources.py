@@ -11,6 +11,7 @@ import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from iqtrain.config.schema import expand_path
 from iqtrain.config.sections import (
@@ -35,6 +36,7 @@ from iqtrain.storage import storage_error
 
 __all__ = [
     "PROBE_WINDOWS_PER_ANNOTATION",
+    "TrainVal",
     "ensure_synthetic",
     "ensure_synthetic_labelled",
     "ensure_synthetic_probe",
@@ -54,6 +56,25 @@ SKIP_HINT = "data.skip_invalid = true trains on the others"
 
 #: Windows in each burst of a synthetic probe set (its bursts are this many windows long).
 PROBE_WINDOWS_PER_ANNOTATION = 4
+
+_Set = TypeVar("_Set")
+
+
+class TrainVal(tuple[_Set, _Set]):
+    """The training and validation sets of ``[data]``, a ``(train, val)`` pair, with the one
+    sample rate of their recordings (``sample_rate``: :func:`check_sample_rates`' answer, the
+    rate a model trained on them is trained at; None when none is recorded, or with
+    ``data.sample_rate = "any"`` when they differ)."""
+
+    sample_rate: float | None
+
+    def __new__(cls, train: _Set, val: _Set, sample_rate: float | None) -> TrainVal[_Set]:
+        pair = super().__new__(cls, (train, val))
+        pair.sample_rate = sample_rate
+        return pair
+
+    def __getnewargs__(self) -> tuple[_Set, _Set, float | None]:
+        return self[0], self[1], self.sample_rate
 
 
 def _sha256_bytes(data: bytes) -> str:
@@ -164,13 +185,15 @@ def ensure_synthetic_labelled(s: SynthConfig, window: int) -> tuple[list[str], l
     return sets[0], sets[1]
 
 
-def open_labelled(d: DataConfig) -> tuple[LabelledSet, LabelledSet]:
+def open_labelled(d: DataConfig) -> TrainVal[LabelledSet]:
     """A fine-tune's data (``model.objective = "classify"``): the windows of ``data.window``
     samples inside the annotations carrying ``data.label_key``, on a grid of ``data.stride``
     from each annotation's start (docs/design.md 1.6). The training set's selected as a
     stream's dataset; the validation set's as well (every one once, in order), numbered by the
     training set's classes. No labelled window, one class, or a validation class the training
-    set lacks: one DataError line naming the file (exit 2)."""
+    set lacks: one DataError line naming the file (exit 2). Their sample rates are checked
+    against ``data.sample_rate`` (:func:`check_sample_rates`), the answer kept as
+    ``sample_rate``."""
     if d.is_synthetic and d.window * PROBE_WINDOWS_PER_ANNOTATION > d.synthetic.samples:
         raise ConfigError(
             f"data.seq_patches: a burst of {PROBE_WINDOWS_PER_ANNOTATION} windows of {d.window} "
@@ -203,8 +226,10 @@ def open_labelled(d: DataConfig) -> tuple[LabelledSet, LabelledSet]:
             raise type(exc)(f"{key}: {exc}") from None
         classes = ls.classes
         out.append(ls)
-    check_sample_rates(d.sample_rate, {"data.train": out[0].dataset, "data.val": out[1].dataset})
-    return out[0], out[1]
+    rate = check_sample_rates(
+        d.sample_rate, {"data.train": out[0].dataset, "data.val": out[1].dataset}
+    )
+    return TrainVal(out[0], out[1], rate)
 
 
 def probe_patterns(probe: ProbeConfig, d: DataConfig) -> list[str]:
@@ -241,9 +266,10 @@ def _generate(root: Path, key: str, write: Callable[[Path], None]) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def open_datasets(d: DataConfig) -> tuple[IQDataset, IQDataset]:
+def open_datasets(d: DataConfig) -> TrainVal[IQDataset]:
     """The train and validation datasets of ``[data]`` (synthetic when data.train is empty),
-    their sample rates checked against ``data.sample_rate`` (:func:`check_sample_rates`).
+    their sample rates checked against ``data.sample_rate`` (:func:`check_sample_rates`), the
+    answer kept as ``sample_rate``.
 
     The config's paths are absolute already (resolved when it was built).
     """
@@ -271,8 +297,8 @@ def open_datasets(d: DataConfig) -> tuple[IQDataset, IQDataset]:
         except RecordingsRefused as exc:
             raise exc.context(key, SKIP_HINT) from None
         out.append(ds)
-    check_sample_rates(d.sample_rate, {"data.train": out[0], "data.val": out[1]})
-    return out[0], out[1]
+    rate = check_sample_rates(d.sample_rate, {"data.train": out[0], "data.val": out[1]})
+    return TrainVal(out[0], out[1], rate)
 
 
 def format_rate(rate: float | None) -> str:

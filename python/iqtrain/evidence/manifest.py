@@ -31,6 +31,7 @@ from iqtrain.checkpoint.state import (
 from iqtrain.config.sections import monitored
 from iqtrain.errors import CheckpointError
 from iqtrain.evidence.attempts import utc_now
+from iqtrain.evidence.data_record import data_binding, manifest_data_problems
 from iqtrain.evidence.metrics import MetricCursor, read_metrics, verify_prefix
 from iqtrain.storage import file_digest, write_json_atomic
 
@@ -488,8 +489,8 @@ def verify_manifest(attempt: Path, manifest: Any, info: dict, problems: list[str
     ``problems``); :class:`ManifestError` when the manifest is not even shaped like one."""
     if not isinstance(manifest, dict):
         raise ManifestError("manifest.json: not a JSON object")
-    # Optional: written since early stopping, and since [init], exists.
-    keys = set(manifest) - {"stopped_early", "init"}
+    # Optional: written since early stopping, [init] and the data record exist.
+    keys = set(manifest) - {"stopped_early", "init", "data"}
     if keys != _MANIFEST_KEYS:
         extra, missing = keys - _MANIFEST_KEYS, _MANIFEST_KEYS - keys
         problems.append(
@@ -508,6 +509,7 @@ def verify_manifest(attempt: Path, manifest: Any, info: dict, problems: list[str
     _check_record(attempt, manifest, info, problems)
     if manifest.get("init") != info.get("init"):
         problems.append("manifest.json init: differs from attempt.json init")
+    problems.extend(manifest_data_problems(manifest, info))
     _check_end(attempt, manifest, info, latest_step, problems)
 
 
@@ -664,7 +666,9 @@ def publish_manifest(
     (``(checkpoint, validation loss[, validation accuracy])``: the accuracy of a "classify"
     attempt, written as ``val_accuracy`` when it is not None), why the attempt ended before its
     max_steps when early stopping ended it, and, as ``record`` (attempt.json) states them, the
-    parent a resume continues and the source of the lineage's first weights (``init``)."""
+    parent a resume continues, the source of the lineage's first weights (``init``) and, by
+    hash, the data record (``data``: the sample rate and the inputs read past,
+    :func:`~iqtrain.evidence.data_record.data_binding`)."""
     metrics_path = attempt / "metrics.jsonl"
     config_path = attempt / "config.toml"
     for p in (metrics_path, config_path):
@@ -687,4 +691,6 @@ def publish_manifest(
     }
     if record.get("init") is not None:  # only then: a manifest without one reads as before
         manifest["init"] = record["init"]
+    if record.get("data") is not None:  # every attempt since the record exists
+        manifest["data"] = data_binding(record["data"])
     write_json_atomic(attempt / "manifest.json", manifest)

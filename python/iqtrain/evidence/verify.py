@@ -17,6 +17,7 @@ from iqtrain.checkpoint.state import CheckpointState
 from iqtrain.config.schema import read_toml
 from iqtrain.data.identity import verify_data
 from iqtrain.errors import CheckpointError, ConfigError
+from iqtrain.evidence.data_record import data_problems
 from iqtrain.evidence.lock import attempt_status, read_attempt_info
 from iqtrain.evidence.manifest import (
     ManifestError,
@@ -108,6 +109,7 @@ def check_attempt(attempt: Path) -> AttemptCheck:
     check.problems += problems
     check.notes += notes
     check.problems += classes_problems(attempt, info)
+    check.problems += data_problems(attempt, info)
     check.problems = list(dict.fromkeys(check.problems))  # one line per problem
     return check
 

@@ -57,11 +57,19 @@ class InitSource:
     model_state: dict[str, torch.Tensor]
     #: A fine-tune from another head: only the trunk's weights are loaded.
     trunk_only: bool = False
+    #: The sample rate the source was trained at (its state.json ``sample_rate``); None when
+    #: its recordings had none or several, or its state predates the record.
+    sample_rate: float | None = None
+
+    @property
+    def checkpoint(self) -> Path:
+        """The source checkpoint's directory."""
+        return Path(self.record["attempt"], "checkpoints", self.record["checkpoint"])
 
     def load_into(self, model: NextPatchModel) -> None:
         """Every weight of ``model`` from the source (strict: the architectures matched), or
         with ``trunk_only`` every weight but the head's (the head keeps its initialisation)."""
-        path = Path(self.record["attempt"], "checkpoints", self.record["checkpoint"])
+        path = self.checkpoint
         if not self.trunk_only:
             load_weights(model, self.model_state, path / "model.safetensors")
             return
@@ -119,4 +127,4 @@ def load_init(
         "step": parent.state.step,
         "model_sha256": listed_sha256(parent.checkpoint),
     }
-    return InitSource(record, parent.model_state, trunk_only)
+    return InitSource(record, parent.model_state, trunk_only, parent.state.known_rate)

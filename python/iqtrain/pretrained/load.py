@@ -15,8 +15,11 @@ under ``fork_rng``), so a probe during training leaves the training stream untou
 from __future__ import annotations
 
 import contextlib
+import math
+import numbers
 import os
 import re
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +31,7 @@ import torch
 from iqtrain.checkpoint.files import listed_sha256
 from iqtrain.config.schema import Config, build_config
 from iqtrain.config.sections import STEP_NAME, DataConfig, ModelConfig, check_which
+from iqtrain.data.sources import format_rate
 from iqtrain.data.windows import FEATURE_BATCH
 from iqtrain.errors import CheckpointError, ConfigError, InputError
 from iqtrain.evidence.lineage import Parent, ParentRef, load_parent
@@ -40,6 +44,7 @@ __all__ = [
     "POOLS",
     "PRECISIONS",
     "Pretrained",
+    "SampleRateWarning",
     "load_pretrained",
     "load_weights",
     "nonfinite_rows",
@@ -128,6 +133,28 @@ def _device(device: str | torch.device) -> torch.device:
     return dev
 
 
+class SampleRateWarning(RuntimeWarning):
+    """Samples given to a :class:`Pretrained` at another sample rate than the model was
+    trained at (a model sees samples, not seconds: the same signal looks otherwise to it)."""
+
+
+def _check_rate(given: Any) -> float | None:
+    """A ``sample_rate=`` argument: None, or a positive finite number of Hz (ConfigError naming
+    it otherwise)."""
+    if given is None:
+        return None
+    number = isinstance(given, numbers.Real) and not isinstance(given, bool | np.bool_)
+    try:  # numpy's numbers too; an integer too large for a float is no rate
+        rate = float(given) if number else -1.0
+    except OverflowError:
+        rate = -1.0
+    if not 0 < rate < math.inf:
+        raise ConfigError(
+            f"sample_rate: expected a positive rate in Hz or None, got {given!r:.100}"
+        )
+    return rate
+
+
 #: ``precision=``: fp32 (the default: exactly the probe's features), bf16 (CUDA autocast), or
 #: auto (bf16 on CUDA where the model trained in bf16, else fp32).
 PRECISIONS = ("fp32", "bf16", "auto")
@@ -152,7 +179,12 @@ class Pretrained:
     ``model_sha256`` (of its ``model.safetensors``), ``precision`` (``bf16``: forwards under
     bf16 autocast on CUDA; features and losses are returned in fp32 either way), ``classes``
     (a "classify" model's class names, in the order of its outputs; None for a pretraining
-    model).
+    model), ``sample_rate`` (Hz: the one rate of the recordings it was trained on, its
+    state.json's; None when they had none, or several under ``data.sample_rate = "any"``, or
+    the checkpoint predates the record).
+
+    ``embed``, ``score`` and ``predict`` take the samples' ``sample_rate=`` (Hz): when it is
+    given, the model's is known and they differ, a :class:`SampleRateWarning` names both.
     """
 
     model: NextPatchModel
@@ -163,6 +195,7 @@ class Pretrained:
     model_sha256: str
     precision: str = "fp32"
     classes: tuple[str, ...] | None = None
+    sample_rate: float | None = None
 
     @property
     def window(self) -> int:
@@ -188,6 +221,23 @@ class Pretrained:
             "",
             self.precision,
             self.classes,
+            self.sample_rate,
+        )
+
+    def warn_rate(self, sample_rate: float | None, stacklevel: int = 2) -> None:
+        """A :class:`SampleRateWarning` naming both rates when ``sample_rate`` (Hz, of the
+        samples given) is not the model's (both known; within one part in 10**9); nothing
+        otherwise. ConfigError for a ``sample_rate`` that is not a positive rate."""
+        given = _check_rate(sample_rate)
+        if given is None or self.sample_rate is None:
+            return
+        if math.isclose(given, self.sample_rate, rel_tol=1e-9):
+            return
+        warnings.warn(
+            f"the model ({self.checkpoint}) was trained on recordings at "
+            f"{format_rate(self.sample_rate)}, these samples are at {format_rate(given)}",
+            SampleRateWarning,
+            stacklevel=stacklevel + 1,
         )
 
     # ------------------------------------------------------------------ inference
@@ -199,12 +249,15 @@ class Pretrained:
         layer: int | None = None,
         pool: str | None = "mean",
         batch_size: int = FEATURE_BATCH,
+        sample_rate: float | None = None,
     ) -> np.ndarray:
         """Hidden states of windows ``iq`` (:func:`~iqtrain.pretrained.inputs.as_windows`:
         complex ``[..., window]`` or real ``[..., window, 2]``), float32: ``[N, dim]`` mean-pooled
         over patches (``pool="mean"``: the probe's features) or ``[N, patches, dim]``
         (``pool=None``). ``layer`` numbers as ``probe --layer`` (0 the patch embeddings,
-        ``model.layers``, the default, the final hidden states)."""
+        ``model.layers``, the default, the final hidden states). ``sample_rate``: the samples'
+        rate in Hz (a :class:`SampleRateWarning` when it is not the model's)."""
+        self.warn_rate(sample_rate)
         if pool not in POOLS:
             raise ConfigError(f"pool: expected 'mean' or None, got {pool!r}")
         k = parse_layer(layer, self.config.model.layers, name="layer")
@@ -220,18 +273,26 @@ class Pretrained:
             )
         return out.numpy()
 
-    def score(self, iq: Any, *, batch_size: int = FEATURE_BATCH) -> np.ndarray:
+    def score(
+        self, iq: Any, *, batch_size: int = FEATURE_BATCH, sample_rate: float | None = None
+    ) -> np.ndarray:
         """``[N]`` float64: each window's mean next-patch loss under the model's objective, in
         the units validation records (categorical: nats per complex sample; mse: NMSE). A
         likelihood-based novelty score: the higher, the more surprising to the model. A
-        "classify" model predicts no next patch: ConfigError (use :meth:`predict`)."""
+        "classify" model predicts no next patch: ConfigError (use :meth:`predict`).
+        ``sample_rate``: as :meth:`embed`'s."""
+        self.warn_rate(sample_rate)
         return self.losses(_batches(iq, self.window, batch_size))
 
-    def predict(self, iq: Any, *, batch_size: int = FEATURE_BATCH) -> np.ndarray:
+    def predict(
+        self, iq: Any, *, batch_size: int = FEATURE_BATCH, sample_rate: float | None = None
+    ) -> np.ndarray:
         """``[N, classes]`` float64: each window's log-probability of each class (a "classify"
         model; columns in :attr:`classes` order), from the forward training validates with.
         ``self.classes[p.argmax(axis=1)]`` names the predicted classes. A pretraining model
-        (no classes) is a ConfigError; a window with non-finite samples an InputError."""
+        (no classes) is a ConfigError; a window with non-finite samples an InputError.
+        ``sample_rate``: as :meth:`embed`'s."""
+        self.warn_rate(sample_rate)
         if self.classes is None:
             raise ConfigError(
                 f"{self.attempt}: model.objective is {self.config.model.objective!r}: predict "
@@ -452,4 +513,5 @@ def load_pretrained(
         model_sha256=listed_sha256(parent.checkpoint),
         precision=_precision(precision, config.training.precision, dev),
         classes=None if parent.state.classes is None else tuple(parent.state.classes),
+        sample_rate=parent.state.known_rate,
     )

@@ -21,16 +21,31 @@ import json
 import os
 import stat
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from iqtrain.console import note
-from iqtrain.data.windows import FEATURE_BATCH, ClassRule, grid_windows, labelled_windows
-from iqtrain.errors import ConfigError, DataError, NoLabelledWindowError
+from iqtrain.data.dataset import IQDataset, ReadOptions, shown_path
+from iqtrain.data.sources import format_rate, report_notes, report_skipped
+from iqtrain.data.windows import (
+    FEATURE_BATCH,
+    ClassRule,
+    LabelledSet,
+    WindowGrid,
+    grid_windows,
+    labelled_windows,
+)
+from iqtrain.errors import (
+    ConfigError,
+    DataError,
+    NoLabelledWindowError,
+    RecordingsRefused,
+    WindowTooLongError,
+)
 from iqtrain.pretrained.load import Pretrained, nonfinite_rows, parse_layer
 from iqtrain.storage import write_bytes_atomic
 
@@ -44,12 +59,19 @@ __all__ = [
     "Prediction",
     "Scores",
     "ScoreRow",
+    "ScoreTable",
     "accuracy_scores",
+    "check_label_key",
     "check_output",
+    "check_rate",
     "embed_recordings",
     "mean_log_probs",
+    "model_rate",
     "predict_recordings",
     "predicted",
+    "report_blank",
+    "report_read",
+    "report_unused",
     "score_recordings",
     "unit_of",
     "write_embeddings",
@@ -61,6 +83,133 @@ SCORE_PER = ("recording", "annotation", "window")
 FORMAT = "iqtrain-embeddings-1"
 #: Seconds between progress notes on long work.
 PROGRESS_EVERY_S = 10.0
+#: How embed, score and predict name their data list, and what reads past what they refuse.
+DATA = "--data"
+SKIP_HINT = "--skip-invalid reads the others"
+ANY_RATE_HINT = "--any-rate reads them anyway"
+
+_T = TypeVar("_T")
+
+
+def model_rate(pre: Any) -> float | None:
+    """The sample rate ``pre`` was trained at, when it is known (else None)."""
+    rate = getattr(pre, "sample_rate", None)
+    return None if rate is None else float(rate)
+
+
+def check_rate(rate: float | None, ds: IQDataset, where: str, against: str, hint: str) -> None:
+    """A DataError, one line, when a recording of ``ds`` has another sample rate than ``rate``
+    (or none, when ``rate`` is one): ``where`` names the data list, ``against`` whose rate
+    ``rate`` is (``the model was trained at``), ``hint`` what reads them anyway. Nothing to
+    compare (``rate`` None) passes."""
+    if rate is None:
+        return
+    wrong: dict[float | None, list[Path]] = {}
+    for rec in ds.recordings:
+        if rec.sample_rate != rate:
+            wrong.setdefault(rec.sample_rate, []).append(rec.meta_path)
+    if not wrong:
+        return
+    listed = ", ".join(
+        f"{len(p)} recording(s) have {format_rate(r)} (e.g. {shown_path(p[0])})"
+        for r, p in sorted(wrong.items(), key=lambda kv: -len(kv[1]))
+    )
+    raise DataError(
+        f"{where}: {against} {format_rate(rate)}, but {listed}; a model sees samples, not "
+        f"seconds ({hint})"
+    )
+
+
+def check_label_key(key: str | None, name: str = "--label-key") -> None:
+    """A ConfigError naming ``name`` for an empty label key (None: the default, fine)."""
+    if key is not None and not key.strip():
+        raise ConfigError(f"{name}: must not be empty (a field, or a path: signal:detail.class)")
+
+
+def report_read(where: str, ds: IQDataset, window: int, skip: str = "--skip-invalid") -> None:
+    """The notes on data list ``where`` as ``run`` gives them (:func:`iqtrain.data.sources.
+    report_dataset`): what the reader tolerated, the inputs read past (``skip`` names the
+    setting that did) and the recordings that yield no window of ``window`` samples."""
+    report_notes(where, ds)
+    if ds.refused:
+        shown = "; ".join(line for _, line in ds.refused[:3])
+        more = f" (+{len(ds.refused) - 3} more)" if len(ds.refused) > 3 else ""
+        note(
+            f"{where}: {len(ds.refused)} input(s) cannot be read and are skipped ({skip}): "
+            f"{shown}{more}"
+        )
+    report_skipped(where, ds, window)
+
+
+def report_unused(where: str, ds: IQDataset, used: np.ndarray, window: int, inside: str) -> None:
+    """A note naming the recordings of ``ds`` that hold windows, but none that a row reads
+    (``used``: the recording index of every window read), e.g. none inside an annotation with
+    a label (``inside``: where the windows are cut); those without any window are
+    :func:`report_read`'s."""
+    short = {p for p, _ in ds.skipped}
+    seen = set(np.unique(used).tolist())
+    names = [
+        shown_path(r.meta_path)
+        for i, r in enumerate(ds.recordings)
+        if i not in seen and os.fspath(r.meta_path) not in short
+    ]
+    if names:
+        shown = ", ".join(names[:8]) + (f" (+{len(names) - 8} more)" if len(names) > 8 else "")
+        note(
+            f"{where}: {len(names)} recording(s) yield no window of {window} samples {inside}, "
+            f"skipped: {shown}"
+        )
+
+
+def report_blank(where: str, blank: str | None) -> None:
+    """The note on labels read as blank (``LabelledSet.blank``, ``WindowGrid.blank``), if any."""
+    if blank:
+        note(f"{where}: {blank}")
+
+
+def _opened(open_: Callable[[], _T]) -> _T:
+    """``open_()``, its refusal of recordings said of ``--data`` (with what reads the rest),
+    of too short recordings and of unlabelled ones too."""
+    try:
+        return open_()
+    except RecordingsRefused as exc:
+        raise exc.context(DATA, SKIP_HINT) from None
+    except WindowTooLongError as exc:
+        raise WindowTooLongError(f"{DATA}: {exc}") from None
+    except NoLabelledWindowError as exc:
+        raise NoLabelledWindowError(
+            f"{DATA} {exc}; --label-key names the field that holds the class"
+        ) from None
+
+
+def _checked(pre: Pretrained, ds: IQDataset, any_rate: bool, blank: str | None = None) -> None:
+    """What embed, score and predict check and say of the data before the model reads it: the
+    sample rates against the model's (unless ``any_rate``), then the reader's notes and the
+    labels read as blank."""
+    if not any_rate:
+        check_rate(model_rate(pre), ds, DATA, "the model was trained at", ANY_RATE_HINT)
+    report_read(DATA, ds, pre.window)
+    report_blank(DATA, blank)
+
+
+def _labelled(
+    pre: Pretrained, patterns: Sequence[str], key: str, read: ReadOptions | None, any_rate: bool
+) -> LabelledSet:
+    """The windows of every annotation labelled by ``key`` (one class is enough), checked and
+    noted; a recording without one is named."""
+    ls = _opened(lambda: labelled_windows(patterns, pre.window, min_classes=1, key=key, read=read))
+    _checked(pre, ls.dataset, any_rate, ls.blank)
+    report_unused(DATA, ls.dataset, ls.recordings, pre.window, f"inside an annotation with a {key}")
+    return ls
+
+
+def _grid(
+    pre: Pretrained, patterns: Sequence[str], key: str, read: ReadOptions | None, any_rate: bool
+) -> WindowGrid:
+    """Every window on a grid of one window (labelled by ``key``), checked and noted."""
+    grid = _opened(lambda: grid_windows(patterns, pre.window, key=key, read=read))
+    _checked(pre, grid.dataset, any_rate, grid.blank)
+    return grid
 
 
 def _progress(batches: Iterable[np.ndarray], total: int, what: str) -> Iterator[np.ndarray]:
@@ -113,28 +262,42 @@ def _source_meta(pre: Pretrained, per: str, layer: int) -> dict[str, str]:
 
 
 def _group_mean(values: np.ndarray, groups: np.ndarray, count: int) -> np.ndarray:
-    """Mean of ``values`` rows per group (``groups`` numbered 0..count-1), in float64."""
+    """Mean of ``values`` rows per group (``groups`` numbered 0..count-1), in float64 (NaN for
+    a group without a row: a recording too short for a window)."""
     sums = np.zeros((count, *values.shape[1:]), dtype=np.float64)
     np.add.at(sums, groups, values.astype(np.float64))
     n = np.bincount(groups, minlength=count).astype(np.float64)
-    return sums / n.reshape(-1, *([1] * (values.ndim - 1)))
+    n = n.reshape(-1, *([1] * (values.ndim - 1)))
+    return np.divide(sums, n, out=np.full_like(sums, np.nan), where=n > 0)
 
 
 def embed_recordings(
-    pre: Pretrained, patterns: Sequence[str], *, per: str = "window", layer: Any = None
+    pre: Pretrained,
+    patterns: Sequence[str],
+    *,
+    per: str = "window",
+    layer: Any = None,
+    key: str = "core:label",
+    read: ReadOptions | None = None,
+    any_rate: bool = False,
 ) -> Embeddings:
-    """Embeddings of ``patterns`` (mean-pooled over patches; ``layer`` as ``--layer``).
+    """Embeddings of ``patterns`` (mean-pooled over patches; ``layer`` as ``--layer``), read
+    with ``read`` (channel, skip_invalid), labelled by annotation field ``key`` (a path
+    too: :class:`~iqtrain.data.windows.ClassRule`).
 
     ``per="annotation"`` needs labelled annotations (a DataError naming the data otherwise).
-    A row with non-finite features is a DataError naming its recording and sample."""
+    Recordings at another sample rate than the model's (unless ``any_rate``) are a DataError
+    before the model reads them. A row with non-finite features is a DataError naming its
+    recording and sample."""
     if per not in EMBED_PER:
         raise ConfigError(f"--per: expected one of {', '.join(EMBED_PER)}, got {per!r}")
+    check_label_key(key)
     k = parse_layer(layer, pre.config.model.layers)
     if k == "all":
         raise ConfigError("--layer: embed writes one layer (an integer), not 'all'")
     layer_n = int(k)
     if per == "annotation":
-        ls = labelled_windows(patterns, pre.window, min_classes=1)
+        ls = _labelled(pre, patterns, key, read, any_rate)
         rows = _progress(ls.batches(FEATURE_BATCH), len(ls), "embed")
         feats = pre.features(rows, [layer_n])[layer_n].numpy()
         recs = tuple(r.meta_path for r in ls.dataset.recordings)
@@ -152,7 +315,7 @@ def embed_recordings(
             recordings=recs,
             meta=_source_meta(pre, per, layer_n),
         )
-    grid = grid_windows(patterns, pre.window)
+    grid = _grid(pre, patterns, key, read, any_rate)
     rows = _progress(grid.batches(FEATURE_BATCH), len(grid), "embed")
     feats = pre.features(rows, [layer_n])[layer_n].numpy()
     recs = tuple(r.meta_path for r in grid.dataset.recordings)
@@ -251,14 +414,34 @@ class ScoreRow:
         }
 
 
-def score_recordings(pre: Pretrained, patterns: Sequence[str], *, per: str) -> list[ScoreRow]:
+@dataclass(frozen=True)
+class ScoreTable:
+    """``score_recordings``' rows, highest first, and ``given``: what they are rows of
+    (``per="recording"``: every recording read, those too short for a window included; else
+    the rows themselves)."""
+
+    rows: list[ScoreRow]
+    given: int
+
+
+def score_recordings(
+    pre: Pretrained,
+    patterns: Sequence[str],
+    *,
+    per: str,
+    key: str = "core:label",
+    read: ReadOptions | None = None,
+    any_rate: bool = False,
+) -> ScoreTable:
     """Every row's score (the mean of its windows' :meth:`Pretrained.score`), highest first
-    (ties in data order). A window that cannot be scored (non-finite samples) is a DataError
-    naming its recording and sample."""
+    (ties in data order); labels by annotation field ``key``, recordings read with ``read``.
+    Recordings at another sample rate than the model's (unless ``any_rate``) and a window
+    that cannot be scored (non-finite samples) are DataErrors naming them."""
     if per not in SCORE_PER:
         raise ConfigError(f"--per: expected one of {', '.join(SCORE_PER)}, got {per!r}")
+    check_label_key(key)
     if per == "annotation":
-        ls = labelled_windows(patterns, pre.window, min_classes=1)
+        ls = _labelled(pre, patterns, key, read, any_rate)
         recs = tuple(r.meta_path for r in ls.dataset.recordings)
         scores = pre.losses(_progress(ls.batches(FEATURE_BATCH), len(ls), "score"))
         _check_rows(nonfinite_rows(scores), recs, ls.recordings, ls.starts)
@@ -277,12 +460,13 @@ def score_recordings(pre: Pretrained, patterns: Sequence[str], *, per: str) -> l
             for g in range(count)
         ]
     else:
-        grid = grid_windows(patterns, pre.window)
+        grid = _grid(pre, patterns, key, read, any_rate)
         recs = tuple(r.meta_path for r in grid.dataset.recordings)
         scores = pre.losses(_progress(grid.batches(FEATURE_BATCH), len(grid), "score"))
         _check_rows(nonfinite_rows(scores), recs, grid.recordings, grid.starts)
         rows = _grid_rows(grid, scores, recs, per)
-    return sorted(rows, key=lambda r: -r.score)
+    given = len(recs) if per == "recording" else len(rows)
+    return ScoreTable(sorted(rows, key=lambda r: -r.score), given)
 
 
 def _grid_rows(grid: Any, scores: np.ndarray, recs: Sequence[Path], per: str) -> list[ScoreRow]:
@@ -300,7 +484,7 @@ def _grid_rows(grid: Any, scores: np.ndarray, recs: Sequence[Path], per: str) ->
     count = len(recs)
     mean = _group_mean(scores, grid.recordings, count)
     sizes = np.bincount(grid.recordings, minlength=count)
-    # a recording without a window (too short) has no score: it is not a row
+    # A recording without a window (too short: noted as it was read) has no score: no row.
     return [ScoreRow(float(mean[r]), recs[r], 0, int(sizes[r])) for r in range(count) if sizes[r]]
 
 
@@ -430,35 +614,6 @@ def accuracy_scores(truth: np.ndarray, guess: np.ndarray, classes: Sequence[str]
     )
 
 
-def _grid_labels(grid: Any, key: str, window: int) -> list[str | None]:
-    """Per window of ``grid``: the class (:class:`ClassRule` of ``key``) of the first annotation
-    (metadata order) labelled by ``key`` that holds the window whole, else None (as
-    :func:`grid_windows` labels)."""
-    from iqtrain.data.sigmf import read_annotations
-
-    names: dict[str, int] = {}
-    rule = ClassRule(key)
-    code = np.full(len(grid), -1, dtype=np.int64)
-    for r, rec in enumerate(grid.dataset.recordings):
-        idx = np.flatnonzero(grid.recordings == r)  # a recording's starts ascend
-        if not idx.size:
-            continue
-        first = grid.starts[idx]
-        held = []
-        for i, ann in enumerate(read_annotations(rec)):
-            label = rule.of(ann.fields, f"{rec.meta_path}: annotations[{i}]")
-            if label is None:
-                continue
-            lo = int(np.searchsorted(first, ann.sample_start, side="left"))
-            end = ann.sample_start + ann.sample_count - window
-            hi = int(np.searchsorted(first, end, side="right"))
-            held.append((lo, hi, names.setdefault(label, len(names))))
-        for lo, hi, c in reversed(held):  # the first annotation in metadata order wins
-            code[idx[lo:hi]] = c
-    by_code = list(names)
-    return [by_code[c] if c >= 0 else None for c in code.tolist()]
-
-
 def _number(labels: Sequence[str | None], classes: Sequence[str]) -> tuple[np.ndarray, dict]:
     """Labels as indices into ``classes`` (-1: none, or one the model does not know), and the
     count of each unknown label."""
@@ -481,8 +636,12 @@ def predict_recordings(
     *,
     per: str = "annotation",
     stride: int | None = None,
+    key: str | None = None,
+    read: ReadOptions | None = None,
+    any_rate: bool = False,
 ) -> Prediction:
-    """A "classify" model's predictions over ``patterns`` (docs/design.md 10.6).
+    """A "classify" model's predictions over ``patterns`` (docs/design.md 10.6), read with
+    ``read`` (channel, skip_invalid).
 
     ``per="annotation"``: every SigMF annotation holding at least one whole window, labelled or
     not, its windows on a grid of ``stride`` samples (default: one window; the run's
@@ -490,34 +649,36 @@ def predict_recordings(
     prediction is the class maximising the mean of its windows' log-probabilities, and its
     probability the softmax of that mean vector at that class. ``per="window"``: every window
     on a grid of one window from each capture segment's start (:func:`grid_windows`), each
-    with the class of highest log-probability and exp of it. A row's label is the
-    ``data.label_key`` value (the field the model was trained on) of its annotation, or, for a
-    window, of the first annotation carrying the key that holds it whole. Accuracy, per-class
-    accuracy and the confusion matrix count the rows whose label is one of the model's classes.
+    with the class of highest log-probability and exp of it. A row's label is the value of
+    annotation field ``key`` (default ``data.label_key``: the field the model was trained on;
+    a path too) of its annotation, or, for a window, of the first annotation carrying the key
+    that holds it whole. Accuracy, per-class accuracy and the confusion matrix count the rows
+    whose label is one of the model's classes.
 
     Labels follow :class:`~iqtrain.data.windows.ClassRule` (a value that is no class name is a
     DataError naming its annotation); a label the model does not know is predicted but not
-    scored. A pretraining model is a
-    ConfigError naming the attempt; no annotation holding a window
+    scored. A pretraining model is a ConfigError naming the attempt; recordings at another
+    sample rate than the model's (unless ``any_rate``), no annotation holding a window
     (``per="annotation"``) and a window with non-finite output are DataErrors naming the data.
     """
     if per not in PREDICT_PER:
         raise ConfigError(f"--per: expected one of {', '.join(PREDICT_PER)}, got {per!r}")
+    check_label_key(key)
     if pre.classes is None:
         raise ConfigError(
             f"{pre.attempt}: model.objective is {pre.config.model.objective!r}, a pretraining "
             "attempt: predict needs a 'classify' (fine-tuned) attempt"
         )
     classes = tuple(pre.classes)
-    key = pre.config.data.label_key
+    key = pre.config.data.label_key if key is None else key
     if per == "annotation":
-        return _predict_annotations(pre, patterns, classes, key, stride)
-    grid = grid_windows(patterns, pre.window)
+        return _predict_annotations(pre, patterns, classes, key, stride, read, any_rate)
+    grid = _grid(pre, patterns, key, read, any_rate)
     recs = tuple(r.meta_path for r in grid.dataset.recordings)
     lp = pre.log_probs(_progress(grid.batches(FEATURE_BATCH), len(grid), "predict"))
     _check_rows(nonfinite_rows(lp), recs, grid.recordings, grid.starts)
     guess, prob = predicted(lp)
-    labels = _grid_labels(grid, key, pre.window)
+    labels = [grid.classes[k] if k >= 0 else None for k in grid.labels.tolist()]
     truth, unknown = _number(labels, classes)
     rows = [
         PredictRow(recs[int(r)], int(s), 1, classes[int(k)], float(p), lab)
@@ -534,23 +695,31 @@ def _predict_annotations(
     classes: tuple[str, ...],
     key: str,
     stride: int | None,
+    read: ReadOptions | None,
+    any_rate: bool,
 ) -> Prediction:
     try:
-        ls = labelled_windows(patterns, pre.window, min_classes=1, key=None, stride=stride)
+        ls = _opened(
+            lambda: labelled_windows(
+                patterns, pre.window, min_classes=1, key=None, stride=stride, read=read
+            )
+        )
     except NoLabelledWindowError:
         where = ", ".join(map(os.fspath, [patterns] if isinstance(patterns, str) else patterns))
         raise DataError(
-            f"{where}: no annotation holds a whole window of {pre.window} samples "
+            f"{DATA} {where}: no annotation holds a whole window of {pre.window} samples "
             "(data.seq_patches * data.patch_len): nothing to predict per annotation "
             "(--per window predicts every window)"
         ) from None
+    count = int(ls.groups.max()) + 1
+    rule = ClassRule(key)
+    labels = [rule.of(ls.group_fields[g], ls.group_where[g]) for g in range(count)]
+    _checked(pre, ls.dataset, any_rate, rule.note_blank())
+    report_unused(DATA, ls.dataset, ls.recordings, pre.window, "inside an annotation")
     recs = tuple(r.meta_path for r in ls.dataset.recordings)
     lp = pre.log_probs(_progress(ls.batches(FEATURE_BATCH), len(ls), "predict"))
     _check_rows(nonfinite_rows(lp), recs, ls.recordings, ls.starts)
-    count = int(ls.groups.max()) + 1
     guess, prob = predicted(mean_log_probs(lp, ls.groups, count))
-    rule = ClassRule(key)
-    labels = [rule.of(ls.group_fields[g], ls.group_where[g]) for g in range(count)]
     truth, unknown = _number(labels, classes)
     first = np.unique(ls.groups, return_index=True)[1]
     sizes = np.bincount(ls.groups, minlength=count)

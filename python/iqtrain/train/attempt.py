@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from iqtrain.checkpoint.manager import CheckpointManager
+from iqtrain.checkpoint.state import RATE_UNKNOWN
 from iqtrain.config.schema import Config, config_to_dict, dumps_toml
 from iqtrain.console import Interrupted, SignalLatch, StoppedBeforeStart, note
 from iqtrain.data.dataset import IQDataset, TrainStream
@@ -40,7 +41,7 @@ from iqtrain.data.identity import (
     DigestShare,
     check_parent_data,
 )
-from iqtrain.data.sources import open_datasets, open_labelled, report_dataset
+from iqtrain.data.sources import format_rate, open_datasets, open_labelled, report_dataset
 from iqtrain.data.windows import LabelledSet
 from iqtrain.distributed.world import PeerError, RankExit, World, agree, join
 from iqtrain.errors import (
@@ -54,12 +55,13 @@ from iqtrain.errors import (
     exit_code,
 )
 from iqtrain.evidence.attempts import claim_attempt, finish_attempt, utc_now
+from iqtrain.evidence.data_record import data_record
 from iqtrain.evidence.lineage import Parent, ParentRef, config_changes, load_parent
 from iqtrain.evidence.lock import AttemptLock
 from iqtrain.evidence.manifest import publish_manifest
 from iqtrain.evidence.metrics import MetricCursor, MetricWriter
 from iqtrain.model.transformer import NextPatchModel
-from iqtrain.pretrained.init import load_init
+from iqtrain.pretrained.init import InitSource, load_init
 from iqtrain.report.live import WANDB_RUN_ID, LiveLog, check_live, wandb_run_id
 from iqtrain.storage import creatable_dir, file_digest
 from iqtrain.train.loop import LoopParts, LoopState, Trainer, restore, state_components
@@ -127,6 +129,9 @@ class _Ready:
     #: Where the lineage's first weights came from (``[init] from``; a resume inherits its
     #: parent's record): attempt.json's and the manifest's ``init``.
     init: dict[str, Any] | None = None
+    #: attempt.json's ``data``: the sample rate trained at and the inputs read past
+    #: (:func:`~iqtrain.evidence.data_record.data_record`).
+    data: dict[str, Any] | None = None
 
 
 def _plan(config: Config, parent: Parent | None) -> tuple[Plan, int]:
@@ -173,6 +178,9 @@ class _Opened:
     labelled: tuple[LabelledSet, LabelledSet] | None = None
     #: a resume's digest plan, built once: this rank's share reads it, rank 0 merges by it.
     digest_plan: DigestPlan | None = None
+    #: The one sample rate of the recordings (``data.sample_rate``'s answer; None: none
+    #: recorded, or several under "any").
+    sample_rate: float | None = None
 
 
 def _preflight(config: Config, ref: ParentRef | None, world: World) -> _Opened:
@@ -217,15 +225,43 @@ def _preflight(config: Config, ref: ParentRef | None, world: World) -> _Opened:
         torch.manual_seed(config.run.seed + 1_000_003 * world.rank)
     if labelled is not None:
         train, val = labelled[0].dataset, labelled[1].dataset
+        rate = labelled.sample_rate
     else:
         if world.is_main and ref is None:
             _check_run_dir(Path(config.run.dir))
         # Data last: the synthetic default is generated only once every other check passed.
-        train, val = open_datasets(config.data)
+        sets = open_datasets(config.data)
+        (train, val), rate = sets, sets.sample_rate
     init = None if source is None else source.record
+    if source is not None and world.is_main:
+        _note_init_rate(source, rate)
     if parent is not None:  # a resume carries its lineage's record, from the parent's state
         init = parent.state.init
-    return _Opened(parent, changes, stepper, train, val, init, labelled)
+    return _Opened(parent, changes, stepper, train, val, init, labelled, sample_rate=rate)
+
+
+def _note_init_rate(source: InitSource, rate: float | None) -> None:
+    """A model trained at another sample rate than the data it continues on: a note naming
+    both (a model sees samples, not seconds: the same signal looks otherwise), not a refusal.
+    Nothing when either rate is unknown or not one."""
+    if source.sample_rate is not None and rate is not None and source.sample_rate != rate:
+        note(
+            f"init.from: {source.checkpoint} was trained on recordings at "
+            f"{format_rate(source.sample_rate)}, but data.train and data.val are at "
+            f"{format_rate(rate)}"
+        )
+
+
+def _check_parent_rate(parent: Parent, rate: float | None) -> None:
+    """A resume trains at its parent's sample rate: the data is the parent's (its digests were
+    compared), so another rate is a parent state that does not describe it (exit 2). A parent
+    written before states recorded one says nothing."""
+    recorded = parent.state.sample_rate
+    if recorded is not RATE_UNKNOWN and recorded != rate:
+        raise DataError(
+            f"data.train: the recordings are at {format_rate(rate)}, but the parent checkpoint "
+            f"({parent.checkpoint}) records {format_rate(recorded)}"
+        )
 
 
 def _checked(
@@ -246,6 +282,7 @@ def _checked(
             assert opened.digest_plan is not None  # built by _read_share
             digests = opened.digest_plan.merge(shares)
         check_parent_data(parent.state, train, val, digests)
+        _check_parent_rate(parent, opened.sample_rate)
     plan, start_step = _plan(config, parent)
     for key, ds in (("data.train", train), ("data.val", val)) if world.is_main else ():
         report_dataset(key, ds, config.data.window)
@@ -270,12 +307,25 @@ def _checked(
     probe = None
     if world.is_main and config.probe.every:
         probe = TrainingProbe(config.probe, config.data, config.model, config.run.seed)
-    parts = LoopParts(stepper, stream, val, plan, loop, identity, probe, init=opened.init)
+    parts = LoopParts(
+        stepper,
+        stream,
+        val,
+        plan,
+        loop,
+        identity,
+        probe,
+        init=opened.init,
+        sample_rate=opened.sample_rate,
+    )
     if opened.labelled is not None:
         parts.train_labels = opened.labelled[0].labels
         parts.val_labels = opened.labelled[1].labels
         parts.classes = opened.labelled[0].classes
-    return _Ready(parent, opened.changes, start_step, parts, init=opened.init)
+    # Every attempt records what it trains at and what it read past (a resume: its own list,
+    # the data reopened).
+    data = data_record(opened.sample_rate, {"data.train": train.refused, "data.val": val.refused})
+    return _Ready(parent, opened.changes, start_step, parts, init=opened.init, data=data)
 
 
 def _load_shards(stepper: TrainStep, directory: Path) -> IQTrainError | None:
@@ -314,6 +364,7 @@ def _attempt_info(config: Config, run_dir: Path, ready: _Ready, world: World) ->
             "parallel": t.parallel,
         },
         "init": ready.init,
+        "data": ready.data,
     }
     if ready.parts.classes is not None:  # "classify": the classes the head's outputs mean
         info["classes"] = list(ready.parts.classes)

@@ -243,6 +243,9 @@ class LoopParts:
     train_labels: np.ndarray | None = None
     val_labels: np.ndarray | None = None
     classes: tuple[str, ...] | None = None
+    #: The one sample rate of the recordings (None: none recorded, or several under
+    #: ``data.sample_rate = "any"``): every state.json records it.
+    sample_rate: float | None = None
 
 
 class Trainer:
@@ -275,7 +278,7 @@ class Trainer:
         self.metrics, self.checkpoints = metrics, checkpoints
         self.probe_every, self.config_sha, self.init = probe_every, config_sha, parts.init
         self.train_labels, self.val_labels = parts.train_labels, parts.val_labels
-        self.classes = parts.classes
+        self.classes, self.sample_rate = parts.classes, parts.sample_rate
         self.world = self.stepper.world
         self.rng = RNGState(self.world)
         self.stopped_early: dict[str, Any] | None = None
@@ -501,4 +504,5 @@ class Trainer:
             components=components,
             init=self.init,
             classes=None if self.classes is None else list(self.classes),
+            sample_rate=self.sample_rate,
         )
