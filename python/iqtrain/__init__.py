@@ -42,6 +42,7 @@ _EXPORTS: dict[str, str] = {
     "prepare_iq_input_reference": "iqtrain.model.prepare",
     "InputError": "iqtrain.errors",
     "Pretrained": "iqtrain.pretrained.load",
+    "SampleRateWarning": "iqtrain.pretrained.load",
     "load_pretrained": "iqtrain.pretrained.load",
     "ProbeResult": "iqtrain.eval.probe",
     "run_probe": "iqtrain.eval.probe",
@@ -82,6 +83,7 @@ __all__ = [
     "Pretrained",
     "ProbeResult",
     "Recording",
+    "SampleRateWarning",
     "ScheduleConfig",
     "StepResult",
     "TrainStep",
@@ -170,7 +172,7 @@ if _typing.TYPE_CHECKING:
     from iqtrain.model.objectives import objective_loss
     from iqtrain.model.prepare import prepare_iq_input, prepare_iq_input_reference
     from iqtrain.model.transformer import NextPatchModel, next_patch_loss
-    from iqtrain.pretrained.load import Pretrained, load_pretrained
+    from iqtrain.pretrained.load import Pretrained, SampleRateWarning, load_pretrained
     from iqtrain.train.attempt import AttemptResult, run_pretraining_attempt
     from iqtrain.train.schedule import Plan, lr_at
     from iqtrain.train.step import StepResult, TrainStep

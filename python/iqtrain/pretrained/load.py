@@ -292,12 +292,12 @@ class Pretrained:
         ``self.classes[p.argmax(axis=1)]`` names the predicted classes. A pretraining model
         (no classes) is a ConfigError; a window with non-finite samples an InputError.
         ``sample_rate``: as :meth:`embed`'s."""
-        self.warn_rate(sample_rate)
         if self.classes is None:
             raise ConfigError(
                 f"{self.attempt}: model.objective is {self.config.model.objective!r}: predict "
                 "needs a 'classify' (fine-tuned) attempt"
             )
+        self.warn_rate(sample_rate)
         out = self.log_probs(_batches(iq, self.window, batch_size))
         bad = nonfinite_rows(out)
         if bad.size:

@@ -133,6 +133,44 @@ def _header(attempt: Path, info: dict[str, Any], status: str) -> list[str]:
     return lines
 
 
+#: Refused inputs ``report`` shows (the rest are counted; attempt.json lists every one).
+REFUSED_SHOWN = 3
+
+
+def _data_lines(info: dict[str, Any]) -> list[str]:
+    """The sample rate the attempt trained at and the inputs it read past (attempt.json
+    ``data``: their count and the first :data:`REFUSED_SHOWN`); nothing for an attempt written
+    before the record existed."""
+    from iqtrain.data.sources import format_rate  # here only: report starts without it
+
+    data = info.get("data")
+    if not isinstance(data, dict):
+        return []
+    rate = data.get("sample_rate")
+    if rate is None:
+        line = "  data: no one sample rate (none recorded, or several: data.sample_rate = 'any')"
+    else:
+        value = number(data, "sample_rate")
+        line = f"  data: {'?' if value is None else format_rate(value)}"
+    refused = data.get("refused")
+    refused = refused if isinstance(refused, dict) else {}
+    entries = [
+        (key, entry)
+        for key, listed in refused.items()
+        if isinstance(listed, list)
+        for entry in listed
+    ]
+    if not entries:
+        return [line]
+    lines = [f"{line}; {len(entries)} input(s) skipped as unreadable (data.skip_invalid):"]
+    for key, entry in entries[:REFUSED_SHOWN]:
+        reason = entry.get("reason") if isinstance(entry, dict) else None
+        lines.append(f"    {key}: {' '.join(str(reason).split())}")
+    if len(entries) > REFUSED_SHOWN:
+        lines.append(f"    … and {len(entries) - REFUSED_SHOWN} more (attempt.json data.refused)")
+    return lines
+
+
 def _how_to_resume(attempt: Path, world: Any) -> str:
     """The resume command of a crashed attempt, launched as it was (the ranks per node from its
     hosts); or why there is none (it wrote no checkpoint)."""
@@ -350,7 +388,7 @@ def report(attempt: Path) -> str:
     """The summary of attempt directory ``attempt``; ``CheckpointError`` if it is not one."""
     view = load_attempt(attempt)
     attempt, info, status, stream = view.path, view.info, view.status, view.stream
-    lines = _header(attempt, info, status)
+    lines = _header(attempt, info, status) + _data_lines(info)
     metrics = attempt / "metrics.jsonl"
     if stream is None:
         lines.append("  no metric records (metrics.jsonl was never created)")

@@ -265,3 +265,40 @@ def test_mixed_datatypes_are_float32_by_value(tmp_path):
     assert ds.dtype == np.float32
     for k, (iq, datatype) in enumerate(iqs):
         np.testing.assert_array_equal(ds.window(k), as_read(iq, datatype).astype(np.float32))
+
+
+def _blue(path: Path, iq: np.ndarray) -> None:
+    """A minimal BLUE (X-Midas) type-1000 CI file: 512 header bytes, then complex int16."""
+    import struct
+
+    with open(path, "wb") as f:
+        f.write(b"\0" * 512)
+        f.seek(0)
+        f.write(b"BLUEEEEIEEEI")  # magic, little-endian header and data
+        f.seek(32)
+        f.write(struct.pack("<ddi2s", 512, iq.nbytes, 1000, b"CI"))  # data start, size, type
+        f.seek(256)
+        f.write(struct.pack("<ddi", 0, 1 / 192e3, 0))  # xstart, xdelta (1 / rate), xunits
+        f.seek(512)
+        f.write(iq.tobytes())
+
+
+def test_what_sigmf_convert_ncd_writes_is_read(tmp_path):
+    import subprocess
+    import sys
+
+    iq = _components(np.random.default_rng(9), 640, "ci16_le")[:, 0]
+    _blue(tmp_path / "cap.cdif", iq)
+    done = subprocess.run(
+        [sys.executable, "-m", "sigmf.convert", "cap.cdif", "cap", "--ncd"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    meta = tmp_path / "cap.sigmf-meta"
+    ds = IQDataset([meta], window=WINDOW, stride=STRIDE)
+    rec = ds.recordings[0]
+    assert rec.data_path.name == "cap.cdif" and rec.segment_bytes == (512,)
+    assert rec.sample_rate == 192e3
+    _check_every_window(ds, [meta], [iq], "ci16_le")

@@ -8,11 +8,11 @@ import sys
 import textwrap
 
 import pytest
-from helpers import TESTS
+from helpers import TESTS, rated_recordings
 
 from iqtrain.config.schema import build_config
 from iqtrain.data.sources import ensure_synthetic, open_datasets
-from iqtrain.errors import ConfigError
+from iqtrain.errors import ConfigError, DataError
 
 SMALL = {"train_recordings": 2, "val_recordings": 1, "samples": 4096}
 
@@ -51,7 +51,7 @@ def test_a_full_disk_while_generating_names_the_file_and_leaves_no_partial_set(t
         import resource, signal, sys
         from iqtrain.config.schema import build_config
         from iqtrain.data.sources import ensure_synthetic
-        from iqtrain.errors import ConfigError
+        from iqtrain.errors import ConfigError, DataError
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails: EFBIG
         config = build_config({{"data": {{"synthetic": {{
             "train_recordings": 3, "val_recordings": 1, "samples": 65536,
@@ -100,3 +100,70 @@ def test_the_probe_reads_probe_data_else_a_synthetic_probe_set_else_validation(t
     assert found.num_annotations == 21 and len(found) == 21 * 4
     config = build_config({**tables, "probe": {"synthetic_annotations": 21, "data": ["x*"]}})
     assert probe_patterns(config.probe, config.data) == [os.fspath(os.path.abspath("x*"))]
+
+
+def _data(tmp_path, train, val, **data):
+    tables = {
+        "data": {
+            "seq_patches": 8,
+            "train": [rated_recordings(tmp_path / "train", train)],
+            "val": [rated_recordings(tmp_path / "val", val, seed=1)],
+            **data,
+        }
+    }
+    return build_config(tables).data
+
+
+@pytest.mark.parametrize(
+    ("train", "val", "rule", "rate"),
+    [
+        ({"a": 2.4e6, "b": 2.4e6}, {"c": 2.4e6}, "same", 2.4e6),
+        ({"a": None}, {"c": None}, "same", None),  # none recorded
+        ({"a": 1e6, "b": 2e6}, {"c": 1e6}, "any", None),  # several
+        ({"a": 1e6}, {"c": 1e6}, "any", 1e6),
+        ({"a": 1e6}, {"c": 1e6}, 1e6, 1e6),
+    ],
+    ids=["same", "none recorded", "any mixed", "any one", "fixed"],
+)
+def test_the_pair_keeps_the_one_sample_rate(tmp_path, train, val, rule, rate):
+    sets = open_datasets(_data(tmp_path, train, val, sample_rate=rule))
+    train_set, val_set = sets  # a (train, val) pair, as before
+    assert len(train_set.recordings) == len(train) and len(val_set.recordings) == len(val)
+    assert sets.sample_rate == rate and isinstance(sets, tuple)
+
+
+@pytest.mark.parametrize(
+    ("train", "val", "rule", "said"),
+    [
+        ({"a": 1e6}, {"c": 2e6}, "same", "recordings at 2 sample rates: 1 MHz (1, e.g. "),
+        ({"a": 1e6}, {"c": None}, "same", "no core:sample_rate (1, e.g. "),
+        ({"a": 1e6, "b": 2e6}, {"c": 2e6}, 2e6, "data.sample_rate = 2e+06 but 1 recording(s)"),
+    ],
+    ids=["two rates", "one unrecorded", "fixed"],
+)
+def test_rates_the_rule_refuses_are_one_data_error_naming_them(tmp_path, train, val, rule, said):
+    with pytest.raises(DataError) as err:
+        open_datasets(_data(tmp_path, train, val, sample_rate=rule))
+    message = str(err.value)
+    assert message.startswith("data.train and data.val: ") and said in message, message
+    assert "\n" not in message and err.value.exit_code == 2
+
+
+def test_labelled_sets_keep_their_sample_rate_too(tmp_path):
+    from helpers import write_bursts
+
+    from iqtrain.data.sources import open_labelled
+
+    for part in ("train", "val"):
+        write_bursts(tmp_path / part, part, ["a", "b"], 64)
+    tables = {
+        "data": {
+            "seq_patches": 8,
+            "train": [os.fspath(tmp_path / "train" / "*.sigmf-meta")],
+            "val": [os.fspath(tmp_path / "val" / "*.sigmf-meta")],
+        },
+        "model": {"objective": "classify"},
+    }
+    sets = open_labelled(build_config(tables).data)
+    train, val = sets
+    assert train.classes == ("a", "b") and sets.sample_rate is None  # none recorded

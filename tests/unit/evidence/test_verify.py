@@ -87,6 +87,9 @@ EDITS = {
         inherited_metrics={"records": 1, "bytes": 10, "sha256": "0" * 64}
     ),
     "wrong type": lambda m: m.update(checkpoints="all of them"),
+    "data.sha256": lambda m: m["data"].update(sha256="0" * 64),
+    "data.sample_rate": lambda m: m["data"].update(sample_rate=2e6),
+    "data missing": lambda m: m.pop("data"),
 }
 
 
@@ -312,3 +315,90 @@ def test_resume_refuses_to_move_the_child_elsewhere(completed, tmp_path):
     attempt = _copy(completed, tmp_path)
     proc = _cli("resume", "--attempt", attempt, "--set", f"run.dir='{tmp_path / 'x'}'")
     assert proc.returncode == 2 and "run.dir" in proc.stderr
+
+
+def _rebind(attempt: Path, ckpt: Path) -> None:
+    """Forge: every manifest entry naming ``ckpt`` rewritten to its checkpoint.json."""
+    from iqtrain.storage import file_digest
+
+    digest = file_digest(ckpt / "checkpoint.json")
+
+    def edit(m):
+        for entry in [*m["checkpoints"], m["latest"], m["best"]]:
+            if (attempt / entry["path"]).resolve() == ckpt.resolve():
+                entry.update(digest)
+
+    _edit_manifest(attempt, edit)
+
+
+@pytest.mark.parametrize(
+    ("edit", "shown"),
+    [
+        (lambda s: s.update(sample_rate=2e6), "2000000.0"),
+        (lambda s: s.update(sample_rate=None), "None"),
+        (lambda s: s.update(sample_rate="1e6"), "'1e6'"),
+        (lambda s: s.pop("sample_rate"), "absent"),
+    ],
+    ids=["another rate", "null", "a string", "absent"],
+)
+def test_a_state_whose_sample_rate_is_not_attempt_jsons_fails_verify(
+    completed, tmp_path, edit, shown
+):
+    attempt = _copy(completed, tmp_path)
+    ckpt = attempt / "checkpoints" / "step_00000006"
+    _forge_state(ckpt, edit)
+    _rebind(attempt, ckpt)  # bound again: only the rate itself gives it away
+    assert check_attempt(attempt).problems == [
+        f"{ckpt / 'state.json'}: sample_rate {shown} differs from attempt.json "
+        "data.sample_rate (1000000.0)"
+    ]
+
+
+def test_an_attempt_written_before_the_data_record_verifies_loads_and_resumes(completed, tmp_path):
+    from iqtrain.checkpoint.files import list_checkpoints
+    from iqtrain.pretrained.load import load_pretrained
+    from iqtrain.report.summary import report
+
+    attempt = _copy(completed, tmp_path)
+    info = json.loads((attempt / "attempt.json").read_text())
+    del info["data"]
+    (attempt / "attempt.json").write_text(json.dumps(info))
+    _edit_manifest(attempt, lambda m: m.pop("data"))
+    for ckpt in list_checkpoints(attempt / "checkpoints"):
+        _forge_state(ckpt, lambda s: s.pop("sample_rate"))
+        _rebind(attempt, ckpt)
+    assert check_attempt(attempt).problems == []
+    assert load_pretrained(attempt).sample_rate is None
+    assert "data:" not in report(attempt)
+    child = run_pretraining_attempt(_config(completed, tmp_path), ParentRef(attempt, "step_9"))
+    child_info = json.loads((child.attempt / "attempt.json").read_text())
+    assert child_info["data"]["sample_rate"] == 1e6  # the child knows its data's rate
+    assert check_attempt(child.attempt).problems == []
+    # An old attempt.json beside states that record a rate: the record was removed.
+    _forge_state(attempt / "checkpoints" / "step_00000012", lambda s: s.update(sample_rate=1e6))
+    _rebind(attempt, attempt / "checkpoints" / "step_00000012")
+    assert check_attempt(attempt).problems == [
+        f"{attempt / 'checkpoints' / 'step_00000012' / 'state.json'}: sample_rate 1000000.0 "
+        "differs from attempt.json data.sample_rate (absent)"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("edit", "key"),
+    [
+        (lambda d: d.update(sample_rate=0), "sample_rate is 0"),
+        (lambda d: d.update(sample_rate=True), "sample_rate is True"),
+        (lambda d: d.pop("refused"), "expected an object"),
+        (lambda d: d["refused"].pop("data.val"), "refused is"),
+        (lambda d: d["refused"].update({"data.train": [{"path": "x"}]}), "refused.data.train[0]"),
+        (lambda d: d["refused"].update({"data.val": "x"}), "refused.data.val is"),
+    ],
+    ids=["zero", "bool", "no refused", "no data.val", "no reason", "not a list"],
+)
+def test_a_malformed_data_record_is_one_problem_naming_it(completed, tmp_path, edit, key):
+    attempt = _copy(completed, tmp_path)
+    info = json.loads((attempt / "attempt.json").read_text())
+    edit(info["data"])
+    (attempt / "attempt.json").write_text(json.dumps(info))
+    (problem,) = check_attempt(attempt).problems
+    assert problem.startswith("attempt.json data: ") and key in problem, problem

@@ -3,9 +3,11 @@ exactly as training and the probe prepare it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
+import warnings
 
 import numpy as np
 import pytest
@@ -21,7 +23,12 @@ from iqtrain.data.windows import labelled_windows
 from iqtrain.errors import CheckpointError, ConfigError, InputError
 from iqtrain.eval.probe import layer_features, probe_features
 from iqtrain.evidence.metrics import read_metrics
-from iqtrain.pretrained.load import Pretrained, load_pretrained
+from iqtrain.pretrained.load import (
+    Pretrained,
+    SampleRateWarning,
+    load_pretrained,
+    random_init_model,
+)
 from iqtrain.train.attempt import run_pretraining_attempt
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -242,3 +249,35 @@ def test_precision_is_fp32_unless_asked(trained):
     with pytest.raises(ConfigError, match="which: 'latest', but .* is itself a checkpoint"):
         load_pretrained(ckpt, which="latest")
     assert load_pretrained(ckpt, which="step_2").step == 2
+
+
+def test_samples_at_another_rate_than_the_models_are_one_warning_naming_both(trained):
+    attempt, _ = trained
+    p = load_pretrained(attempt)
+    assert p.sample_rate == 1e6  # the synthetic recordings' core:sample_rate
+    assert issubclass(SampleRateWarning, RuntimeWarning)
+    iq = np.zeros((2, p.window), np.complex64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # none of these warns
+        p.embed(iq)
+        p.embed(iq, sample_rate=1e6)
+        p.score(iq, sample_rate=np.float64(1e6))
+        dataclasses.replace(p, sample_rate=None).embed(iq, sample_rate=2e6)  # model's unknown
+    for call in (p.embed, p.score):
+        with pytest.warns(SampleRateWarning) as record:
+            call(iq, sample_rate=2.4e6)
+        (w,) = record
+        assert "1 MHz" in str(w.message) and "2.4 MHz" in str(w.message), str(w.message)
+        assert "\n" not in str(w.message) and w.filename == __file__  # the caller's line
+    classify = dataclasses.replace(p.config.model, objective="classify")
+    classifier = dataclasses.replace(
+        p,
+        model=random_init_model(classify, 0, 2),
+        config=dataclasses.replace(p.config, model=classify),
+        classes=("a", "b"),
+    )
+    with pytest.warns(SampleRateWarning, match="2 MHz"):
+        classifier.predict(iq, sample_rate=2e6)
+    for bad in (0, -1.0, True, "1e6", float("nan")):
+        with pytest.raises(ConfigError, match="sample_rate"):
+            p.embed(iq, sample_rate=bad)

@@ -180,8 +180,9 @@ import iqtrain.report.summary, iqtrain.evidence.metrics, iqtrain.evidence.lineag
 import iqtrain.checkpoint.files  # listing, verifying and pruning need no torch either
 assert "torch" not in sys.modules, sorted(m for m in sys.modules if m.startswith("torch"))
 print(iqtrain.report.summary.report(iqtrain.report.summary.Path(sys.argv[1])).splitlines()[0])
+assert "torch" not in sys.modules, sorted(m for m in sys.modules if m.startswith("torch"))
 """
-    att = _attempt(tmp_path)
+    att = _attempt(tmp_path, data={"sample_rate": 1e6, "refused": {"data.train": []}})
     proc = subprocess.run(
         [sys.executable, "-c", script, str(att)], capture_output=True, text=True, timeout=120
     )
@@ -287,3 +288,33 @@ def test_report_prints_the_last_probe_with_standard_errors(tmp_path):
         "probe at step 3: accuracy 0.5000 ± 0.0100; random-init 0.2500 ± 0.0200, classical "
         "features 0.7500 ± -, classical + pretrained 0.8000 ± 0.0300, chance 0.1250"
     ) in report(att)
+
+
+def _refused(n, key="data.train"):
+    return [
+        {"path": f"/d/r{i}.sigmf-meta", "reason": f"/d/r{i}.sigmf-meta: not valid JSON"}
+        for i in range(n)
+    ]
+
+
+def test_the_sample_rate_and_the_inputs_read_past_are_shown(tmp_path):
+    data = {"sample_rate": 2.4e6, "refused": {"data.train": [], "data.val": []}}
+    lines = report(_attempt(tmp_path, data=data)).splitlines()
+    assert lines[2] == "  data: 2.4 MHz"
+    data = {"sample_rate": None, "refused": {"data.train": _refused(4), "data.val": _refused(1)}}
+    lines = report(write_attempt(tmp_path / "b", data=data)).splitlines()
+    at = lines.index(
+        "  data: no one sample rate (none recorded, or several: data.sample_rate = 'any'); "
+        "5 input(s) skipped as unreadable (data.skip_invalid):"
+    )
+    assert lines[at + 1 : at + 5] == [
+        "    data.train: /d/r0.sigmf-meta: not valid JSON",
+        "    data.train: /d/r1.sigmf-meta: not valid JSON",
+        "    data.train: /d/r2.sigmf-meta: not valid JSON",
+        "    … and 2 more (attempt.json data.refused)",
+    ]
+    # An attempt written before the record: no data line; a malformed one: shown as far as
+    # it is there.
+    assert "data:" not in report(write_attempt(tmp_path / "c"))
+    text = report(write_attempt(tmp_path / "d", data={"sample_rate": "fast", "refused": 3}))
+    assert "  data: ?" in text.splitlines()

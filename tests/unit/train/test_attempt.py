@@ -10,14 +10,16 @@ import time
 
 import pytest
 import torch
-from helpers import assert_same_tensors, manifest_weights, tiny_tables
+from helpers import assert_same_tensors, manifest_weights, rated_recordings, tiny_tables
 
 from iqtrain.config.schema import build_config
 from iqtrain.data.synth import synthesize
-from iqtrain.errors import CheckpointError, ConfigError, CursorMismatchError
+from iqtrain.errors import CheckpointError, ConfigError, CursorMismatchError, DataError
 from iqtrain.evidence.lineage import ParentRef
 from iqtrain.evidence.metrics import read_metrics, strip_timing
 from iqtrain.evidence.verify import verify_attempt
+from iqtrain.pretrained.load import load_pretrained
+from iqtrain.report.summary import report
 from iqtrain.train.attempt import run_pretraining_attempt
 from iqtrain.train.loop import spike_update
 from iqtrain.train.schedule import Plan, lr_at
@@ -391,3 +393,100 @@ def test_spikes_of_a_negative_log_likelihood_are_judged_in_nats():
     assert spike_update(ema, 5.2, nats=True)[0] is True
     assert spike_update(ema, 5.2, nats=False)[0] is False  # what the ratio rule would say
     assert spike_update(ema, 12.1)[0] is True
+
+
+def _rated(tmp_path, train, val, *, name="run", **data):
+    """tiny_tables over real recordings: ``train`` and ``val`` map names to sample rates."""
+    tables = tiny_tables(tmp_path / name, tmp_path / "unused", keep_last=0)
+    tables["data"]["train"] = [rated_recordings(tmp_path / "train", train)]
+    tables["data"]["val"] = [rated_recordings(tmp_path / "val", val, seed=1)]
+    tables["data"].update(data)
+    return tables
+
+
+def _states(attempt):
+    return [
+        json.loads(p.read_text()) for p in sorted(attempt.glob("checkpoints/step_*/state.json"))
+    ]
+
+
+def test_the_sample_rate_is_recorded_everywhere_and_a_resume_keeps_it(tmp_path):
+    tables = _rated(tmp_path, {"a": 2.4e6, "b": 2.4e6}, {"c": 2.4e6})
+    attempt = run_pretraining_attempt(build_config(tables)).attempt
+    info = json.loads((attempt / "attempt.json").read_text())
+    assert info["data"] == {"sample_rate": 2.4e6, "refused": {"data.train": [], "data.val": []}}
+    states = _states(attempt)
+    assert len(states) > 1 and all(s["sample_rate"] == 2.4e6 for s in states)
+    manifest = json.loads((attempt / "manifest.json").read_text())
+    assert manifest["data"]["sample_rate"] == 2.4e6
+    assert manifest["data"]["refused"] == {"data.train": 0, "data.val": 0}
+    assert load_pretrained(attempt).sample_rate == 2.4e6
+    assert "  data: 2.4 MHz" in report(attempt).splitlines()
+    assert verify_attempt(attempt) == []
+    child = run_pretraining_attempt(build_config(tables), ParentRef(attempt, "step_5")).attempt
+    assert json.loads((child / "attempt.json").read_text())["data"] == info["data"]
+    assert [s["sample_rate"] for s in _states(child)] == [2.4e6] * len(_states(child))
+    assert verify_attempt(child) == []
+
+
+def test_a_mix_of_rates_is_refused_before_anything_exists_and_any_trains_on_it(tmp_path):
+    tables = _rated(tmp_path, {"a": 1e6, "b": 2e6}, {"c": 1e6})
+    with pytest.raises(DataError, match="2 sample rates") as err:
+        run_pretraining_attempt(build_config(tables))
+    assert err.value.exit_code == 2 and "1 MHz" in str(err.value) and "2 MHz" in str(err.value)
+    assert not (tmp_path / "run").exists()
+    tables["data"]["sample_rate"] = "any"
+    attempt = run_pretraining_attempt(build_config(tables)).attempt
+    assert json.loads((attempt / "attempt.json").read_text())["data"]["sample_rate"] is None
+    assert all("sample_rate" in s and s["sample_rate"] is None for s in _states(attempt))
+    assert json.loads((attempt / "manifest.json").read_text())["data"]["sample_rate"] is None
+    assert load_pretrained(attempt).sample_rate is None
+    assert "  data: no one sample rate" in report(attempt)
+    assert verify_attempt(attempt) == []
+
+
+def test_a_fixed_rate_rule_refuses_another_rate_and_records_its_own(tmp_path):
+    tables = _rated(tmp_path, {"a": 1e6}, {"c": 1e6}, sample_rate=2e6)
+    with pytest.raises(DataError, match="data.sample_rate = 2e.06 but 2 recording"):
+        run_pretraining_attempt(build_config(tables))
+    assert not (tmp_path / "run").exists()
+    tables["data"]["sample_rate"] = 1e6
+    attempt = run_pretraining_attempt(build_config(tables)).attempt
+    assert json.loads((attempt / "attempt.json").read_text())["data"]["sample_rate"] == 1e6
+    assert {s["sample_rate"] for s in _states(attempt)} == {1e6}
+
+
+def test_recordings_read_past_are_recorded_bound_and_reported(tmp_path):
+    tables = _rated(tmp_path, {"a": 1e6, "b": 1e6}, {"c": 1e6}, skip_invalid=True)
+    broken = tmp_path / "train" / "b.sigmf-meta"
+    broken.write_text("{not json")
+    attempt = run_pretraining_attempt(build_config(tables)).attempt
+    info = json.loads((attempt / "attempt.json").read_text())
+    (entry,) = info["data"]["refused"]["data.train"]
+    assert entry["path"] == os.fspath(broken) and "not valid JSON" in entry["reason"]
+    assert info["data"]["refused"]["data.val"] == []
+    manifest = json.loads((attempt / "manifest.json").read_text())
+    assert manifest["data"]["refused"] == {"data.train": 1, "data.val": 0}
+    lines = report(attempt).splitlines()
+    at = lines.index("  data: 1 MHz; 1 input(s) skipped as unreadable (data.skip_invalid):")
+    assert lines[at + 1].startswith("    data.train: ") and "b.sigmf-meta" in lines[at + 1]
+    assert verify_attempt(attempt) == []
+    # A resume reopens the data: its own list, the same file.
+    child = run_pretraining_attempt(build_config(tables), ParentRef(attempt, "step_5")).attempt
+    assert json.loads((child / "attempt.json").read_text())["data"] == info["data"]
+    # The list is bound by the manifest: an entry dropped afterwards fails verify.
+    info["data"]["refused"]["data.train"] = []
+    (attempt / "attempt.json").write_text(json.dumps(info))
+    assert any("manifest.json data" in p for p in verify_attempt(attempt))
+
+
+def test_a_model_from_another_rate_is_a_note_naming_both(tmp_path, capfd):
+    source = run_pretraining_attempt(build_config(_rated(tmp_path / "s", {"a": 1e6}, {"c": 1e6})))
+    source = source.attempt
+    tables = _rated(tmp_path / "t", {"a": 2e6}, {"c": 2e6})
+    tables["init"] = {"from": os.fspath(source), "which": "latest"}
+    capfd.readouterr()
+    attempt = run_pretraining_attempt(build_config(tables)).attempt
+    notes = [ln for ln in capfd.readouterr().err.splitlines() if "init.from" in ln]
+    assert len(notes) == 1 and "1 MHz" in notes[0] and "2 MHz" in notes[0], notes
+    assert json.loads((attempt / "attempt.json").read_text())["data"]["sample_rate"] == 2e6

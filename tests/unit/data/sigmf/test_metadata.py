@@ -165,3 +165,42 @@ def test_the_collection_hash_of_a_metadata_file_is_checked(tmp_path):
     meta.write_text(json.dumps(_md(**{"core:author": "someone else"})))
     with pytest.raises(DataError, match="c.sigmf-collection records for it"):
         read_recording(source)
+
+
+def _tar_of(path: Path, members: dict[str, bytes]) -> Path:
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def test_an_archive_member_without_its_data_or_with_too_few_bytes_is_one_line(tmp_path):
+    from iqtrain.data.dataset import IQDataset
+    from iqtrain.errors import RecordingsRefused
+
+    md = json.dumps(_md()).encode()
+    lone = _tar_of(tmp_path / "lone.sigmf", {"r/r.sigmf-meta": md})
+    with pytest.raises(RecordingsRefused) as e:
+        IQDataset([lone], window=4)
+    assert str(e.value) == (
+        f"{lone.resolve()}/r/r.sigmf-meta: its data member 'r/r.sigmf-data' is not in the archive "
+        f"{lone.resolve()}"
+    )
+    short = _tar_of(tmp_path / "short.sigmf", {"r/r.sigmf-meta": md, "r/r.sigmf-data": bytes(42)})
+    with pytest.raises(
+        RecordingsRefused, match=r"short\.sigmf: data length 42 bytes is not a whole"
+    ):
+        IQDataset([short], window=4)
+    md2 = _md()
+    md2["captures"] = [{"core:sample_start": 0, "core:header_bytes": 100}]
+    big = _tar_of(
+        tmp_path / "hdr.sigmf",
+        {"r/r.sigmf-meta": json.dumps(md2).encode(), "r/r.sigmf-data": bytes(40)},
+    )
+    with pytest.raises(RecordingsRefused, match=r"core:header_bytes: 100 header .* more than"):
+        IQDataset([big], window=4)
