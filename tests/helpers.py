@@ -64,6 +64,21 @@ def write_sigmf(directory: Path, name: str, iq: np.ndarray, datatype: str, **glo
     return directory / f"{name}.sigmf-meta"
 
 
+def rated_recordings(directory: Path, rates: dict, samples: int = 4096, seed: int = 0) -> str:
+    """One ci16_le recording of noise in ``directory`` per ``{name: core:sample_rate}`` (None:
+    no ``core:sample_rate`` at all); returns the glob naming them."""
+    rng = np.random.default_rng(seed)
+    for name, rate in rates.items():
+        meta = write_sigmf(directory, name, random_iq(rng, samples, "ci16_le"), "ci16_le")
+        doc = json.loads(meta.read_text())
+        if rate is None:
+            del doc["global"]["core:sample_rate"]
+        else:
+            doc["global"]["core:sample_rate"] = rate
+        meta.write_text(json.dumps(doc))
+    return os.fspath(Path(directory) / "*.sigmf-meta")
+
+
 def write_annotated(directory, name, iq, datatype, annotations, captures=(0,)) -> Path:
     """A SigMF recording with ``annotations``: ``(start, count or None, label or None)``."""
     from sigmf import SigMFFile
@@ -411,3 +426,15 @@ class Forged:
 
     def __reduce__(self):
         return self.fn, self.args
+
+
+def set_sample_rate(meta: Path, rate: float | None = 1e6) -> Path:
+    """Give recording ``meta`` (a ``.sigmf-meta`` file) the global ``core:sample_rate`` ``rate``
+    (None: none at all), e.g. the 1 MHz of the synthetic sets a tiny attempt trains on, so a
+    model trained on them reads it without ``--any-rate``; returns ``meta``."""
+    doc = json.loads(Path(meta).read_text())
+    doc["global"].pop("core:sample_rate", None)
+    if rate is not None:
+        doc["global"]["core:sample_rate"] = rate
+    Path(meta).write_text(json.dumps(doc))
+    return Path(meta)

@@ -12,7 +12,7 @@ import sys
 
 import numpy as np
 import pytest
-from helpers import cli_tables, refused_in_one_line, write_annotated, write_sigmf
+from helpers import cli_tables, refused_in_one_line, set_sample_rate, write_annotated, write_sigmf
 
 from iqtrain import load_pretrained
 from iqtrain.cli.main import main
@@ -147,7 +147,7 @@ def test_unlabelled_and_unknown_labels_are_predicted_not_scored(attempts, tmp_pa
     )
     iq = rng.integers(-99, 99, (512, 2))
     anns = [(0, 128, "BPSK"), (128, 128, "Martian"), (256, 128, None)]
-    write_annotated(tmp_path / "mixed", "m", iq, "ci16_le", anns)
+    set_sample_rate(write_annotated(tmp_path / "mixed", "m", iq, "ci16_le", anns))
     mixed = os.fspath(tmp_path / "mixed" / "*.sigmf-meta")
     assert main(["predict", os.fspath(attempt), "--data", mixed, "--json"]) == 0
     cap = capsys.readouterr()
@@ -197,7 +197,7 @@ def test_bad_input_is_one_line_exit_2(attempts, tmp_path, capsys):
         load_pretrained(attempt).score(np.zeros((1, 64), np.complex64))
     iq = rng.standard_normal((256, 2)).astype(np.float32)
     iq[140, 0] = np.nan
-    write_annotated(tmp_path / "nan", "n", iq, "cf32_le", [(0, 256, "BPSK")])
+    set_sample_rate(write_annotated(tmp_path / "nan", "n", iq, "cf32_le", [(0, 256, "BPSK")]))
     nan = os.fspath(tmp_path / "nan" / "n.sigmf-meta")
     for per in ("annotation", "window"):
         refused_in_one_line(

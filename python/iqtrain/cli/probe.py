@@ -34,6 +34,10 @@ def flag_names() -> ProbeNames:
         by="--by",
         bins="--bins",
         shots="--shots",
+        data="--data",
+        label_key="--label-key",
+        any_rate="--any-rate",
+        skip_invalid="--skip-invalid",
     )
 
 
@@ -91,9 +95,12 @@ def cmd_probe(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     # Lazily: probe imports torch, and `iqtrain --help` must not.
+    from iqtrain.cli.infer import check_channel
+    from iqtrain.data.dataset import ReadOptions
     from iqtrain.eval.probe import ProbeOptions, probe_attempt
     from iqtrain.eval.table import format_table
 
+    check_channel(args.channel)
     options = ProbeOptions(  # shots and bins refused before anything is loaded
         from_=args.from_,
         folds=args.folds,
@@ -102,6 +109,9 @@ def cmd_probe(args: argparse.Namespace) -> int:
         layer=args.layer,
         shots=parse_shots(args.shots, args.seeds),
         names=flag_names(),
+        label_key=args.label_key,
+        read=ReadOptions(args.channel, args.skip_invalid),  # channel None: data.channel's
+        any_rate=args.any_rate,
     )
     result = probe_attempt(Path(args.attempt), args.data, options)
     print(format_table(result))
@@ -112,6 +122,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
 def add_probe_parser(sub: Any) -> None:
     """Add ``probe`` to ``sub`` (the subparsers of ``iqtrain``)."""
+    from iqtrain.cli.infer import add_read_flags
+
     sp = sub.add_parser(
         "probe", help="linear-probe accuracy of a checkpoint on labelled SigMF annotations"
     )
@@ -125,6 +137,14 @@ def add_probe_parser(sub: Any) -> None:
         "synthetic probe set or its validation recordings)",
     )
     sp.add_argument("--from", dest="from_", default="latest", help="latest, best or step_N")
+    sp.add_argument(
+        "--label-key",
+        metavar="KEY",
+        default=None,
+        help="the annotation field that names a class, or a path into one "
+        "(signal:detail.mod_class); default: the attempt's probe.label_key (core:label)",
+    )
+    add_read_flags(sp)
     sp.add_argument("--folds", type=int, default=5, help="cross-validation folds (default 5)")
     sp.add_argument(
         "--by",

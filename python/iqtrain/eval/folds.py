@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from iqtrain.data.windows import LabelledSet
+from iqtrain.data.windows import LabelledSet, show_class
 from iqtrain.errors import ConfigError
 from iqtrain.eval.logistic import LogisticProbe, fit_logistic_many
 
@@ -246,9 +246,10 @@ class FoldPlan:
                     if min(fewest) > 0
                     else "it has fewer annotations than folds: use fewer folds or more data"
                 )
+                name = show_class(self.classes[c])
                 raise ConfigError(
-                    f"{key}: K = {k} annotations per class, but class {self.classes[c]!r} has "
-                    f"only {n} training annotations when its fold is held out "
+                    f"{key}: K = {k} annotations per class, but class {name} has only {n} "
+                    f"training annotations when its fold is held out "
                     f"({self.folds} folds); {fix}"
                 )
 

@@ -28,10 +28,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from iqtrain.config.schema import Config
 from iqtrain.config.sections import DataConfig
+from iqtrain.data.dataset import ReadOptions
 from iqtrain.data.sources import probe_patterns
 from iqtrain.data.windows import LabelledSet, labelled_windows
-from iqtrain.errors import ConfigError
+from iqtrain.errors import ConfigError, DataError, NoLabelledWindowError, RecordingsRefused
 from iqtrain.eval.bins import DEFAULT_BIN_WIDTH, accuracy_by, bin_windows
 from iqtrain.eval.features import (
     classical_matrix,
@@ -42,7 +44,14 @@ from iqtrain.eval.features import (
 from iqtrain.eval.folds import FoldPlan, ProbeScore, Shots, check_folds, cross_validate
 from iqtrain.eval.logistic import fit_logistic
 from iqtrain.model.transformer import NextPatchModel
-from iqtrain.pretrained.load import load_pretrained, parse_layer, source_ref
+from iqtrain.pretrained.load import Pretrained, load_pretrained, parse_layer, source_ref
+from iqtrain.pretrained.recordings import (
+    check_label_key,
+    check_rate,
+    report_blank,
+    report_read,
+    report_unused,
+)
 
 __all__ = [
     "OPTION_NAMES",
@@ -50,6 +59,8 @@ __all__ = [
     "ProbeOptions",
     "ProbeResult",
     "classical_score",
+    "note_probe_set",
+    "open_probe_set",
     "probe_attempt",
     "probe_model",
     "run_probe",
@@ -73,6 +84,10 @@ class ProbeNames:
     by: str = "by"
     bins: str = "bins"
     shots: str = "shots"
+    data: str = "patterns"
+    label_key: str = "label_key"
+    any_rate: str = "any_rate"
+    skip_invalid: str = "skip_invalid"
 
 
 #: The options' own names (:func:`run_probe` called as a library function).
@@ -83,6 +98,43 @@ def classical_score(labelled: LabelledSet, folds: int, seed: int) -> ProbeScore:
     """The classical AMC features (:mod:`iqtrain.eval.classical`) of the same windows, scored
     by the same grouped cross-validation (same folds, same classifier)."""
     return FoldPlan.of(labelled, folds, seed).score(classical_matrix(labelled))
+
+
+def open_probe_set(
+    patterns: str | Sequence[str],
+    window: int,
+    key: str,
+    read: ReadOptions | None,
+    where: str,
+    skip: str,
+) -> LabelledSet:
+    """The labelled windows of ``patterns`` (``key``: the annotation field, or path, of the
+    class), every refusal said of data list ``where``: recordings that cannot be read (with
+    ``skip``, what reads the others), labels or classes that do not do. No labelled window at
+    all is the caller's to say (:class:`~iqtrain.errors.NoLabelledWindowError`: it knows what
+    needs the labels)."""
+    try:
+        return labelled_windows(patterns, window, key=key, read=read)
+    except RecordingsRefused as exc:
+        raise exc.context(where, skip) from None
+    except NoLabelledWindowError:
+        raise
+    except DataError as exc:
+        raise type(exc)(f"{where}: {exc}") from None
+
+
+def note_probe_set(
+    where: str, labelled: LabelledSet, key: str, skip: str, *, read_notes: bool = True
+) -> None:
+    """The notes on a probe set, as ``run`` gives them of its data: what the reader tolerated,
+    the inputs read past (``skip``) and the recordings that yield no window (all three
+    unless ``read_notes`` is False: said already), the recordings without a window inside an
+    annotation labelled by ``key`` and the labels read as blank."""
+    ds, window = labelled.dataset, labelled.dataset.window_len
+    if read_notes:
+        report_read(where, ds, window, skip)
+    report_unused(where, ds, labelled.recordings, window, f"inside an annotation with a {key}")
+    report_blank(where, labelled.blank)
 
 
 def probe_model(
@@ -183,6 +235,9 @@ class ProbeOptions:
     layer: str | int | None = None
     shots: Shots | None = None
     names: ProbeNames = OPTION_NAMES
+    label_key: str | None = None  # None: the attempt's probe.label_key
+    read: ReadOptions | None = None  # a channel of None: the attempt's data.channel
+    any_rate: bool = False
 
 
 def run_probe(
@@ -190,25 +245,75 @@ def run_probe(
     patterns: str | Sequence[str] | None,
     from_: str = "latest",
     folds: int = 5,
-    *,
-    by: str | None = None,
-    bins: float | list[float] | None = None,
-    layer: str | int | None = None,
-    shots: Shots | None = None,
+    **options: Any,
 ) -> ProbeResult:
     """Probe checkpoint ``from_`` of ``attempt`` on the labelled windows of ``patterns``,
     beside a random-init model, the classical features, both feature sets together and chance.
 
-    ``by``: an annotation field (``iqtrain:snr_db``); accuracies per bin of it (``bins``: a
-    width, default :data:`~iqtrain.eval.bins.DEFAULT_BIN_WIDTH`, or the edges, increasing).
-    ``layer``: :func:`~iqtrain.pretrained.load.parse_layer`. ``shots``: the few-shot
-    accuracies (:meth:`FoldPlan.shots`). Errors a user can cause (a bad fold count, checkpoint
-    name, layer, field, bins or K, attempt, checkpoint or data) raise ConfigError,
-    CheckpointError or DataError with one line naming what is wrong (an option by its name
-    here), before any feature is computed.
+    ``patterns`` None: the attempt's probe set (:func:`~iqtrain.data.sources.probe_patterns`).
+    The other options, by keyword (:class:`ProbeOptions`' fields):
+
+    - ``by``: an annotation field (``iqtrain:snr_db``); accuracies per bin of it (``bins``: a
+      width, default :data:`~iqtrain.eval.bins.DEFAULT_BIN_WIDTH`, or the edges, increasing);
+    - ``layer``: :func:`~iqtrain.pretrained.load.parse_layer`;
+    - ``shots``: the few-shot accuracies (:meth:`FoldPlan.shots`);
+    - ``label_key``: the annotation field (or path, ``signal:detail.mod_class``) of the class;
+      None: the attempt's ``probe.label_key``;
+    - ``read``: how the recordings are read (a :class:`~iqtrain.data.dataset.ReadOptions`:
+      channel, skip_invalid; a channel of None: the attempt's ``data.channel``);
+    - ``any_rate``: read recordings at another sample rate than the model was trained at (or
+      with none, when it was trained at one), refused (a DataError) without it.
+
+    Errors a user can cause (a bad fold count, checkpoint name, layer, field, bins or K,
+    attempt, checkpoint or data) raise ConfigError, CheckpointError or DataError with one line
+    naming what is wrong (an option by its name here), before any feature is computed.
     """
-    options = ProbeOptions(from_, folds, by, bins, layer, shots)
-    return probe_attempt(attempt, patterns, options)
+    return probe_attempt(attempt, patterns, ProbeOptions(from_, folds, **options))
+
+
+def _probe_set(
+    pre: Pretrained, patterns: str | Sequence[str] | None, o: ProbeOptions
+) -> LabelledSet:
+    """The labelled windows ``o`` asks for (``patterns``; none: the attempt's probe set),
+    refused in one line naming the data list, its sample rates checked against the model's,
+    noted as they were read."""
+    config, names = pre.config, o.names
+    key = config.probe.label_key if o.label_key is None else o.label_key
+    check_label_key(key, names.label_key)
+    read = o.read or ReadOptions()
+    channel = config.data.channel if read.channel is None else read.channel
+    read = ReadOptions(channel, read.skip_invalid)
+    where = names.data
+    if not patterns:  # the attempt's probe set (probe.data, synthetic probe set, or val)
+        patterns = probe_patterns(config.probe, config.data)
+        where = f"the attempt's probe set ({_probe_source(config)})"
+        # Read as training read it: what training read past, this reads past too.
+        read = ReadOptions(channel, read.skip_invalid or config.data.skip_invalid)
+    skip = f"{names.skip_invalid} reads the others"
+    try:
+        labelled = open_probe_set(patterns, config.data.window, key, read, where, skip)
+    except NoLabelledWindowError as exc:
+        raise NoLabelledWindowError(
+            f"{where}: {exc}: nothing to probe ({names.data} names labelled recordings, "
+            f"{names.label_key} the annotation field that holds their class)"
+        ) from None
+    if not o.any_rate:
+        hint = f"{names.any_rate} reads them anyway"
+        check_rate(
+            pre.sample_rate, labelled.dataset, where, "the model was trained at {rate}", hint
+        )
+    note_probe_set(where, labelled, key, names.skip_invalid)
+    return labelled
+
+
+def _probe_source(config: Config) -> str:
+    """Where an attempt's probe set comes from (:func:`~iqtrain.data.sources.probe_patterns`),
+    as a config key."""
+    if config.probe.data:
+        return "probe.data"
+    if config.data.is_synthetic and config.probe.synthetic_annotations:
+        return "probe.synthetic_annotations"
+    return "data.val"
 
 
 def probe_attempt(
@@ -231,9 +336,7 @@ def probe_attempt(
     pre = load_pretrained(attempt, which=from_, precision="fp32")
     config = pre.config
     chosen = parse_layer(layer, config.model.layers, name=names.layer)
-    if not patterns:  # the attempt's probe set (probe.data, synthetic probe set, or val)
-        patterns = probe_patterns(config.probe, config.data)
-    labelled = labelled_windows(patterns, config.data.window)
+    labelled = _probe_set(pre, patterns, o)
     plan = FoldPlan.of(labelled, folds, config.run.seed, key=names.folds)  # refuse early
     binned = None
     if by is not None and spec is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from iqtrain.data.windows import show_class
 from iqtrain.eval.bins import bin_span
 
 if TYPE_CHECKING:
@@ -53,16 +54,18 @@ def format_table(result: ProbeResult) -> str:
         + "".join(_cell(sc.accuracy, sc.accuracy_se) for _, sc in cols)
         + f"{r.chance:>9.4f}",
     ]
-    for c in r.classes:
+    names = [show_class(c) for c in r.classes]  # " 16QAM" and "16QAM" printed apart
+    for c, name in zip(r.classes, names, strict=True):
         lines.append(
-            f"  {c:<14}" + "".join(_cell(sc.per_class[c], sc.per_class_se.get(c)) for _, sc in cols)
+            f"  {name:<14}"
+            + "".join(_cell(sc.per_class[c], sc.per_class_se.get(c)) for _, sc in cols)
         )
     lines += _by_lines(r) + _layer_lines(r) + _shot_lines(r)
-    width = max(7, *(len(c) + 1 for c in r.classes))
+    width = max(7, *(len(name) + 1 for name in names))
     lines += ["", "confusion of the pretrained model (rows true, columns predicted):"]
-    lines.append(" " * 16 + "".join(f"{c:>{width}}" for c in r.classes))
-    for c, row in zip(r.classes, r.pretrained.confusion, strict=True):
-        lines.append(f"  {c:<14}" + "".join(f"{v:>{width}}" for v in row))
+    lines.append(" " * 16 + "".join(f"{name:>{width}}" for name in names))
+    for name, row in zip(names, r.pretrained.confusion, strict=True):
+        lines.append(f"  {name:<14}" + "".join(f"{v:>{width}}" for v in row))
     return "\n".join(lines)
 
 

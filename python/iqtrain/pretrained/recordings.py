@@ -18,6 +18,7 @@ name and a rename: an existing file is refused unless ``force``.
 from __future__ import annotations
 
 import json
+import math
 import os
 import stat
 import time
@@ -66,7 +67,6 @@ __all__ = [
     "check_rate",
     "embed_recordings",
     "mean_log_probs",
-    "model_rate",
     "predict_recordings",
     "predicted",
     "report_blank",
@@ -91,22 +91,32 @@ ANY_RATE_HINT = "--any-rate reads them anyway"
 _T = TypeVar("_T")
 
 
-def model_rate(pre: Any) -> float | None:
-    """The sample rate ``pre`` was trained at, when it is known (else None)."""
-    rate = getattr(pre, "sample_rate", None)
-    return None if rate is None else float(rate)
+def _same_rate(a: float | None, b: float | None) -> bool:
+    """The same sample rate within one part in 10**9 (as ``Pretrained`` warns), or both none."""
+    if a is None or b is None:
+        return a is b
+    return math.isclose(a, b, rel_tol=1e-9)
 
 
-def check_rate(rate: float | None, ds: IQDataset, where: str, against: str, hint: str) -> None:
-    """A DataError, one line, when a recording of ``ds`` has another sample rate than ``rate``
-    (or none, when ``rate`` is one): ``where`` names the data list, ``against`` whose rate
-    ``rate`` is (``the model was trained at``), ``hint`` what reads them anyway. Nothing to
-    compare (``rate`` None) passes."""
-    if rate is None:
+def check_rate(
+    rate: float | None,
+    ds: IQDataset,
+    where: str,
+    against: str,
+    hint: str,
+    *,
+    none_known: bool = False,
+) -> None:
+    """A DataError, one line, when a recording of ``ds`` has another sample rate than ``rate``:
+    ``where`` names the data list, ``against`` says whose rate ``rate`` is (``the model was
+    trained at {rate}``), ``hint`` what reads them anyway. ``rate`` None: not known, nothing
+    to compare (the recordings pass), unless ``none_known``: then it is known that there is
+    none, and a recording with one is another rate."""
+    if rate is None and not none_known:
         return
     wrong: dict[float | None, list[Path]] = {}
     for rec in ds.recordings:
-        if rec.sample_rate != rate:
+        if not _same_rate(rec.sample_rate, rate):
             wrong.setdefault(rec.sample_rate, []).append(rec.meta_path)
     if not wrong:
         return
@@ -115,8 +125,8 @@ def check_rate(rate: float | None, ds: IQDataset, where: str, against: str, hint
         for r, p in sorted(wrong.items(), key=lambda kv: -len(kv[1]))
     )
     raise DataError(
-        f"{where}: {against} {format_rate(rate)}, but {listed}; a model sees samples, not "
-        f"seconds ({hint})"
+        f"{where}: {against.format(rate=format_rate(rate))}, but {listed}; a model sees "
+        f"samples, not seconds ({hint})"
     )
 
 
@@ -178,7 +188,8 @@ def _opened(open_: Callable[[], _T]) -> _T:
         raise WindowTooLongError(f"{DATA}: {exc}") from None
     except NoLabelledWindowError as exc:
         raise NoLabelledWindowError(
-            f"{DATA} {exc}; --label-key names the field that holds the class"
+            f"{DATA}: {exc}; --label-key names the field that holds the class (--per window "
+            "needs no label)"
         ) from None
 
 
@@ -187,7 +198,7 @@ def _checked(pre: Pretrained, ds: IQDataset, any_rate: bool, blank: str | None =
     sample rates against the model's (unless ``any_rate``), then the reader's notes and the
     labels read as blank."""
     if not any_rate:
-        check_rate(model_rate(pre), ds, DATA, "the model was trained at", ANY_RATE_HINT)
+        check_rate(pre.sample_rate, ds, DATA, "the model was trained at {rate}", ANY_RATE_HINT)
     report_read(DATA, ds, pre.window)
     report_blank(DATA, blank)
 
@@ -707,7 +718,7 @@ def _predict_annotations(
     except NoLabelledWindowError:
         where = ", ".join(map(os.fspath, [patterns] if isinstance(patterns, str) else patterns))
         raise DataError(
-            f"{DATA} {where}: no annotation holds a whole window of {pre.window} samples "
+            f"{DATA}: {where}: no annotation holds a whole window of {pre.window} samples "
             "(data.seq_patches * data.patch_len): nothing to predict per annotation "
             "(--per window predicts every window)"
         ) from None

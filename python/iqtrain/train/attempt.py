@@ -306,7 +306,9 @@ def _checked(
     identity = DataIdentity(train, val, digests, world=world, checked=parent is not None)
     probe = None
     if world.is_main and config.probe.every:
-        probe = TrainingProbe(config.probe, config.data, config.model, config.run.seed)
+        probe = TrainingProbe(
+            config.probe, config.data, config.model, config.run.seed, opened.sample_rate
+        )
     parts = LoopParts(
         stepper,
         stream,

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 
 import torch
 
 from iqtrain.config.schema import Config, config_to_dict, dumps_toml, load_config
-from iqtrain.data.dataset import TrainStream
-from iqtrain.data.sources import open_datasets, open_labelled
+from iqtrain.console import note
+from iqtrain.data.dataset import IQDataset, TrainStream
+from iqtrain.data.sources import open_datasets, open_labelled, report_dataset
+from iqtrain.data.windows import LabelledSet, show_class
 from iqtrain.model.transformer import NextPatchModel
 from iqtrain.train.schedule import Plan, lr_at
 from iqtrain.train.step import TrainStep
@@ -29,6 +32,35 @@ def _t(x) -> str:
     return f"shape {tuple(x.shape)} dtype {str(x.dtype).removeprefix('torch.')} device {x.device}"
 
 
+def _note_data(
+    train: IQDataset, val: IQDataset, labelled: Sequence[LabelledSet] | None, window: int
+) -> None:
+    """The notes ``run`` gives on its data (:func:`~iqtrain.data.sources.report_dataset`), and
+    of a fine-tune's labels read as blank."""
+    for key, ds in (("data.train", train), ("data.val", val)):
+        report_dataset(key, ds, window)
+    for key, ls in zip(("data.train", "data.val"), labelled or (), strict=False):
+        if ls.blank:
+            note(f"{key}: {ls.blank}")
+
+
+def _data_lines(
+    train: IQDataset, val: IQDataset, labelled: Sequence[LabelledSet] | None
+) -> list[str]:
+    """The datasets, and a fine-tune's classes with their training windows."""
+    out = [
+        f"train: {train!r}\n  fingerprint {train.fingerprint}",
+        f"val:   {val!r}\n  fingerprint {val.fingerprint}",
+    ]
+    if labelled is not None:
+        counts = ", ".join(
+            f"{show_class(c)} {int((labelled[0].labels == k).sum())}"
+            for k, c in enumerate(labelled[0].classes)
+        )
+        out.append(f"classes ({len(labelled[0].classes)}, training windows each): {counts}")
+    return out
+
+
 def inspect_config(path: str | os.PathLike, overrides: list[str] | None = None) -> str:
     """The report of ``iqtrain inspect``: one batch through every stage (the CLI prints it)."""
     lines: list[str] = []
@@ -38,17 +70,12 @@ def inspect_config(path: str | os.PathLike, overrides: list[str] | None = None) 
     classify = config.model.objective == "classify"
     labelled = open_labelled(config.data) if classify else None
     train, val = (labelled[0].dataset, labelled[1].dataset) if labelled else open_datasets(d)
+    _note_data(train, val, labelled, d.window)
     emit(
         "resolved config:\n"
         + "".join(f"  {line}\n" for line in dumps_toml(config_to_dict(config)).splitlines())
     )
-    emit(f"train: {train!r}\n  fingerprint {train.fingerprint}")
-    emit(f"val:   {val!r}\n  fingerprint {val.fingerprint}")
-    if labelled is not None:
-        counts = ", ".join(
-            f"{c} {int((labelled[0].labels == k).sum())}" for k, c in enumerate(labelled[0].classes)
-        )
-        emit(f"classes ({len(labelled[0].classes)}, training windows each): {counts}")
+    lines += _data_lines(train, val, labelled)
 
     stream = TrainStream(train, batch_size=d.batch_size, seed=config.run.seed, prefetch=0)
     raw = next(stream)

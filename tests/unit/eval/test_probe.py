@@ -9,7 +9,14 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import cli_tables, random_iq, refused_in_one_line, write_annotated, write_bursts
+from helpers import (
+    cli_tables,
+    random_iq,
+    refused_in_one_line,
+    set_sample_rate,
+    write_annotated,
+    write_bursts,
+)
 
 from iqtrain.cli.main import main
 from iqtrain.config.schema import build_config
@@ -19,7 +26,7 @@ from iqtrain.data.windows import labelled_windows
 from iqtrain.errors import ConfigError, DataError
 from iqtrain.eval.features import probe_features
 from iqtrain.eval.folds import assign_folds, cross_validate
-from iqtrain.eval.probe import probe_model
+from iqtrain.eval.probe import probe_model, run_probe
 from iqtrain.model.transformer import NextPatchModel
 from iqtrain.pretrained.load import random_init_model
 from iqtrain.train.attempt import run_pretraining_attempt
@@ -308,6 +315,7 @@ def test_by_key_refusals_are_one_line_exit_2(attempt, tmp_path, capsys):
     meta["annotations"][1]["huge"] = 10**400  # a JSON integer no float holds
     meta["annotations"][0]["huge"] = 1.0
     rec.write_text(json.dumps(meta))
+    set_sample_rate(rec)  # the rate the attempt trained at
     refused_in_one_line(
         capsys,
         ["probe", os.fspath(path), "--data", os.fspath(rec), "--folds", "2", "--by", "huge"],
@@ -451,7 +459,7 @@ def test_few_shot_scores_pool_the_folds_per_draw():
     assert shots[1]["pretrained"]["mean"] > 0.9  # separable classes, 3 examples each
     one = plan.shots({"pretrained": x}, [1], seeds=1)[0]["pretrained"]
     assert one["std"] is None and one["draws"] == shots[0]["pretrained"]["draws"][:1]
-    with pytest.raises(ConfigError, match=r"^shots: K = 4 .* class 'c0' has only 3 training"):
+    with pytest.raises(ConfigError, match=r"^shots: K = 4 .* class c0 has only 3 training"):
         plan.check_shots([1, 4])  # the library names the option, the command its flag
     plan.check_shots([3])
 
@@ -484,9 +492,9 @@ def bursts(tmp_path_factory):
     """A labelled set with 6 annotations of 2 windows per class, and one on a sparse SNR grid
     (-20, -10, 0, 10, 18: RadioML's kind of grid), each SNR in both classes."""
     root = tmp_path_factory.mktemp("bursts")
-    write_bursts(root / "six", "six", ["a", "b"] * 6, W)
+    set_sample_rate(write_bursts(root / "six", "six", ["a", "b"] * 6, W))
     snrs = [{"snr": float(v)} for v in (-20, -20, -10, -10, 0, 0, 10, 10, 18, 18)]
-    write_bursts(root / "grid", "grid", ["a", "b"] * 5, W, fields=snrs, seed=1)
+    set_sample_rate(write_bursts(root / "grid", "grid", ["a", "b"] * 5, W, fields=snrs, seed=1))
     return os.fspath(root / "six" / "*.sigmf-meta"), os.fspath(root / "grid" / "*.sigmf-meta")
 
 
@@ -529,7 +537,7 @@ def test_too_many_shots_is_refused_before_any_feature(attempt, bursts, capsys, m
     path, _ = attempt
     argv = ["probe", os.fspath(path), "--data", bursts[0], "--folds", "3"]
     # 6 annotations per class in 3 folds: 4 of each class train when its fold is held out
-    refused_in_one_line(capsys, [*argv, "--shots", "1,5"], "--shots", "'a'", "only 4 training")
+    refused_in_one_line(capsys, [*argv, "--shots", "1,5"], "--shots", "class a has only 4 training")
     refused_in_one_line(capsys, [*argv, "--shots", "0"], "--shots")
     refused_in_one_line(capsys, [*argv, "--shots", "2,2"], "--shots", "each K once")
     refused_in_one_line(capsys, [*argv, "--seeds", "3"], "--seeds", "--shots")
@@ -558,3 +566,63 @@ def test_a_sparse_snr_grid_shows_its_empty_bins(attempt, bursts, capsys):
     assert [(b["lo"], b["hi"], b["windows"]) for b in bins] == [(-1e300, 0.0, 8), (0.0, 1e300, 12)]
     # explicit edges none of the values reach: refused, one line
     refused_in_one_line(capsys, [*argv, "--by", "snr", "--bins", "30,40"], "--bins", "no window")
+
+
+# --------------------------------------------------------------------------- real recordings in
+
+
+def _nest_labels(meta, key="signal:detail"):
+    """Move every annotation's core:label of ``meta`` under ``key`` as ``mod_class``."""
+    doc = json.loads(meta.read_text())
+    for ann in doc["annotations"]:
+        ann[key] = {"mod_class": ann.pop("core:label")}
+    meta.write_text(json.dumps(doc))
+    return meta
+
+
+def test_probe_reads_the_models_sample_rate_label_paths_and_names_its_flags(
+    attempt, tmp_path, capsys
+):
+    path, _ = attempt
+    a = ["probe", os.fspath(path), "--folds", "2"]
+    fast = os.fspath(set_sample_rate(write_bursts(tmp_path / "f", "f", ["a", "b"] * 2, W), 2e6))
+    refused_in_one_line(capsys, [*a, "--data", fast], "--data", "1 MHz", "2 MHz", "--any-rate")
+    assert main([*a, "--data", fast, "--any-rate"]) == 0
+    with pytest.raises(DataError, match="trained at 1 MHz, but .*any_rate reads them anyway"):
+        run_probe(path, fast, folds=2)
+    assert run_probe(path, fast, folds=2, any_rate=True).windows == 8
+    nested = _nest_labels(set_sample_rate(write_bursts(tmp_path / "n", "n", ["a", "b"] * 2, W)))
+    line = refused_in_one_line(capsys, [*a, "--data", os.fspath(nested)], "--data", "--label-key")
+    assert "no labelled window" in line and "core:label" in line
+    capsys.readouterr()
+    assert main([*a, "--data", os.fspath(nested), "--label-key", "signal:detail.mod_class"]) == 0
+    assert "4 annotations, 2 classes" in capsys.readouterr().out
+    refused_in_one_line(capsys, [*a, "--data", fast, "--label-key", ""], "--label-key")
+    refused_in_one_line(capsys, [*a, "--data", fast, "--channel", "-2"], "--channel")
+
+
+def test_probe_notes_what_it_reads_past_and_prints_classes_apart(attempt, tmp_path, capsys):
+    path, _ = attempt
+    d = tmp_path / "d"
+    labels = [" a", "a"] * 2 + [" ", "a"]  # " a" and "a" are two classes; " " is no label
+    set_sample_rate(write_bursts(d, "labelled", labels, W))
+    set_sample_rate(
+        write_annotated(d, "plain", random_iq(np.random.default_rng(1), 256, "ci8"), "ci8", [])
+    )
+    set_sample_rate(
+        write_annotated(d, "short", random_iq(np.random.default_rng(2), 40, "ci8"), "ci8", [])
+    )
+    (d / "broken.sigmf-meta").write_text("{")
+    argv = ["probe", os.fspath(path), "--data", os.fspath(d / "*.sigmf-meta"), "--folds", "2"]
+    refused_in_one_line(capsys, argv, "--data", "broken.sigmf-meta", "--skip-invalid")
+    assert main([*argv, "--skip-invalid"]) == 0
+    cap = capsys.readouterr()
+    assert "--data: 1 input(s) cannot be read and are skipped (--skip-invalid)" in cap.err
+    assert "--data: 1 recording(s) yield no window of 64 samples (too short" in cap.err
+    assert "short.sigmf-meta" in cap.err and "plain.sigmf-meta" in cap.err
+    assert "yield no window of 64 samples inside an annotation with a core:label" in cap.err
+    assert "--data: 1 annotation(s) with an empty core:label are read as unlabelled" in cap.err
+    rows = [line.split() for line in cap.out.splitlines()]
+    assert next(r for r in rows if r[:1] == ["'"])[:2] == ["'", "a'"]  # " a", quoted
+    header = next(i for i, r in enumerate(rows) if r[:1] == ["confusion"]) + 1
+    assert rows[header] == ["'", "a'", "a"]

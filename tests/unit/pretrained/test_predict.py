@@ -5,6 +5,7 @@ stand-in model whose log-probabilities are a function of each window's samples).
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -31,7 +32,7 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
     return x - np.log(np.exp(x).sum(axis=1, keepdims=True))
 
 
-def _fake(objective="classify", key="core:label", nan_at=None):
+def _fake(objective="classify", key="core:label", nan_at=None, sample_rate=None):
     """A stand-in Pretrained: a window whose I components average v gets logits
     ``-(v - k)**2`` for class k (so a window filled with k predicts class k)."""
 
@@ -53,6 +54,7 @@ def _fake(objective="classify", key="core:label", nan_at=None):
             data=SimpleNamespace(label_key=key), model=SimpleNamespace(objective=objective)
         ),
         log_probs=log_probs,
+        sample_rate=sample_rate,
     )
 
 
@@ -251,3 +253,64 @@ def test_a_confusion_matrix_of_many_classes_is_left_to_the_json():
     assert text[1].startswith("accuracy 1.00000 (41 of 41 windows")
     assert text[-1] == "confusion: 41 classes, more than 40 to print (--json holds it)"
     assert len(text) == 4
+
+
+def test_a_model_at_a_known_rate_refuses_recordings_at_another_unless_any_rate(tmp_path):
+    data = _recording(tmp_path)  # no core:sample_rate
+    with pytest.raises(DataError, match=r"--data: the model was trained at 2 MHz, but 1 rec"):
+        predict_recordings(_fake(sample_rate=2e6), [data])
+    with pytest.raises(DataError, match="have no core:sample_rate .*--any-rate"):
+        predict_recordings(_fake(sample_rate=2e6), [data], per="window")
+    assert len(predict_recordings(_fake(sample_rate=2e6), [data], any_rate=True).rows) == 4
+    doc = json.loads(Path(data).read_text())
+    doc["global"]["core:sample_rate"] = 2e6
+    Path(data).write_text(json.dumps(doc))
+    assert len(predict_recordings(_fake(sample_rate=2e6), [data]).rows) == 4
+
+
+@pytest.mark.parametrize("key", ["x:class", "signal:detail.mod_class"])
+def test_the_label_key_may_be_another_field_or_a_path(tmp_path, key):
+    data = _recording(tmp_path, key)  # the model trained on core:label: labels elsewhere
+    pred = predict_recordings(_fake(), [data], per="annotation", key=key)
+    assert pred.label_key == key and [r.label for r in pred.rows] == ["a", "b", "zzz", None]
+    assert pred.scores.labelled == 2
+    plain = predict_recordings(_fake(), [data], per="window")  # the model's own key: none
+    assert pred.unknown == {"zzz": 1} and plain.scores.labelled == 0
+    with pytest.raises(ConfigError, match="--label-key"):
+        predict_recordings(_fake(), [data], key="")
+
+
+def test_every_recording_without_a_row_and_every_blank_label_is_noted(tmp_path, capsys):
+    data = _recording(tmp_path / "r")
+    _write(tmp_path / "r", "blank", np.zeros((128, 2)), [(0, 128, {"core:label": " "})])
+    _write(tmp_path / "r", "bare", np.zeros((128, 2)), [])
+    _write(tmp_path / "r", "short", np.zeros((40, 2)), [])
+    both = [data, str(tmp_path / "r" / "*.sigmf-meta")]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pred = predict_recordings(_fake(), both, per="annotation")
+    err = capsys.readouterr().err
+    assert "--data: 1 recording(s) yield no window of 64 samples (too short" in err
+    assert "short.sigmf-meta" in err
+    assert "1 recording(s) yield no window of 64 samples inside an annotation, skipped: " in err
+    assert "bare.sigmf-meta" in err
+    assert "--data: 1 annotation(s) with an empty core:label are read as unlabelled" in err
+    assert [r.label for r in pred.rows if r.recording.name == "blank.sigmf-meta"] == [None]
+    predict_recordings(_fake(), both, per="window")
+    err = capsys.readouterr().err
+    assert "short.sigmf-meta" in err and "empty core:label" in err and "bare" not in err
+
+
+def test_class_names_print_as_show_class_prints_them():
+    classes = (" a", "a", "b")
+    rows = [
+        PredictRow(Path("r"), 0, 1, " a", 0.9, "a"),
+        PredictRow(Path("r"), 64, 1, "a", 0.8, " a"),
+    ]
+    pred = Prediction("window", classes, rows, accuracy_scores([1, 0], [0, 1], classes), {})
+    lines = prediction_lines(pred, "A")
+    assert lines[2].split()[3:6] == ["'", "a'", "0.90000"]  # "' a'": the name as written
+    assert "' a'" in lines[3] and lines[3].split()[5] == "'"
+    assert lines[-6] == "class accuracy: ' a' 0.00000 (1), a 0.00000 (1), b n/a (0)"
+    assert lines[-4].split() == ["'", "a'", "a", "b"]
+    assert lines[-3].split()[:2] == ["'", "a'"] and lines[-2].split()[0] == "a"

@@ -34,3 +34,39 @@ def test_inspect_names_the_objective_and_its_untrained_loss(tmp_path, objective)
     want = {"categorical": "(8, 16, 256)", "classify": "(8, 7)"}.get(objective, "(8, 16, 16)")
     assert want in next(ln for ln in text.splitlines() if ln.startswith("4 model predictions"))
     assert not (tmp_path / "run").exists()  # inspect creates no attempt
+
+
+def test_inspect_gives_the_notes_on_its_data_that_run_gives(tmp_path, capsys):
+    import numpy as np
+    from helpers import random_iq, write_sigmf
+
+    rng = np.random.default_rng(0)
+    for name, samples in (("long", 4096), ("short", 100)):
+        write_sigmf(tmp_path / "d", name, random_iq(rng, samples, "ci16_le"), "ci16_le")
+    data = str(tmp_path / "d" / "*.sigmf-meta")
+    tables = tiny_tables(tmp_path / "run", tmp_path / "cache")
+    tables["data"].update(train=[data], val=[data])
+    path = tmp_path / "c.toml"
+    path.write_text(dumps_toml(tables))
+    inspect_config(str(path), [])
+    err = capsys.readouterr().err
+    for key in ("data.train", "data.val"):
+        assert f"iqtrain: note: {key}: 1 recording(s) yield no window of 128 samples" in err
+    assert "short.sigmf-meta" in err
+
+
+def test_inspect_notes_blank_labels_and_prints_class_names_apart(tmp_path, capsys):
+    from helpers import set_sample_rate, write_bursts
+
+    d = tmp_path / "d"
+    set_sample_rate(write_bursts(d, "b", [" a", "a", " ", "a", " a"] * 2, 128))
+    tables = tiny_tables(tmp_path / "run", tmp_path / "cache")
+    tables["data"].update(train=[str(d / "*.sigmf-meta")], val=[str(d / "*.sigmf-meta")])
+    tables["model"].update(objective="classify")
+    path = tmp_path / "c.toml"
+    path.write_text(dumps_toml(tables))
+    text = inspect_config(str(path), [])
+    assert "classes (2, training windows each): ' a' 8, a 8" in text
+    err = capsys.readouterr().err
+    for key in ("data.train", "data.val"):
+        assert f"{key}: 2 annotation(s) with an empty core:label are read as unlabelled" in err

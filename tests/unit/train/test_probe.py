@@ -108,7 +108,7 @@ def test_probe_settings_are_checked_before_the_attempt_exists(tmp_path, labelled
         probe = {"every": 1, "data": [labelled], "by": "iqtrain:snr_db", "bins": [100, 200]}
         run_pretraining_attempt(build_config(_tables(tmp_path, "c", probe)))
     # 1 annotation of each class in the synthetic recordings: no class trains in its own fold
-    with pytest.raises(ConfigError, match=r"probe.shots: K = 1 .* class '16QAM' has only 0"):
+    with pytest.raises(ConfigError, match=r"probe.shots: K = 1 .* class 16QAM has only 0"):
         probe = {"every": 1, "data": [labelled], "folds": 2, "shots": [1]}
         run_pretraining_attempt(build_config(_tables(tmp_path, "c", probe)))
     for bins, match in ((0, "probe.bins"), ([3, 1], "probe.bins"), (["a", 2], r"probe.bins\[0\]")):
@@ -157,3 +157,110 @@ def test_probe_runs_at_an_early_stop_and_a_failing_probe_does_not_end_training(
     assert not [r for r in read_metrics(done.attempt / "metrics.jsonl") if r["kind"] == "probe"]
     assert capsys.readouterr().err.count("skipped: ") == 3  # validations at 4, 8, 12
     assert check_attempt(done.attempt).problems == []
+
+
+# --------------------------------------------------------------------------- real recordings in
+
+
+def _plain(directory: Path, count: int = 2) -> str:
+    """``count`` unlabelled ci16_le recordings of 4096 samples at 1 MHz; their glob."""
+    import numpy as np
+    from helpers import random_iq, write_sigmf
+
+    rng = np.random.default_rng(7)
+    for i in range(count):
+        write_sigmf(directory, f"p{i}", random_iq(rng, 4096, "ci16_le"), "ci16_le")
+    return str(directory / "*.sigmf-meta")
+
+
+def test_a_probe_without_labels_is_refused_in_one_line_naming_the_setting(tmp_path, capsys):
+    from helpers import refused_in_one_line
+
+    from iqtrain.config.schema import dumps_toml
+
+    plain = _plain(tmp_path / "plain")
+    for probe, names in (
+        ({"every": 2}, ["data.val (probe.data is empty)"]),  # the default probe set
+        ({"every": 2, "data": [plain]}, ["probe.data"]),
+        ({"every": 2, "data": [plain], "label_key": "x:mod"}, ["probe.data", "x:mod"]),
+    ):
+        tables = _tables(tmp_path, "g", probe)
+        tables["data"].update(train=[plain], val=[plain])
+        path = tmp_path / "g.toml"
+        path.write_text(dumps_toml(tables))
+        line = refused_in_one_line(
+            capsys,
+            ["run", str(path)],
+            "probe.every = 2",
+            "no labelled window",
+            "probe.label_key",
+            "probe.every = 0",
+            *names,
+        )
+        assert "\n" not in line
+    assert not (tmp_path / "g").exists()  # nothing created
+
+
+def test_probe_label_key_reads_a_path_and_is_checked(tmp_path, bursts):
+    import json
+
+    from iqtrain.train.probe import TrainingProbe
+
+    nested = tmp_path / "nested"
+    nested.mkdir()
+    for meta in Path(bursts).parent.glob("*.sigmf-meta"):
+        doc = json.loads(meta.read_text())
+        for ann in doc["annotations"]:
+            ann["signal:detail"] = {"mod_class": ann.pop("core:label")}
+        (nested / meta.name).write_text(json.dumps(doc))
+        (nested / meta.with_suffix(".sigmf-data").name).write_bytes(
+            meta.with_suffix(".sigmf-data").read_bytes()
+        )
+    probe = {"every": 1, "data": [str(nested / "*.sigmf-meta")], "folds": 2}
+    config = build_config(_tables(tmp_path, "h", {**probe, "label_key": "signal:detail.mod_class"}))
+    assert config.probe.label_key == "signal:detail.mod_class"
+    made = TrainingProbe(config.probe, config.data, config.model, config.run.seed)
+    assert made.labelled.num_annotations == 28 and len(made.labelled.classes) == 7
+    assert build_config(_tables(tmp_path, "h", probe)).probe.label_key == "core:label"
+    for bad in ("", "  ", 3):
+        with pytest.raises(ConfigError, match="probe.label_key"):
+            build_config(_tables(tmp_path, "h", {**probe, "label_key": bad}))
+
+
+def test_probe_data_at_another_rate_than_the_training_data_is_refused(tmp_path, bursts):
+    import json
+
+    from iqtrain.train.probe import TrainingProbe, training_rate
+
+    fast = tmp_path / "fast"
+    fast.mkdir()
+    for meta in Path(bursts).parent.glob("*"):
+        (fast / meta.name).write_bytes(meta.read_bytes())
+    for meta in fast.glob("*.sigmf-meta"):
+        doc = json.loads(meta.read_text())
+        doc["global"]["core:sample_rate"] = 2e6
+        meta.write_text(json.dumps(doc))
+    probe = {"every": 1, "data": [str(fast / "*.sigmf-meta")], "folds": 2}
+    config = build_config(_tables(tmp_path, "i", probe))
+    assert training_rate(config.data) == 1e6  # the synthetic sets'
+    args = (config.probe, config.data, config.model, config.run.seed)
+    with pytest.raises(DataError) as caught:
+        TrainingProbe(*args)
+    line = str(caught.value)
+    assert line.startswith("probe.data: the training data has 1 MHz, but 2 recording(s) have 2 MHz")
+    assert 'data.sample_rate = "any"' in line and "probe.every = 0" in line and "\n" not in line
+    assert TrainingProbe(*args, sample_rate=2e6).labelled.num_annotations == 28  # as given
+    with pytest.raises(DataError, match="the training data has no core:sample_rate, but 2 rec"):
+        TrainingProbe(*args, sample_rate=None)
+    tables = _tables(tmp_path, "i", probe)
+    tables["data"]["sample_rate"] = 1e6
+    config = build_config(tables)
+    with pytest.raises(DataError, match="probe.data: data.sample_rate is 1 MHz, but"):
+        TrainingProbe(config.probe, config.data, config.model, config.run.seed)
+    tables["data"]["sample_rate"] = "any"
+    config = build_config(tables)
+    made = TrainingProbe(config.probe, config.data, config.model, config.run.seed)
+    assert made.labelled.num_annotations == 28
+    with pytest.raises(DataError, match="probe.data: the training data has 1 MHz"):
+        run_pretraining_attempt(build_config(_tables(tmp_path, "i", probe)))
+    assert not (tmp_path / "i" / "attempts").exists()

@@ -347,15 +347,16 @@ def _channels(meta: Path, glob_: dict, channel: int | None) -> tuple[int, int]:
             raise _field_error(
                 meta,
                 "core:num_channels",
-                f"{channels} interleaved channels; set data.channel (0 to {channels - 1}) to "
-                "read one",
+                f"{channels} interleaved channels; choose the one to read (0 to {channels - 1}) "
+                "with data.channel (--channel for the commands that use a model)",
             )
         return 1, 0
     if channel >= channels:
         raise _field_error(
             meta,
             "core:num_channels",
-            f"{channels} channel(s): data.channel = {channel} is not one of them",
+            f"{channels} channel(s): channel {channel} (data.channel, --channel) is not one "
+            "of them",
         )
     return channels, channel
 
