@@ -90,6 +90,10 @@ class RecordingsRefused(DataError):
         return RecordingsRefused(self.problems, self.total, where, hint)
 
 
+def _one_line(text: str) -> str:
+    return text.replace("\r", "\\r").replace("\n", "\\n")
+
+
 class NoLabelledWindowError(DataError):
     """No annotation that carries the label key holds a whole window (``labelled_windows``)."""
 

@@ -27,6 +27,7 @@ import numpy as np
 
 from iqtrain._native import NativeDataset, NativeStream, digest_files
 from iqtrain.data.sigmf import Recording, Source, expand, read_recording
+from iqtrain.data.sigmf.regular import open_regular
 from iqtrain.errors import (
     ConfigError,
     CursorMismatchError,
@@ -76,7 +77,7 @@ def _sampled_digest(path: Path, base: int, nbytes: int) -> bytes:
     16 blocks, else 16 blocks at fixed offsets (docs/design.md 1.3)."""
     # Plain descriptor reads: a buffered file object cost as much again as the reads here.
     h = hashlib.sha256()
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    fd = open_regular(path)
     try:
         if nbytes <= FINGERPRINT_BLOCK * FINGERPRINT_BLOCKS:
             if base == 0:
@@ -144,7 +145,7 @@ def _sha512_problem(rec: Recording) -> str | None:
     view = memoryview(bytearray(1 << 22))
     try:
         # Plain reads to the end (no map): a truncated file reads short instead of faulting.
-        with open(rec.data_path, "rb", buffering=0) as f:
+        with os.fdopen(open_regular(rec.data_path), "rb", buffering=0) as f:
             f.seek(rec.data_offset)
             while got < want and (n := f.readinto(view[: min(len(view), want - got)])):
                 h.update(view[:n])  # hashlib releases the GIL for large updates

@@ -353,17 +353,21 @@ def check_sample_rates(rule: str | float, sets: dict[str, IQDataset]) -> float |
     )
 
 
-def report_dataset(key: str, ds: IQDataset, window: int) -> None:
-    """Rank 0's notes on a dataset: what the reader tolerated, what it skipped
-    (``data.skip_invalid``), and the recordings that yield no window."""
+def report_dataset(
+    key: str,
+    ds: IQDataset,
+    window: int,
+    skip: str = "data.skip_invalid; recorded in attempt.json",
+) -> None:
+    """The notes on a dataset (rank 0's, in a run; every command that reads recordings gives
+    the same): what the reader tolerated, the inputs it read past (``skip`` names the setting
+    that did), and the recordings that yield no window of ``window`` samples."""
     report_notes(key, ds)
     if ds.refused:
         shown = "; ".join(line for _, line in ds.refused[:3])
         more = f" (+{len(ds.refused) - 3} more)" if len(ds.refused) > 3 else ""
-        note(
-            f"{key}: {len(ds.refused)} input(s) cannot be read and are skipped "
-            f"(data.skip_invalid; recorded in attempt.json): {shown}{more}"
-        )
+        count = len(ds.refused)
+        note(f"{key}: {count} input(s) cannot be read and are skipped ({skip}): {shown}{more}")
     report_skipped(key, ds, window)
 
 

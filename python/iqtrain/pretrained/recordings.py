@@ -31,7 +31,7 @@ import numpy as np
 
 from iqtrain.console import note
 from iqtrain.data.dataset import IQDataset, ReadOptions, shown_path
-from iqtrain.data.sources import format_rate, report_notes, report_skipped
+from iqtrain.data.sources import format_rate, report_dataset
 from iqtrain.data.windows import (
     FEATURE_BATCH,
     ClassRule,
@@ -137,18 +137,9 @@ def check_label_key(key: str | None, name: str = "--label-key") -> None:
 
 
 def report_read(where: str, ds: IQDataset, window: int, skip: str = "--skip-invalid") -> None:
-    """The notes on data list ``where`` as ``run`` gives them (:func:`iqtrain.data.sources.
-    report_dataset`): what the reader tolerated, the inputs read past (``skip`` names the
-    setting that did) and the recordings that yield no window of ``window`` samples."""
-    report_notes(where, ds)
-    if ds.refused:
-        shown = "; ".join(line for _, line in ds.refused[:3])
-        more = f" (+{len(ds.refused) - 3} more)" if len(ds.refused) > 3 else ""
-        note(
-            f"{where}: {len(ds.refused)} input(s) cannot be read and are skipped ({skip}): "
-            f"{shown}{more}"
-        )
-    report_skipped(where, ds, window)
+    """The notes on data list ``where`` as ``run`` gives them
+    (:func:`iqtrain.data.sources.report_dataset`; ``skip`` names the flag that reads past)."""
+    report_dataset(where, ds, window, skip)
 
 
 def report_unused(where: str, ds: IQDataset, used: np.ndarray, window: int, inside: str) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from iqtrain.data.sigmf.metadata import Recording, read_metadata
+from iqtrain.data.sigmf.metadata import INT_MAX, Recording, read_metadata
 from iqtrain.errors import DataError
 
 __all__ = ["MISSING", "Annotation", "field_at", "read_annotations"]
@@ -55,16 +55,22 @@ def field_at(fields: dict[str, Any], key: str) -> Any:
     return node
 
 
+def _index(rec: Recording, field: str, value: Any) -> int:
+    """An annotation's integer field (JSON Schema's integers: ``5.0`` is 5), >= 0."""
+    if type(value) is float and value.is_integer():
+        value = int(value)
+    if type(value) is not int or not 0 <= value <= INT_MAX:
+        raise DataError(
+            f"{rec.meta_path}: {field}: must be an integer in [0, 2^63), got {value!r:.40}"
+        )
+    return value
+
+
 def _count(rec: Recording, where: str, ann: dict, start: int) -> int:
     end = rec.offset + rec.num_samples
-    count = ann.get("core:sample_count", max(end - start, 0))
-    if type(count) is float and count.is_integer():
-        count = int(count)
-    if type(count) is not int or count < 0:
-        raise DataError(
-            f"{rec.meta_path}: {where}.core:sample_count: must be an integer >= 0, "
-            f"got {count!r:.40}"
-        )
+    count = _index(
+        rec, f"{where}.core:sample_count", ann.get("core:sample_count", max(end - start, 0))
+    )
     if start < rec.offset or start + count > end:
         raise DataError(
             f"{rec.meta_path}: {where}: samples [{start}, {start + count}) are not all in the "
@@ -89,14 +95,7 @@ def read_annotations(rec: Recording) -> list[Annotation]:
         where = f"annotations[{i}]"
         if not isinstance(ann, dict):
             raise DataError(f"{rec.meta_path}: {where}: must be an object")
-        start = ann.get("core:sample_start")
-        if type(start) is float and start.is_integer():
-            start = int(start)
-        if type(start) is not int or start < 0:
-            raise DataError(
-                f"{rec.meta_path}: {where}.core:sample_start: must be an integer >= 0, "
-                f"got {start!r:.40}"
-            )
+        start = _index(rec, f"{where}.core:sample_start", ann.get("core:sample_start"))
         count = _count(rec, where, ann, start)
         label = ann.get("core:label")
         found.append(Annotation(start, count, label if isinstance(label, str) else None, ann))

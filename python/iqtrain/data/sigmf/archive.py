@@ -12,11 +12,11 @@ reader then reads each data member at its byte offset in the tar file.
 from __future__ import annotations
 
 import os
-import stat
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from iqtrain.data.sigmf.regular import open_regular
 from iqtrain.errors import DataError
 
 __all__ = [
@@ -111,7 +111,10 @@ class Archive:
     def read(self, member: Member) -> bytes:
         """The bytes of ``member`` (a metadata file: small), read at its offset; a short read
         (the archive shrank) is a DataError naming the archive."""
-        fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            fd = open_regular(self.path)
+        except OSError as exc:
+            raise DataError(f"{self.path}: cannot be read ({exc.strerror or exc})") from None
         try:
             data = os.pread(fd, member.size, member.offset)
         finally:
@@ -199,13 +202,12 @@ def _listing(f, path: Path, size: int) -> tuple[dict[str, Member], dict[str, str
 def open_archive(path: Path) -> Archive:
     """The members of the archive at ``path`` (resolved), or one DataError line naming it."""
     try:
-        st = os.stat(path)
+        fd = open_regular(path)
     except OSError as exc:
         raise DataError(f"{path}: cannot be read ({exc.strerror or exc})") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise DataError(f"{path}: is not a regular file")
+    st = os.fstat(fd)
     try:
-        with open(path, "rb") as f:
+        with os.fdopen(fd, "rb") as f:
             suffix = sniff_compression(f.read(8))
             if suffix is not None:
                 raise DataError(compressed_hint(os.fspath(path), suffix, named=".sigmf"))

@@ -15,11 +15,13 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from iqtrain.data.sigmf.archive import COMPRESSED, Archive, compressed_hint, open_archive
+from iqtrain.data.sigmf.regular import read_regular
 from iqtrain.errors import DataError
 
 __all__ = ["Expanded", "Source", "expand", "sorted_as_paths"]
@@ -142,6 +144,9 @@ def sorted_as_paths(paths: Sequence[str]) -> list[str]:
     return sorted(paths, key=lambda p: p.replace("/", "\0"))
 
 
+_SHA512 = re.compile(r"[0-9a-fA-F]{128}")
+
+
 def _stream_names(data: object) -> list[tuple[str, str | None]]:
     """``(name, hash)`` of each stream of a collection's JSON; ValueError saying what is wrong."""
     if not isinstance(data, dict) or not isinstance(data.get("collection"), dict):
@@ -163,8 +168,12 @@ def _stream_names(data: object) -> list[tuple[str, str | None]]:
                 f"collection.core:streams[{i}].name: {name!r:.60} is not a recording's name "
                 "beside the collection"
             )
-        if digest is not None and not isinstance(digest, str):
-            raise ValueError(f"collection.core:streams[{i}].hash: {digest!r:.60} is not a string")
+        if digest is not None and not (
+            isinstance(digest, str) and _SHA512.fullmatch(digest) is not None
+        ):
+            raise ValueError(
+                f"collection.core:streams[{i}].hash: {digest!r:.60} is not a SHA-512 hex digest"
+            )
         out.append((name, digest))
     return out
 
@@ -182,7 +191,8 @@ class _Expander:
             self.seen[key] = source
 
     def problem(self, path: str, message: str) -> None:
-        self.out.problems.append((path, message))
+        if (path, message) not in self.out.problems:  # an input named twice is refused once
+            self.out.problems.append((path, message))
 
     def archive(self, path: str) -> Archive | None:
         """The listing of archive ``path`` (resolved), once; None (and a problem) if refused."""
@@ -234,8 +244,7 @@ class _Expander:
 
     def add_collection(self, path: str) -> None:
         try:
-            with open(path, "rb") as f:
-                streams = _stream_names(json.loads(f.read()))
+            streams = _stream_names(json.loads(read_regular(path)))
         except (OSError, ValueError, UnicodeDecodeError, RecursionError) as exc:
             why = exc.strerror if isinstance(exc, OSError) else exc
             self.problem(path, f"{path}: cannot be read as a SigMF collection ({why})")
@@ -252,8 +261,8 @@ class _Expander:
             else:
                 self.problem(
                     path,
-                    f"{path}: collection.core:streams[{i}]: {name!r} names no recording "
-                    f"({name}{META} or {name}{ARCHIVE} next to the collection)",
+                    f"{path}: collection.core:streams[{i}]: {name!r} names no recording (no "
+                    f"{META} or {ARCHIVE} of that name next to the collection)",
                 )
 
 

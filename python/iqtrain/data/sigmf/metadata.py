@@ -27,6 +27,7 @@ from iqtrain.config.sections import SIGMF_DATATYPES
 from iqtrain.data.sigmf.datatypes import DatatypeProblem, parse_datatype
 from iqtrain.data.sigmf.inputs import Source
 from iqtrain.data.sigmf.layout import LayoutProblem, plan_layout
+from iqtrain.data.sigmf.regular import read_regular
 from iqtrain.data.sigmf.schema import schema_problems
 from iqtrain.errors import DataError
 
@@ -108,24 +109,11 @@ def _field_error(meta: Path, field: str, msg: str) -> DataError:
     return DataError(f"{meta}: {field}: {msg}")
 
 
-def _read_file(path: Path) -> bytes:
-    """The bytes of ``path``: one open, fstat and read for a small file (Path.read_bytes, through
-    a buffered file object, took 3x as long here: docs/design.md 1.2)."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0))
-    try:
-        parts = [os.read(fd, os.fstat(fd).st_size + 1)]
-        while parts[-1]:  # to the end, whatever the size said (a file that grew, a short read)
-            parts.append(os.read(fd, 1 << 20))
-        return b"".join(parts)
-    finally:
-        os.close(fd)
-
-
 def _meta_bytes(source: Source) -> bytes:
     if source.archive is not None and source.member is not None:
         return source.archive.read(source.archive.member(source.member))
     try:
-        return _read_file(source.meta)
+        return read_regular(source.meta)
     except OSError as exc:
         raise DataError(f"{source.meta}: cannot read: {exc.strerror or exc}") from None
 
@@ -165,10 +153,16 @@ def _integer(value: Any) -> int | None:
     return None
 
 
+#: The largest integer the SigMF schema allows (a signed 64-bit integer).
+INT_MAX = (1 << 63) - 1
+
+
 def _uint(meta: Path, where: str, value: Any, minimum: int = 0) -> int:
     n = _integer(value)
-    if n is None or n < minimum:
-        raise _field_error(meta, where, f"must be an integer >= {minimum}, got {value!r:.40}")
+    if n is None or not minimum <= n <= INT_MAX:
+        raise _field_error(
+            meta, where, f"must be an integer in [{minimum}, 2^63), got {value!r:.40}"
+        )
     return n
 
 

@@ -4,6 +4,7 @@ sigmf-python, globs of all of them; every input that cannot be read is a problem
 from __future__ import annotations
 
 import gzip
+import json
 import os
 from pathlib import Path
 
@@ -60,19 +61,21 @@ def test_a_collection_stands_for_its_streams_with_their_hashes(tmp_path):
 
 
 def test_a_stream_missing_or_a_collection_unreadable_is_a_problem(tmp_path):
-    (tmp_path / "c.sigmf-collection").write_text(
-        '{"collection": {"core:version": "1.2.0", "core:streams": [{"name": "gone", "hash": "0"}]}}'
-    )
+    def collection(name: str, streams: list) -> None:
+        doc = {"collection": {"core:streams": streams}}
+        (tmp_path / f"{name}.sigmf-collection").write_text(json.dumps(doc))
+
+    collection("c", [{"name": "gone", "hash": "0" * 128}])
     (tmp_path / "bad.sigmf-collection").write_text("{")
-    (tmp_path / "up.sigmf-collection").write_text(
-        '{"collection": {"core:streams": [{"name": "../x", "hash": "0"}]}}'
-    )
+    collection("up", [{"name": "../x", "hash": "0" * 128}])
+    collection("h", [{"name": "x", "hash": "0"}])
     found = expand(os.fspath(tmp_path / "*.sigmf-collection"))
     text = "\n".join(line for _, line in found.problems)
     assert "'gone' names no recording" in text
     assert "cannot be read as a SigMF collection" in text
     assert "not a recording's name" in text
-    assert not found.sources and len(found.problems) == 3
+    assert "hash: '0' is not a SHA-512 hex digest" in text
+    assert not found.sources and len(found.problems) == 4
 
 
 @pytest.mark.parametrize(
