@@ -257,6 +257,9 @@ def _schema_notes(meta: Path, metadata: dict) -> list[tuple[str, str]]:
             key = required[1]
             read = "one capture at the first sample" if key == "captures" else "none"
             notes.append((key, f"missing (read as {read})"))
+        elif path == ("global", "core:version"):  # sigmf-python reads it as its own version
+            version = metadata["global"].get("core:version")
+            notes.append(("core:version", f"{version!r:.40} is not of the form X.Y.Z"))
         else:
             notes.append((_path_text(path), message))
     return notes
