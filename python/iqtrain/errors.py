@@ -26,6 +26,7 @@ __all__ = [
     "TrainingError",
     "StorageError",
     "exit_code",
+    "one_line",
 ]
 
 EXIT_FAILURE = 1
@@ -69,7 +70,8 @@ class RecordingsRefused(DataError):
     def __init__(
         self, problems: list[tuple[str, str]], total: int, where: str = "", hint: str = ""
     ):
-        self.problems = list(problems)
+        # One line each, whatever a path or a field holds (a name may hold a newline).
+        self.problems = [(path, one_line(line)) for path, line in problems]
         self.total = total
         self.where = where
         self.hint = hint
@@ -90,7 +92,9 @@ class RecordingsRefused(DataError):
         return RecordingsRefused(self.problems, self.total, where, hint)
 
 
-def _one_line(text: str) -> str:
+def one_line(text: str) -> str:
+    """``text`` on one line: its line breaks escaped (``\\n``), for a message that names what
+    a user's data holds (a file name, a member of an archive may hold a newline)."""
     return text.replace("\r", "\\r").replace("\n", "\\n")
 
 

@@ -34,6 +34,7 @@ from iqtrain.errors import (
     DataError,
     RecordingsRefused,
     WindowTooLongError,
+    one_line,
 )
 
 __all__ = [
@@ -366,7 +367,7 @@ class IQDataset:
         longest = max((n for r in self.recordings for _, n in r.segments), default=0)
         if longest >= window:
             return
-        names = [shown_path(r.meta_path) for r in self.recordings]
+        names = [one_line(shown_path(r.meta_path)) for r in self.recordings]
         shown = ", ".join(names[:8]) + (f" (+{len(names) - 8} more)" if len(names) > 8 else "")
         raise WindowTooLongError(
             f"every recording is shorter than the window ({window} samples; longest capture "
