@@ -138,13 +138,27 @@ def _train_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str
     return {"model": model_state, "optimizer": optimizer_state}
 
 
+def _refuse_non_finite(state: dict[str, Any], world: World) -> None:
+    """NonFiniteError on every rank when any rank holds a non-finite tensor, naming this rank's
+    first one, or else the first rank's. The ranks agree through an object collective: a CPU
+    flag tensor would not do, since an NCCL group (training.device = "cuda") has no CPU
+    backend, and the step's device is not known here."""
+    bad = _non_finite(state)
+    found = [(r, n) for r, n in enumerate(world.all_gather_object(bad)) if n is not None]
+    if found:
+        rank, name = found[0]
+        where = f"tensor {bad!r} of this rank" if bad else f"rank {rank}'s tensor {name!r}"
+        raise NonFiniteError(f"checkpoint refused: {where} is not finite")
+
+
 def save_sharded(
     model: nn.Module, optimizer: torch.optim.Optimizer, directory: Path, world: World
 ) -> None:
     """Write this rank's shards of the model and optimizer into ``directory`` (every rank, the
     same directory; a collective). Refuses a non-finite tensor on any rank before anything is
-    written. A write that fails on any rank fails on every rank: rank 0 raises
-    :class:`StorageError` naming the directory and the ranks, the others exit quietly with 1."""
+    written (:func:`_refuse_non_finite`). A write that fails on any rank fails on every rank:
+    rank 0 raises :class:`StorageError` naming the directory and the ranks, the others exit
+    quietly with 1."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
@@ -152,11 +166,7 @@ def save_sharded(
         # get_state_dict would initialise the moments and bump the step of a live optimizer.
         raise RuntimeError("a sharded checkpoint needs an optimizer that has stepped")
     state = _train_state(model, optimizer)
-    bad = _non_finite(state)
-    flags = world.all_reduce_sum(torch.tensor([0.0 if bad is None else 1.0]))
-    if float(flags[0]) > 0:
-        where = f"tensor {bad!r} of this rank" if bad is not None else "another rank's shard"
-        raise NonFiniteError(f"checkpoint refused: {where} is not finite")
+    _refuse_non_finite(state, world)
     try:
         # CheckpointException derives from BaseException: ``except Exception`` misses it.
         with _dcp_quietly():

@@ -7,13 +7,18 @@ inside :func:`device_peak_tflops`, so the module imports without it.
 
 MFU = achieved model FLOP/s / peak FLOP/s of the precision the matmuls run in: bf16 tensor cores
 under ``precision = "bf16"``; under ``"fp32"``, TF32 tensor cores if torch lets fp32 matmuls use
-them (``torch.backends.cuda.matmul.allow_tf32``, i.e. ``torch.set_float32_matmul_precision`` is
-``"high"`` or ``"medium"``), else the plain FP32 (CUDA core) peak.
+them, else the plain FP32 (CUDA core) peak. That setting is read through torch's fp32_precision
+API (torch 2.9+): TF32 when ``torch.backends.cuda.matmul.fp32_precision`` is ``"tf32"``, or is
+``"none"`` (inherit) while ``torch.backends.fp32_precision`` is ``"tf32"``
+(``torch.set_float32_matmul_precision("high")`` or ``"medium"`` sets it too). Never through the
+legacy ``matmul.allow_tf32``: torch deprecates it, and its getter raises once the new API has
+set a state the legacy one cannot represent.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 __all__ = ["PEAK_TFLOPS", "achieved_tflops", "device_peak_tflops", "lookup_peak_tflops", "mfu"]
 
@@ -97,11 +102,15 @@ def device_peak_tflops(device: str, precision: str, override: float | None = Non
 
     if not torch.cuda.is_available():
         return None
-    return lookup_peak_tflops(
-        torch.cuda.get_device_name(),
-        precision,
-        tf32=bool(torch.backends.cuda.matmul.allow_tf32),
-    )
+    return lookup_peak_tflops(torch.cuda.get_device_name(), precision, tf32=_matmul_tf32(torch))
+
+
+def _matmul_tf32(torch: Any) -> bool:
+    """Whether torch lets fp32 CUDA matmuls use TF32, through the fp32_precision API alone."""
+    precision = torch.backends.cuda.matmul.fp32_precision
+    if precision == "none":  # not set at this level: the generic level's applies
+        precision = torch.backends.fp32_precision
+    return bool(precision == "tf32")
 
 
 def achieved_tflops(flops_per_patch: float, patches: int, seconds: float) -> float:

@@ -8,8 +8,10 @@ checkpoint is resolved and verified as a resume verifies its parent
 (:func:`iqtrain.evidence.lineage.load_parent`: the attempt's manifest, every hash), the config
 is the one of the attempt that wrote it, and the weights must fit it exactly.
 
-Nothing here draws from or reseeds torch's global generators (the random-init twin is built
-under ``fork_rng``), so a probe during training leaves the training stream untouched.
+Nothing here draws from or reseeds torch's global generators, so a probe during training leaves
+the training stream untouched: the random-init twin seeds the CPU generator alone (the model is
+built on the CPU; ``torch.manual_seed`` would also reseed every CUDA generator) under
+``fork_rng``, which puts the CPU generator back.
 """
 
 from __future__ import annotations
@@ -62,11 +64,12 @@ POOLS = ("mean", None)
 
 
 def random_init_model(config: ModelConfig, seed: int, classes: int = 0) -> NextPatchModel:
-    """The model training starts from: ``torch.manual_seed(seed)`` then ``NextPatchModel``
-    (``classes``: a "classify" model's), built under ``fork_rng`` so the caller's global RNG
-    state is left as it was."""
+    """The model training starts from (``classes``: a "classify" model's): the weights of
+    ``torch.manual_seed(seed)`` then ``NextPatchModel``, built on the CPU from the CPU generator
+    alone, seeded under ``fork_rng``: every global generator of the caller, the CUDA ones
+    included, is left as it was."""
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+        torch.default_generator.manual_seed(seed)  # not torch.manual_seed: it reseeds CUDA too
         return NextPatchModel(config, classes)
 
 
@@ -130,6 +133,13 @@ def _device(device: str | torch.device) -> torch.device:
         raise ConfigError(f"device: expected 'cpu' or 'cuda[:N]', got {device!r}")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"device: {device!r} requested but no CUDA device is available")
+    count = torch.cuda.device_count() if dev.type == "cuda" else 0
+    if dev.type == "cuda" and dev.index is not None and dev.index >= count:
+        # (moving the model there would be a CUDA traceback: invalid device ordinal)
+        visible = "cuda:0" if count == 1 else f"cuda:0 .. cuda:{count - 1}"
+        raise ConfigError(
+            f"device: {str(dev)!r}, but {count} CUDA device(s) are visible ({visible})"
+        )
     return dev
 
 

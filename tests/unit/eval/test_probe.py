@@ -1,4 +1,9 @@
-"""The linear probe: labelled windows, grouped folds, the classifier, baselines and the CLI."""
+"""The linear probe: labelled windows, grouped folds, the classifier, baselines and the CLI.
+
+The CPU tests see that the random-init baseline reseeds no CUDA generator only by replacing
+``torch.cuda.manual_seed_all``; that a real CUDA generator's state survives the baseline is the
+``gpu_smoke`` test below.
+"""
 
 from __future__ import annotations
 
@@ -101,6 +106,42 @@ def test_random_init_is_trainings_step_0_and_leaves_the_global_rng_alone():
     assert got.keys() == expected.keys()
     for k in got:
         assert torch.equal(got[k], expected[k]), k
+
+
+def test_random_init_reseeds_no_cuda_generator(monkeypatch):
+    """The baseline is built lazily, at a process's first probe: a resumed process probes first
+    at another step than the straight run did, so reseeding the CUDA generator (dropout's) there
+    would part the two runs."""
+    cfg = ModelConfig(patch_len=4, max_patches=8, dim=16, layers=2, heads=2)
+    torch.manual_seed(11)
+    expected = NextPatchModel(cfg).state_dict()
+
+    def reseed(*args):
+        raise AssertionError("random_init_model reseeded the CUDA generators")
+
+    monkeypatch.setattr(torch.cuda, "manual_seed_all", reseed)
+    monkeypatch.setattr(torch.cuda, "manual_seed", reseed)
+    before = torch.get_rng_state()
+    got = random_init_model(cfg, 11).state_dict()
+    assert torch.equal(torch.get_rng_state(), before)
+    for k in expected:
+        assert torch.equal(got[k], expected[k]), k
+
+
+@pytest.mark.gpu
+@pytest.mark.gpu_smoke
+def test_random_init_leaves_the_cuda_generator_as_it_was():
+    cfg = ModelConfig(patch_len=4, max_patches=8, dim=16, layers=2, heads=2)
+    torch.cuda.manual_seed_all(1)
+    before = torch.cuda.get_rng_state_all()
+    random_init_model(cfg, 11)
+    after = torch.cuda.get_rng_state_all()
+    assert all(torch.equal(a, b) for a, b in zip(after, before, strict=True))
+    torch.cuda.manual_seed_all(1)
+    want = torch.rand(4, device="cuda")
+    torch.cuda.manual_seed_all(1)
+    random_init_model(cfg, 11)
+    assert torch.equal(torch.rand(4, device="cuda"), want)  # the same draws follow
 
 
 def test_features_and_scores_are_deterministic_and_rng_free(tmp_path):

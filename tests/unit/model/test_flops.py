@@ -63,22 +63,60 @@ def test_device_peak_override_and_cpu() -> None:
             device_peak_tflops("cuda", "bf16", override=bad)
 
 
-def test_device_peak_reads_the_current_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def fp32_precision():
+    """Restores torch's process-wide fp32 matmul precision (the generic and the CUDA matmul
+    level of the fp32_precision API) after the test."""
+    import torch
+
+    generic, matmul = torch.backends.fp32_precision, torch.backends.cuda.matmul.fp32_precision
+    yield torch.backends
+    torch.backends.fp32_precision = generic
+    torch.backends.cuda.matmul.fp32_precision = matmul
+
+
+@pytest.fixture
+def an_h100(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
-    before = torch.backends.cuda.matmul.allow_tf32  # a global flag, not an attribute
-    try:
-        torch.backends.cuda.matmul.allow_tf32 = False
-        assert device_peak_tflops("cuda", "bf16") == 989.4
-        assert device_peak_tflops("cuda", "fp32") == 66.9
-        torch.backends.cuda.matmul.allow_tf32 = True
-        assert device_peak_tflops("cuda", "fp32") == 494.7
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = before
+
+
+@pytest.mark.usefixtures("an_h100")
+def test_device_peak_reads_the_current_gpu(fp32_precision, monkeypatch) -> None:
+    import torch
+
+    fp32_precision.cuda.matmul.fp32_precision = "ieee"
+    assert device_peak_tflops("cuda", "bf16") == 989.4
+    assert device_peak_tflops("cuda", "fp32") == 66.9
+    fp32_precision.cuda.matmul.fp32_precision = "tf32"
+    assert device_peak_tflops("cuda", "fp32") == 494.7
+    # "none" inherits the generic level (torch's own default: none at both, no TF32).
+    fp32_precision.cuda.matmul.fp32_precision = "none"
+    fp32_precision.fp32_precision = "tf32"
+    assert device_peak_tflops("cuda", "fp32") == 494.7
+    fp32_precision.fp32_precision = "none"
+    assert device_peak_tflops("cuda", "fp32") == 66.9
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert device_peak_tflops("cuda", "bf16") is None
+
+
+@pytest.mark.usefixtures("an_h100")
+def test_tf32_is_read_through_the_fp32_precision_api_alone(fp32_precision, monkeypatch) -> None:
+    """The legacy getter (``matmul.allow_tf32``) is deprecated, and raises outright once the
+    new API set a state it cannot represent: the MFU of a run that asked for TF32 the new way
+    must not end the run."""
+    import torch
+
+    def legacy(*args: object) -> bool:
+        raise AssertionError("read through torch.backends.cuda.matmul.allow_tf32")
+
+    fp32_precision.cuda.matmul.fp32_precision = "tf32"  # the new API, as torch recommends
+    assert device_peak_tflops("cuda", "fp32") == 494.7
+    monkeypatch.setattr(torch._C, "_get_cublas_allow_tf32", legacy)
+    assert device_peak_tflops("cuda", "fp32") == 494.7
+    assert device_peak_tflops("cuda", "bf16") == 989.4
 
 
 def test_achieved_and_mfu() -> None:

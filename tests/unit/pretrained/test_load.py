@@ -1,5 +1,10 @@
 """load_pretrained and Pretrained: a trained model loaded verified, embedding and scoring IQ
-exactly as training and the probe prepare it."""
+exactly as training and the probe prepare it.
+
+Without a GPU, ``device="cuda:N"`` is checked against a CUDA said to be there with one device
+(``torch.cuda`` patched); loading onto a real GPU, and the bf16 numbers there, are the ``gpu``
+tests.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from helpers import cli_tables
+from helpers import cli_tables, refused_in_one_line
 
 import iqtrain
 from iqtrain.config.schema import build_config
@@ -26,6 +31,7 @@ from iqtrain.evidence.metrics import read_metrics
 from iqtrain.pretrained.load import (
     Pretrained,
     SampleRateWarning,
+    _device,
     load_pretrained,
     random_init_model,
 )
@@ -91,6 +97,31 @@ def test_bad_arguments_and_tampered_files_raise_the_typed_error_naming_them(trai
     weights.unlink()
     with pytest.raises(CheckpointError, match="model.safetensors"):
         load_pretrained(copy / "checkpoints" / "step_00000004")
+
+
+def test_a_cuda_index_past_the_visible_gpus_is_one_config_error(trained, monkeypatch, capsys):
+    attempt, data = trained
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert _device("cuda:0") == torch.device("cuda", 0)
+    assert _device("cuda") == torch.device("cuda")
+    message = "device: 'cuda:1', but 1 CUDA device(s) are visible (cuda:0)"
+    with pytest.raises(ConfigError) as info:
+        _device("cuda:1")
+    assert str(info.value) == message
+    with pytest.raises(ConfigError) as info:
+        load_pretrained(attempt, device="cuda:1")
+    assert str(info.value) == message
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(ConfigError, match=r"2 CUDA device\(s\) are visible \(cuda:0 \.\. cuda:1\)"):
+        _device(torch.device("cuda", 2))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    refused_in_one_line(
+        capsys,
+        ["score", os.fspath(attempt), "--data", data, "--device", "cuda:1"],
+        "'cuda:1'",
+        "1 CUDA device(s) are visible",
+    )
 
 
 def _as_complex(raw: np.ndarray) -> np.ndarray:
