@@ -11,6 +11,11 @@ per value ("categorical"; :mod:`iqtrain.model.objectives`). "classify" keeps the
 embedding, the blocks, the final norm) and replaces the head: the final states are pooled over
 patches (their mean, or ``model.pool = "attention"``: softmax weights from one learned query)
 and ``Linear(dim, classes)`` gives one logit per class and window.
+
+Precision. Parameters are fp32. Under bf16 autocast (``training.precision = "bf16"``) the
+Linear layers and attention run in bf16, while the residual stream (the patch embeddings and
+every block's sum), the norms, RoPE and the attention pool stay fp32: every state
+:meth:`NextPatchModel.layer_states` returns is fp32, and only the head's output is bf16.
 """
 
 from __future__ import annotations
@@ -37,10 +42,13 @@ __all__ = [
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm with a learned gain, computed in fp32 whatever the activation dtype.
+    """RMSNorm with a learned gain, computed in fp32 whatever the activation dtype, and
+    returned in the input's dtype.
 
-    Under bf16 autocast the residual stream is bf16; the mean of squares is the
-    precision-sensitive part, so it is taken in fp32 and the result cast back.
+    The model's residual stream is fp32 under bf16 autocast too (see ``_trunk``), so there the
+    casts are no-ops and the norm's output meets the next Linear, which autocast rounds to
+    bf16. A bf16 input (a caller's own bf16 activations) is normalised in fp32 all the same:
+    the mean of squares is the precision-sensitive part.
     """
 
     def __init__(self, dim: int, eps: float = 1e-6) -> None:
@@ -225,8 +233,8 @@ class NextPatchModel(nn.Module):
         """Every layer's hidden states, ``layers + 1`` tensors ``[B, N, dim]``: index 0 the
         patch embeddings, index i < layers the residual stream after the first i blocks
         (before any norm), and index ``layers`` the final hidden states (after all blocks and
-        the final norm: :meth:`hidden_states`).
-        What ``iqtrain probe --layer`` reads; one forward for all of them."""
+        the final norm: :meth:`hidden_states`); in the weights' dtype (fp32) under autocast
+        too. What ``iqtrain probe --layer`` reads; one forward for all of them."""
         states: list[Tensor] = []
         states.append(self._trunk(patches, collect=states))
         return states
@@ -242,9 +250,14 @@ class NextPatchModel(nn.Module):
             raise ValueError(
                 f"{n} patches per window exceed model.max_patches ({self.config.max_patches})"
             )
-        # bf16 patches from prepare_iq_input meet fp32 weights in fp32 runs; under autocast the
-        # Linear casts back down, so this costs nothing there.
-        x = self.embed_dropout(self.patch_embed(patches.to(self.patch_embed.weight.dtype)))
+        # Patches of any dtype meet the weights' (fp32); under bf16 autocast the Linear rounds
+        # them to bf16 as it multiplies. Its output is bf16 there: casting it back to the
+        # weights' dtype keeps the residual stream fp32, so every block adds its (bf16) update
+        # to an fp32 stream instead of rounding the sum to 8 mantissa bits at each of the
+        # 2 * layers adds (nanoGPT's stream stays fp32 the same way). Without autocast both
+        # casts are no-ops: fp32 runs are unchanged bit for bit.
+        w = self.patch_embed.weight
+        x = self.embed_dropout(self.patch_embed(patches.to(w.dtype)).to(w.dtype))
         cos, sin = self.rope_cos[:n], self.rope_sin[:n]
         for block in self.blocks:
             if collect is not None:

@@ -200,6 +200,16 @@ def _ring(stream: TrainStream, device: torch.device, microbatches: int) -> list[
     return ring
 
 
+def _label_ring(stream: TrainStream, device: torch.device, slots: int) -> list[torch.Tensor]:
+    """ "classify": one ``[rows]`` int64 label buffer per batch ring slot, pinned on CUDA (a
+    non-blocking copy from pageable memory is staged through a synchronous one). Buffer ``i``
+    holds the labels of the batch in slot ``i`` and is held and released with it: the step's
+    host sync (``train_step``) has finished its copy before the slot is released."""
+    rows = stream.batch_size // stream.world_size
+    pinned = device.type == "cuda"
+    return [torch.empty(rows, dtype=torch.int64, pin_memory=pinned) for _ in range(slots)]
+
+
 def restore(parent: Parent, stepper: TrainStep, components: dict[str, Any]) -> None:
     """Continue exactly where ``parent``'s checkpoint stopped: the step's tensors, then one
     loop over the same component mapping a checkpoint writes. Runs before the child exists,
@@ -284,6 +294,11 @@ class Trainer:
         self.stopped_early: dict[str, Any] | None = None
         t = training
         self.ring = _ring(self.stream, self.stepper.device, t.grad_accum)
+        self.label_ring = (
+            []
+            if self.train_labels is None
+            else _label_ring(self.stream, self.stepper.device, len(self.ring))
+        )
         self.flops_per_window = self.stepper.model.train_flops_per_window(data.seq_patches)
         # The categorical loss is a negative log-likelihood: spikes are judged in nats (4.6).
         self.nll_loss = self.stepper.model.config.objective != "mse"
@@ -366,17 +381,26 @@ class Trainer:
             ids_all = np.concatenate(ids)
             labels = None
             if self.train_labels is not None:  # "classify": each window's class travels with it
-                labels = [torch.from_numpy(self.train_labels[i.astype(np.int64)]) for i in ids]
+                labels = [self._labels(slot, i) for slot, i in zip(slots, ids, strict=True)]
             result = self.stepper.train_step(
                 micro, lr, step=s + 1, window_ids=ids_all, stop=stop, labels=labels
             )
         finally:
             # train_step has synchronised with the device (its finite check), so every copy out
-            # of these buffers is done and the stream may fill them again.
+            # of these buffers (and of their label buffers) is done and the stream may fill them
+            # again.
             for slot in slots:
                 self.stream.release(slot)
         self.loop.step = s + 1
         return result
+
+    def _labels(self, slot: int, ids: np.ndarray) -> torch.Tensor:
+        """ "classify": the classes of windows ``ids`` (the batch in ring slot ``slot``),
+        written into that slot's label buffer, which the step copies to the device."""
+        assert self.train_labels is not None
+        buf = self.label_ring[slot]
+        buf.numpy()[:] = self.train_labels[ids.astype(np.int64)]
+        return buf
 
     def _record(self, result: StepResult, dt: float, progress: Progress) -> None:
         d = self.data

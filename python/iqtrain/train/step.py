@@ -42,6 +42,12 @@ Host synchronisations. Every call the loop makes per step queues device work and
   so a validation loop can queue every batch and synchronise once at the end.
 - ``prepare`` and ``eval_loss_sum``: none on CUDA (pinned, non-blocking copies; the Triton
   kernel). On CPU there is no device to wait for.
+
+A classifier's labels reach ``train_step`` and ``eval_sums`` as tensors and are copied to the
+device without blocking: on CUDA they must be in pinned memory or on the device already (a
+non-blocking copy from pageable memory is staged through a synchronous one), and not written
+before the step's sync. The loop's label ring (pinned buffers held and released with their
+batch's slot) and validation's one copy per pass of every label are.
 """
 
 from __future__ import annotations
@@ -173,7 +179,8 @@ class TrainStep:
 
     ``TrainStep(model, opt_cfg, *, device, precision, compile)``: ``device`` is exactly ``"cpu"``
     or ``"cuda"``, ``precision`` ``"fp32"`` or ``"bf16"`` (CUDA only: autocast with fp32
-    parameters and fp32 AdamW state), ``compile`` a bool. The model is moved to the device in
+    parameters and fp32 AdamW state; the patches :meth:`prepare` makes, the residual stream
+    and the losses stay fp32), ``compile`` a bool. The model is moved to the device in
     fp32. Attributes for the loop: ``model`` (never a compile wrapper), ``optimizer`` (the AdamW
     to checkpoint), ``decay_param_names`` / ``no_decay_param_names``.
     """
@@ -249,8 +256,13 @@ class TrainStep:
         self._prepare_fn = (
             compiled_reference() if compile and device == "cpu" else prepare_iq_input_reference
         )
-        # What prepare hands the model: bf16 patches halve the bytes under bf16 autocast.
-        self.input_dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+        # What prepare hands the model: fp32 under bf16 too. The patches are also the targets:
+        # "categorical" bins them (bins 2 * bin_range / bins wide, 0.125 by default, against
+        # bf16's half-ulp of 2**-8 in [1, 2)) and every objective's error is taken against
+        # them, as pretrained scoring does from fp32 patches. The model's input loses nothing:
+        # autocast rounds it to bf16 in the embedding, as the kernel would (round to nearest
+        # even), and halving the bytes of a [B, N, 2P] tensor saves nothing that matters.
+        self.input_dtype = torch.float32
 
     def _head_ids(self) -> set[int] | None:
         """ "classify": the ids of the head's parameters (their own optimizer groups)."""
@@ -321,8 +333,9 @@ class TrainStep:
         """A loader batch ``raw [B, L, 2]`` (numpy array or tensor, int8/int16/float32) ->
         ``(patches [B, L/P, 2P], scale [B])`` on this step's device, ready for ``train_step``.
 
-        ``prepare_iq_input`` with the step's device, compile mode and precision: patches are
-        bf16 under ``precision="bf16"``, fp32 otherwise. CUDA: pinned non-blocking copy, then
+        ``prepare_iq_input`` with the step's device and compile mode: patches are fp32 at
+        either precision (they are the targets too; autocast rounds the model's input to bf16
+        in the embedding under ``precision="bf16"``). CUDA: pinned non-blocking copy, then
         the Triton kernel. CPU: the compiled reference when ``compile=True`` (bit-identical to
         the eager reference, one graph for every batch size >= 2), else the eager reference.
         Raises ``ValueError`` naming a bad argument, as ``prepare_iq_input`` does.
@@ -366,7 +379,7 @@ class TrainStep:
         every group; ``optimizer.step()``. The reported ``grad_norm`` is the pre-clip norm.
         Gradients stay on the parameters until the next step zeroes them.
 
-        "classify": ``labels``, one ``[b]`` int64 tensor of class indices per microbatch.
+        "classify": ``labels``, one ``[b]`` int64 tensor of classes per microbatch, pinned on CUDA.
         """
         mbs = _check_step_inputs(microbatches, lr, labels, self.classify)
         self.model.train()

@@ -12,6 +12,12 @@ process. The per-batch sums are then all-reduced into a table where every row ha
 non-zero contribution (``x + 0 = x`` exactly), and every rank adds the rows in batch order in
 Python floats, as one process does: the validation loss is bit-identical at every world size
 (given the same per-batch numerics, i.e. the same device and thread settings).
+
+A pass synchronises with the device once, when it reads the table (``.tolist()``): every batch
+is queued before it. Nothing in between reads a tensor back to the host: the batches are
+copied from pinned memory (:meth:`TrainStep.prepare`), a classifier's labels once per pass,
+asynchronously, and its counts per class are fixed-shape sums (no ``bincount``, no boolean
+indexing, whose result sizes depend on the data).
 """
 
 from __future__ import annotations
@@ -106,34 +112,55 @@ def validate(
     return rec
 
 
+def _device_labels(labels: np.ndarray, classes: int, device: torch.device) -> torch.Tensor:
+    """Every validation window's class, int64 on ``device``: one copy per pass, from pinned
+    memory on CUDA (non-blocking: a copy from pageable memory would wait for the queued
+    work). Checked here on the host, since the counts that use them cannot notice: a label
+    outside ``[0, classes)`` is a ValueError."""
+    y = np.ascontiguousarray(labels, dtype=np.int64)
+    if y.size and (int(y.min()) < 0 or int(y.max()) >= classes):
+        raise ValueError(f"validation labels must lie in [0, {classes}), got {y.min()}..{y.max()}")
+    t = torch.from_numpy(y)
+    if device.type == "cuda":
+        t = t.pin_memory()
+    return t.to(device, non_blocking=True)
+
+
 def _classify_sums(
     stepper: TrainStep, val: IQDataset, labels: np.ndarray, classes: int, d: DataConfig
 ) -> torch.Tensor:
     """``[batches, 3 + 2 * classes]`` float64: summed cross-entropy, windows, correct windows,
     then windows and correct windows per class, of every batch this rank evaluates (zeros in
     the other ranks' rows), all-reduced: the table :func:`_batch_sums` builds, for
-    "classify"."""
+    "classify".
+
+    No host synchronisation: the labels are copied once, asynchronously, and the counts per
+    class are sums over a one-hot ``[b, classes]`` mask of fixed shape (``bincount`` and
+    boolean indexing size their results by the data, which reads it back to the host)."""
     world = stepper.world
     n, bs = val.num_windows, d.val_batch_size
     batches = (n + bs - 1) // bs
     table = torch.zeros((batches, 3 + 2 * classes), dtype=torch.float64, device=stepper.device)
+    y_all = _device_labels(labels, classes, stepper.device)
+    class_ids = torch.arange(classes, device=stepper.device)
     rounds = (batches + world.world_size - 1) // world.world_size
     for b in range(world.rank, rounds * world.world_size, world.world_size):
         if b >= batches and not stepper.forward_is_collective:
             break
         src = b if b < batches else 0  # a sharded forward is a collective: see _batch_sums
-        ids = np.arange(src * bs, min((src + 1) * bs, n), dtype=np.uint64)
-        patches, _ = prepare_batch(val.windows(ids), stepper, d)
-        y = torch.from_numpy(labels[ids.astype(np.int64)]).to(stepper.device)
+        lo, hi = src * bs, min((src + 1) * bs, n)
+        patches, _ = prepare_batch(val.windows(np.arange(lo, hi, dtype=np.uint64)), stepper, d)
+        y = y_all[lo:hi]
         total, count, predicted = stepper.eval_sums(patches, y)
         if b >= batches:
             continue
         hit = predicted == y
+        onehot = y.unsqueeze(1) == class_ids  # [b, classes]
         table[b, 0] = total
         table[b, 1] = count
         table[b, 2] = hit.sum()
-        table[b, 3 : 3 + classes] = torch.bincount(y, minlength=classes)
-        table[b, 3 + classes :] = torch.bincount(y[hit], minlength=classes)
+        table[b, 3 : 3 + classes] = onehot.sum(dim=0)
+        table[b, 3 + classes :] = (onehot & hit.unsqueeze(1)).sum(dim=0)
     return world.all_reduce_sum(table)
 
 

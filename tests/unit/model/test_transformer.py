@@ -1,4 +1,8 @@
-"""Tests of iqtrain.model.transformer: config validation, architecture invariants and the loss."""
+"""Tests of iqtrain.model.transformer: config validation, architecture invariants and the loss.
+
+The ``gpu`` test repeats the residual stream's dtype check under CUDA's autocast, whose
+policy (which ops run in bf16) is its own: a CPU cannot run it.
+"""
 
 from __future__ import annotations
 
@@ -133,6 +137,35 @@ def test_dropout_inactive_in_eval() -> None:
         assert not torch.equal(model(x), model(x))  # train mode: fresh masks
         model.eval()
         assert torch.equal(model(x), model(x))
+
+
+def _residual_dtypes(model: NextPatchModel, x: torch.Tensor, device: str) -> list[torch.dtype]:
+    with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16):
+        return [s.dtype for s in model.layer_states(x)]
+
+
+@pytest.mark.parametrize("kw", [{}, {"objective": "classify", "pool": "attention"}])
+def test_the_residual_stream_stays_fp32_under_bf16_autocast(kw: dict) -> None:
+    # Autocast runs the matmuls in bf16; the stream they add into stays fp32 (as nanoGPT's
+    # does): a bf16 stream rounds every block's update to 8 mantissa bits.
+    torch.manual_seed(0)
+    model = NextPatchModel(ModelConfig(**{**TINY, **kw}), 3 if kw else 0).eval()
+    x = unit_power_patches(2, 16, 8)
+    # Patch embeddings, the stream after each block, the final hidden states.
+    assert _residual_dtypes(model, x, "cpu") == [torch.float32] * 3
+    assert _residual_dtypes(model, x.bfloat16(), "cpu") == [torch.float32] * 3
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert model(x).dtype == torch.bfloat16  # the head is a bf16 matmul, as before
+    with torch.no_grad():  # fp32 without autocast, whatever the patches' dtype
+        assert model(x.bfloat16()).dtype == torch.float32
+
+
+@pytest.mark.gpu
+def test_the_residual_stream_stays_fp32_under_cuda_autocast() -> None:
+    torch.manual_seed(0)
+    model = NextPatchModel(ModelConfig(**TINY)).cuda().eval()
+    x = unit_power_patches(2, 16, 8).cuda()
+    assert _residual_dtypes(model, x, "cuda") == [torch.float32] * 3
 
 
 # --------------------------------------------------------------------------- FLOPs

@@ -1,14 +1,23 @@
 """The fine-tuning step and loop state (model.objective = "classify"): labels travel with
 their microbatches, the trunk's learning rate is scaled or the trunk frozen, validation counts
-accuracy per class exactly, and the best checkpoint and early stopping follow accuracy."""
+accuracy per class exactly, and the best checkpoint and early stopping follow accuracy.
+
+Validation queues every batch without a host synchronisation. On the CPU that is checked by
+the ops it dispatches (none that reads a tensor's values back to size its result); what only a
+GPU can show, that no copy waits (a blocking copy from pageable memory) and that the pass
+synchronises once, is the ``gpu`` test under ``torch.cuda.set_sync_debug_mode``.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from iqtrain.config.schema import Config
 from iqtrain.config.sections import DataConfig, ModelConfig, OptimizerConfig
@@ -16,7 +25,7 @@ from iqtrain.errors import ConfigError, NonFiniteError
 from iqtrain.model.transformer import NextPatchModel
 from iqtrain.train.loop import LoopState
 from iqtrain.train.step import TrainStep
-from iqtrain.train.validation import validate_classify
+from iqtrain.train.validation import _classify_sums, validate_classify
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -122,6 +131,87 @@ def test_a_class_without_validation_windows_has_no_accuracy():
         step, _Windows(raw), np.array([0, 0, 1, 1]), ("a", "b", "c"), data, 1, False
     )
     assert rec["class_accuracy"]["c"] is None and "baseline_majority_accuracy" not in rec
+
+
+class _Dispatched(TorchDispatchMode):
+    """Records every aten op run inside it, with its arguments."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[object, tuple]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls.append((func, args))
+        return func(*args, **(kwargs or {}))
+
+
+def _host_syncs(calls: list[tuple[object, tuple]]) -> list[str]:
+    """The ops among ``calls`` that read a tensor's values on the host to size a result or
+    return a number: on CUDA each waits for every kernel queued before it."""
+    aten = torch.ops.aten
+    reads = {aten.bincount.default, aten.nonzero.default, aten._local_scalar_dense.default}
+    reads |= {aten.masked_select.default, aten.unique_consecutive.default}
+    found = [str(f) for f, _ in calls if f in reads]
+    for f, args in calls:
+        bool_index = f is aten.index.Tensor and any(
+            i is not None and i.dtype == torch.bool for i in args[1]
+        )
+        if bool_index:
+            found.append("aten.index.Tensor with a bool index")
+    return found
+
+
+def test_classifier_validation_dispatches_no_op_that_reads_values_back():
+    step = make_classifier()
+    raw = np.random.default_rng(2).standard_normal((11, 128, 2)).astype(np.float32)
+    labels = np.array([0, 1, 2, 0, 1, 0, 0, 1, 1, 0, 2])
+    data = DataConfig(patch_len=8, seq_patches=16, val_batch_size=4)
+    want = validate_classify(step, _Windows(raw), labels, ("a", "b", "c"), data, 5, True)
+    with _Dispatched() as ops:
+        got = validate_classify(step, _Windows(raw), labels, ("a", "b", "c"), data, 5, True)
+    assert _host_syncs(ops.calls) == [] and got == want
+    # A label outside the classes is refused: the per-class sums would not count it.
+    with pytest.raises(ValueError, match="labels"):
+        _classify_sums(step, _Windows(raw), labels * 2, CLASSES, data)
+
+
+@contextlib.contextmanager
+def _sync_debug(mode: str):
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode(mode)
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
+
+
+@pytest.mark.gpu
+def test_classifier_validation_synchronises_once_per_pass_on_cuda():
+    torch.manual_seed(4)
+    step = TrainStep(
+        NextPatchModel(ModelConfig(**TINY, objective="classify"), CLASSES),
+        OptimizerConfig(),
+        device="cuda",
+        precision="bf16",
+        compile=False,
+    )
+    raw = np.random.default_rng(2).standard_normal((11, 128, 2)).astype(np.float32)
+    labels, classes = np.array([0, 1, 2, 0, 1, 0, 0, 1, 1, 0, 2]), ("a", "b", "c")
+    data = DataConfig(patch_len=8, seq_patches=16, val_batch_size=4)
+    # A first pass loads the kernels and fills the pinned-memory cache.
+    want = validate_classify(step, _Windows(raw), labels, classes, data, 5, True)
+    torch.cuda.synchronize()
+    with _sync_debug("error"):  # any synchronising call raises
+        table = _classify_sums(step, _Windows(raw), labels, CLASSES, data)
+    assert table.device.type == "cuda" and table.shape == (3, 3 + 2 * CLASSES)
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught, _sync_debug("warn"):
+        warnings.simplefilter("always")
+        got = validate_classify(step, _Windows(raw), labels, classes, data, 5, True)
+    syncs = [str(w.message) for w in caught if "synchronizing" in str(w.message)]
+    assert len(syncs) == 1, syncs  # the table's .tolist(), once per pass
+    assert got["accuracy"] == want["accuracy"] and got["loss"] == pytest.approx(want["loss"])
+    assert all(got["class_accuracy"][c] is not None for c in classes)
 
 
 def test_the_best_validation_and_early_stopping_follow_accuracy(tmp_path):

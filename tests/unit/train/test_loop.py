@@ -1,4 +1,9 @@
-"""The loop's components: LoopState, the step's state, the checkpoint policy."""
+"""The loop's components: LoopState, the step's state, the checkpoint policy, the label ring.
+
+The ``gpu`` case of the label ring's test checks what a CPU cannot: that the buffers the
+labels are copied from are pinned (a non-blocking copy from pageable memory is staged through
+a synchronous one).
+"""
 
 from __future__ import annotations
 
@@ -284,3 +289,53 @@ def test_every_sink_hears_each_iteration_and_every_record_in_the_streams_order(
         start, end = heard.events.index(("before", s)), heard.events.index(("after", s))
         assert heard.events.index(("train", s)) in range(start, end)
     assert result.probe is None and records[-1]["kind"] == "val"
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_classifiers_labels_come_from_a_label_ring_slot_held_with_its_batch(
+    tmp_path, monkeypatch, device
+):
+    """Each microbatch's labels are copied into the label buffer of its batch's ring slot
+    (pinned on CUDA, so the copy to the device is asynchronous) and that buffer is handed to
+    the step; it is written again only once the stream hands the slot out again."""
+    import numpy as np
+    from helpers import tiny_tables
+
+    import iqtrain.train.attempt as attempt_module
+    from iqtrain.config.schema import build_config
+    from iqtrain.train.loop import Trainer
+
+    trainers: list[Trainer] = []
+    seen: list[tuple[list[int], list[bool], np.ndarray, np.ndarray]] = []
+
+    class Watched(Trainer):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            trainers.append(self)
+
+    real_step = TrainStep.train_step
+
+    def train_step(self, microbatches, lr, **kw):
+        labels = kw["labels"]
+        ptrs, pinned = [y.data_ptr() for y in labels], [y.is_pinned() for y in labels]
+        got = torch.cat(labels).numpy().copy()
+        seen.append((ptrs, pinned, got, np.asarray(kw["window_ids"], np.int64)))
+        return real_step(self, microbatches, lr, **kw)
+
+    monkeypatch.setattr(attempt_module, "Trainer", Watched)
+    monkeypatch.setattr(TrainStep, "train_step", train_step)
+    tables = tiny_tables(tmp_path / "run", tmp_path / "cache", max_steps=6, grad_accum=2)
+    tables["model"]["objective"] = "classify"
+    tables["training"]["device"] = device
+    result = attempt_module.run_pretraining_attempt(build_config(tables))
+    assert result.final_step == 6
+    (trainer,) = trainers
+    assert trainer.train_labels is not None
+    ring = trainer.label_ring
+    assert len(ring) == len(trainer.ring) and len({t.data_ptr() for t in ring}) == len(ring)
+    assert all(t.dtype == torch.int64 and t.shape == (8,) for t in ring)  # data.batch_size
+    assert len(seen) == 6
+    for ptrs, pinned, got, ids in seen:
+        assert len(set(ptrs)) == 2 and set(ptrs) <= {t.data_ptr() for t in ring}
+        assert pinned == [device == "cuda"] * 2
+        assert np.array_equal(got, trainer.train_labels[ids])

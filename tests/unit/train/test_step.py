@@ -2,6 +2,10 @@
 
 All tests but one run eagerly: torch.compile costs tens of seconds per graph on a cold CPU cache,
 so a single focused test checks that compiled and eager steps agree.
+
+bf16 runs on CUDA only; the CPU tests reach its code path through CPU autocast. What they
+cannot reach, CUDA's autocast, the Triton prepare kernel and the graph Inductor generates for
+CUDA, is the ``gpu_smoke`` test: the compiled bf16 step the GPU stage must pass first.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from iqtrain.config.sections import ModelConfig, OptimizerConfig
 from iqtrain.errors import ConfigError, NonFiniteError
 from iqtrain.model.prepare import prepare_iq_input_reference
 from iqtrain.model.transformer import NextPatchModel, next_patch_loss
+from iqtrain.train import step as step_module
 from iqtrain.train.optim import split_parameters
 from iqtrain.train.step import StepResult, TrainStep
 
@@ -234,6 +239,37 @@ def test_bf16_autocast_path_keeps_fp32_params_and_state() -> None:
     assert state and {v.dtype for v in state} == {torch.float32}
     total, count = ts.eval_step(x.bfloat16())  # prepare_iq_input may hand over bf16 patches
     assert math.isfinite(total) and count == 4 * 15 * 8
+
+
+def _cpu_bf16_step(monkeypatch, model_kw: dict) -> TrainStep:
+    """A step built with ``precision="bf16"`` on the CPU: the config's bf16-needs-CUDA rule is
+    bypassed, so the step runs CPU bf16 autocast, the same code path as CUDA's."""
+    monkeypatch.setattr(step_module, "TrainingConfig", lambda **kw: None)
+    torch.manual_seed(0)
+    model = NextPatchModel(ModelConfig(**{**TINY, **model_kw}))
+    return TrainStep(model, OptimizerConfig(), device="cpu", precision="bf16", compile=False)
+
+
+def test_bf16_categorical_targets_are_binned_from_fp32_patches(monkeypatch) -> None:
+    # prepare hands the model fp32 patches under bf16 too: autocast rounds the embedding's
+    # input to bf16 as the kernel would, while the targets keep their fp32 values, so a value
+    # is binned as prepare_iq_input_reference (and pretrained scoring) bins it. bf16's half-ulp
+    # is 2**-8 in [1, 2): ~3% of a 1/8-wide bin (218 of these 15360 targets moved bins).
+    from iqtrain.model.objectives import objective_loss, quantise
+
+    kw = {"objective": "categorical", "bins": 64, "bin_range": 4.0}
+    ts = _cpu_bf16_step(monkeypatch, kw)
+    raw = raw_batch(64, seed=3)
+    patches, _ = ts.prepare(raw, 8)
+    want, _ = prepare_iq_input_reference(torch.from_numpy(raw), 8)
+    assert patches.dtype == torch.float32
+    cfg = ts.model.config
+    assert torch.equal(quantise(patches[:, 1:], cfg), quantise(want[:, 1:], cfg))
+    # The step's loss is that of the fp32 targets against the bf16-autocast output.
+    total, count, _ = ts.eval_sums(patches)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        out = ts.model.eval()(want)
+    assert count == 64 * 15 * 8 and torch.equal(total, objective_loss(out, want, cfg)[1])
 
 
 # --------------------------------------------------------------------------- optimizer
@@ -490,3 +526,45 @@ def test_a_categorical_step_rejects_a_nan_target_before_the_update() -> None:
     with pytest.raises(NonFiniteError, match="training step 4: non-finite loss"):
         ts.train_step([x], 1e-3, step=4)
     assert all(torch.equal(a, b) for a, b in zip(before, snapshot(ts), strict=True))
+
+
+@pytest.mark.gpu
+@pytest.mark.gpu_smoke
+def test_a_compiled_cuda_bf16_step_matches_eager_and_bins_fp32_targets() -> None:
+    from iqtrain.model.objectives import quantise
+
+    kw = {"objective": "categorical", "bins": 64, "bin_range": 4.0}
+    cpu = make_step(seed=9, model_kw=kw)
+    steps = {}
+    for compiled in (False, True):
+        ts = TrainStep(
+            NextPatchModel(cpu.model.config),
+            OptimizerConfig(),
+            device="cuda",
+            precision="bf16",
+            compile=compiled,
+        )
+        ts.load_model_state_dict(cpu.model_state_dict())
+        steps[compiled] = ts
+    raw = raw_batch(64, seed=9)
+    patches, _ = steps[True].prepare(raw, 8)  # the Triton kernel
+    want, _ = prepare_iq_input_reference(torch.from_numpy(raw), 8)
+    assert patches.dtype == torch.float32 and patches.is_cuda
+    cfg = cpu.model.config
+    moved = quantise(patches[:, 1:].cpu(), cfg) != quantise(want[:, 1:], cfg)
+    assert int(moved.sum()) <= 3  # fp32 both: only a value an ulp from an edge may move
+    for s in range(2):
+        c = cpu.train_step([want[:32], want[32:]], 1e-3, step=s)
+        e = steps[False].train_step([patches[:32], patches[32:]], 1e-3, step=s)
+        g = steps[True].train_step([patches[:32], patches[32:]], 1e-3, step=s)
+        assert all(math.isfinite(r.loss) and math.isfinite(r.grad_norm) for r in (e, g))
+        assert e.loss == pytest.approx(c.loss, rel=2e-2)
+        assert g.loss == pytest.approx(e.loss, rel=1e-2)
+        assert g.grad_norm == pytest.approx(e.grad_norm, rel=5e-2)
+    for b in (64, 37):  # a validation batch and a partial last one
+        et, en, ese = steps[False].eval_sums(patches[:b])
+        gt, gn, gse = steps[True].eval_sums(patches[:b])
+        assert en == gn == b * 15 * 8
+        assert float(gt) == pytest.approx(float(et), rel=1e-2)
+        assert float(gse) == pytest.approx(float(ese), rel=2e-2)
+    assert {p.dtype for p in steps[True].model.parameters()} == {torch.float32}
