@@ -417,6 +417,55 @@ def test_a_refusal_before_the_ranks_join_is_exit_2_on_every_rank_printed_once(tm
     assert not (tmp_path / "run").exists()
 
 
+def in_every_worker(tmp_path: Path, body: str) -> dict:
+    """The environment for a torchrun whose every worker (not torchrun itself) runs ``body``
+    at start-up, ``RANK`` set (a sitecustomize module, as :func:`on_rank`)."""
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    lines = ["import os", "if os.environ.get('RANK') is not None:"]
+    lines += ["    " + line for line in body.strip().splitlines()]
+    (inject / "sitecustomize.py").write_text("\n".join(lines) + "\n")
+    return {"PYTHONPATH": f"{inject}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+
+
+@pytest.mark.exit_path
+def test_a_rank_without_a_gpu_of_its_own_stops_every_rank_before_any_process_group(tmp_path):
+    # training.device = "cuda": rank 0 believes it has a GPU, rank 1 sees none. Once rank 0
+    # made an NCCL group while rank 1 joined on gloo to report its refusal: a job that hung
+    # for training.dist_timeout_s (here 10 minutes). Now the ranks agree through the
+    # rendezvous store before either makes a group: exit 2 on both, one line, no group at all.
+    log = tmp_path / "groups"
+    env = in_every_worker(
+        tmp_path,
+        f"""
+import torch
+import torch.distributed as dist
+real = dist.init_process_group
+def init_process_group(backend=None, **kwargs):  # logged, then made on gloo (no GPU here)
+    with open({os.fspath(log)!r}, "a") as f:
+        f.write(os.environ["RANK"] + " " + str(backend) + "\\n")
+    kwargs.pop("device_id", None)
+    return real(backend="gloo", **kwargs)
+dist.init_process_group = init_process_group
+if os.environ["RANK"] == "0":
+    torch.cuda.device_count = lambda: 1
+    torch.cuda.set_device = lambda device: None
+""",
+    )
+    cfg = write_config(
+        tmp_path / "c.toml", tmp_path / "run", tmp_path / "cache", device="cuda", dist_timeout_s=600
+    )
+    start = time.monotonic()
+    proc = torchrun(2, "run", cfg, env={**env, "CUDA_VISIBLE_DEVICES": ""})
+    assert exit_codes(proc) == [2, 2], proc.stderr[-4000:]
+    assert error_lines(proc) == [
+        "iqtrain: error: rank 1: training.device: local rank 1 has no GPU of its own (0 visible)"
+    ], proc.stderr[-4000:]
+    assert not log.exists(), log.read_text()  # no rank made a process group
+    assert time.monotonic() - start < 60
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.exit_path
 def test_a_data_glob_that_matches_nothing_is_exit_2_on_every_rank(tmp_path):
     # The refusal of the preflight agreement: each worker leaves without interpreter

@@ -6,28 +6,35 @@ iqtrain does not launch processes: ``torchrun`` does, and sets ``RANK``, ``WORLD
 reads them without connecting to anything. Without those variables, or with ``WORLD_SIZE=1``,
 iqtrain is one process and nothing here touches torch.distributed.
 
-Joining (:func:`join`). Every rank loads its config, then joins the process group even when
-its config failed (on the CPU backend, to say so), and the ranks agree on the outcome
-(:func:`agree`) before any of them reports or exits: a refusal is exit 2 on every rank, printed
-once by rank 0, and the ranks must run the same resolved config (compared key by key).
+Joining (:func:`join`). Every rank loads its config and checks that it has a GPU of its own
+when ``training.device = "cuda"``; then the ranks agree on the outcome through torchrun's
+rendezvous store, before any process group (NCCL or gloo) exists: a refusal is exit 2 on every
+rank, printed once by rank 0, and the ranks must run the same resolved config (compared key by
+key). Only when every rank can start do they create the process group, on that same store.
 
 Every collective goes through this module, so a peer that died or timed out is one
 :class:`PeerError` (a TrainingError: exit 1, one line) rather than a backend traceback, and
 the process group's timeout (``training.dist_timeout_s``) bounds every wait but the ones for
-work rank 0 does alone (:meth:`World.wait_for_main`).
+work rank 0 does alone (:meth:`World.wait_for_main`). On NCCL that needs blocking wait
+(``TORCH_NCCL_BLOCKING_WAIT=1``, set unless the environment sets it): without it a collective
+that times out or fails is found by NCCL's watchdog thread, which kills the process (SIGABRT,
+no line of ours); with it the collective raises in the rank that waits for it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
+import json
 import os
 import signal
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple, NoReturn
 
 from iqtrain.config.schema import Config, config_to_dict, flatten
 from iqtrain.config.sections import TrainingConfig
@@ -67,6 +74,12 @@ class RankExit(IQTrainError):
         super().__init__(message)
 
 
+def _first_line(exc: BaseException) -> str:
+    """An exception's first line (a backend's message can run to a page), or its class."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def _env_int(name: str, minimum: int) -> int | None:
     raw = os.environ.get(name)
     if raw is None:
@@ -101,34 +114,58 @@ class World:
 
     # ---------------------------------------------------------------- process group
 
-    def connect(self, device: str, timeout_s: int) -> World:
-        """Join torchrun's process group (NCCL on CUDA, one GPU per local rank; gloo on CPU);
-        returns the world with its backend. One process: returns itself, connects nothing."""
+    def check_device(self, device: str) -> None:
+        """Several ranks with ``training.device = "cuda"``: this local rank needs a GPU of its
+        own (ConfigError otherwise). Checked before the ranks join (:func:`join`), so a rank
+        without one refuses with the others instead of joining a group it cannot serve. One
+        process: nothing to check here (the step refuses CUDA without a device)."""
+        if device != "cuda" or not self.distributed:
+            return
+        import torch
+
+        visible = torch.cuda.device_count()
+        if visible <= self.local_rank:
+            raise ConfigError(
+                f"training.device: local rank {self.local_rank} has no GPU of its own "
+                f"({visible} visible)"
+            )
+
+    def connect(self, device: str, timeout_s: int, store: Any = None) -> World:
+        """Join the process group (NCCL on CUDA, one GPU per local rank; gloo on CPU); returns
+        this world (its own class) with its backend. ``store``: the rendezvous store the ranks
+        agreed through (:func:`join`; the group's keys go under it), else torchrun's
+        ``env://`` rendezvous. One process: returns itself, connects nothing.
+
+        NCCL runs with blocking wait (``TORCH_NCCL_BLOCKING_WAIT=1`` unless the environment
+        says otherwise): a collective that times out (``timeout_s``) or fails then raises
+        DistBackendError in this rank, which :meth:`collective` turns into one PeerError line
+        (exit 1). Without it NCCL's watchdog thread aborts the process instead (SIGABRT, torch's
+        default and torchrun's). The price: the CPU waits for each collective to finish."""
         if not self.distributed:
             return self
         import torch
         import torch.distributed as dist
 
+        self.check_device(device)
         backend = "nccl" if device == "cuda" else "gloo"
+        extra: dict[str, Any] = {}
         if device == "cuda":
-            if torch.cuda.device_count() <= self.local_rank:
-                raise ConfigError(
-                    f"training.device: local rank {self.local_rank} has no GPU of its own "
-                    f"({torch.cuda.device_count()} visible)"
-                )
             # "cuda" then means this rank's GPU everywhere (tensors, the model, DDP).
             torch.cuda.set_device(self.local_rank)
-        extra: dict[str, Any] = (
-            {"device_id": torch.device("cuda", self.local_rank)} if device == "cuda" else {}
-        )
+            extra["device_id"] = torch.device("cuda", self.local_rank)
+            os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")  # read when the group is made
+        if store is not None:
+            extra.update(store=store, rank=self.rank, world_size=self.world_size)
         try:
             dist.init_process_group(
                 backend=backend, timeout=datetime.timedelta(seconds=timeout_s), **extra
             )
             wait_group = dist.new_group(backend="gloo", timeout=RANK0_WORK_TIMEOUT)
         except (RuntimeError, ValueError) as exc:  # rendezvous failed or timed out
-            raise PeerError(f"rank {self.rank}: cannot join the process group: {exc}") from None
-        return World(self.rank, self.world_size, self.local_rank, backend, wait_group)
+            raise PeerError(
+                f"rank {self.rank}: cannot join the process group: {_first_line(exc)}"
+            ) from None
+        return dataclasses.replace(self, backend=backend, wait_group=wait_group)
 
     def wait_for_main(self) -> None:
         """Every rank calls it at the same point; the others wait there while rank 0 does work
@@ -152,9 +189,17 @@ class World:
     # ---------------------------------------------------------------- collectives
 
     def all_reduce_sum(self, tensor: Any) -> Any:
-        """Sum ``tensor`` over ranks in place (on its device) and return it."""
+        """Sum ``tensor`` over ranks in place (on its device) and return it. On NCCL the tensor
+        must be on this rank's GPU (ValueError otherwise: NCCL reduces CUDA tensors only; a
+        host value travels by :meth:`all_gather_object`)."""
         if self.distributed:
             import torch.distributed as dist
+
+            if self.backend == "nccl" and tensor.device.type != "cuda":
+                raise ValueError(
+                    f"all_reduce_sum: a {tensor.device.type} tensor on the NCCL process group "
+                    "(NCCL reduces CUDA tensors only)"
+                )
 
             self._guard(dist.all_reduce, tensor, op=dist.ReduceOp.SUM)
         return tensor
@@ -203,11 +248,9 @@ class World:
         except (torch.OutOfMemoryError, TorchDynamoException):
             raise  # this rank's own failure, with its own message
         except RuntimeError as exc:
-            text = str(exc).strip()
-            first = text.splitlines()[0] if text else type(exc).__name__
             raise PeerError(
                 f"rank {self.rank}: {what} failed (when another rank ended or timed out, its "
-                f"output says why): {first}"
+                f"output says why): {_first_line(exc)}"
             ) from None
 
     def ending(self) -> None:
@@ -248,6 +291,45 @@ def _difference(rank: int, mine: dict[str, Any], main: dict[str, Any]) -> str | 
     return None
 
 
+class _Verdict(NamedTuple):
+    """Why the ranks stop: the first failed rank (or the first whose ``same`` differs from rank
+    0's), its exit code, its message, and the line rank 0 reports for it."""
+
+    rank: int
+    code: int
+    message: str
+    line: str
+
+
+def _verdict(outcomes: list[tuple[Any, dict[str, Any] | None]]) -> _Verdict | None:
+    """The ranks' agreed outcome from each rank's ``((exit code, message) | None, same)``, in
+    rank order: None when every rank may go on."""
+    for rank, (failure, _) in enumerate(outcomes):
+        if failure is not None:
+            code, message = failure
+            return _Verdict(rank, code, message, f"rank {rank}: {message}")
+    main = outcomes[0][1]
+    if main is None:
+        return None
+    for rank, (_, theirs) in enumerate(outcomes):
+        what = _difference(rank, theirs or {}, main)
+        if what is not None:
+            line = f"the ranks must run the same thing: {what}"
+            return _Verdict(rank, ConfigError.exit_code, line, line)
+    return None
+
+
+def _raise_verdict(world: World, error: BaseException | None, verdict: _Verdict) -> NoReturn:
+    """Rank 0 raises its own error, or one naming the failed rank with that rank's exit code;
+    the other ranks :class:`RankExit` with that code (rank 0 prints the job's one line)."""
+    if not world.is_main:
+        raise RankExit(verdict.code, verdict.message)
+    if error is not None and verdict.rank == 0:
+        raise error
+    cls = ConfigError if verdict.code == ConfigError.exit_code else TrainingError
+    raise cls(verdict.line)
+
+
 def agree(
     world: World,
     error: BaseException | None,
@@ -270,38 +352,107 @@ def agree(
     mine = None if error is None else (exit_code(error), str(error))
     world.wait_for_main()  # the ranks' shares of a resume's data check take unequal time
     gathered = world.all_gather_object((mine, same, payload))
-    failed = [(r, f) for r, (f, _, _) in enumerate(gathered) if f is not None]
-    if not failed and same is not None:
-        main = gathered[0][1]
-        for r, (_, theirs, _) in enumerate(gathered):
-            what = _difference(r, theirs, main)
-            if what is not None:
-                failed = [
-                    (r, (ConfigError.exit_code, f"the ranks must run the same thing: {what}"))
-                ]
-                break
-    if not failed:
+    verdict = _verdict([(failure, theirs) for failure, theirs, _ in gathered])
+    if verdict is None:
         return [p for _, _, p in gathered]
     world.ending()
     with contextlib.suppress(PeerError):
         world.all_gather_object(None)  # every rank has stopped taking signals
-    rank, (code, message) = failed[0]
-    if world.is_main:
-        if error is not None and rank == 0:
-            raise error
-        cls = ConfigError if code == ConfigError.exit_code else TrainingError
-        raise cls(message if message.startswith("the ranks") else f"rank {rank}: {message}")
-    raise RankExit(code, message)  # rank 0 prints the job's one line
+    _raise_verdict(world, error, verdict)
+
+
+def _rendezvous(world: World, timeout_s: int) -> Any:
+    """The ranks' key-value store from torchrun's environment (``env://``): under torchrun a
+    client of the store its agent serves at ``MASTER_ADDR:MASTER_PORT``; launched otherwise,
+    rank 0 serves it. The process group is made on it later (:meth:`World.connect`)."""
+    import torch.distributed as dist
+
+    timeout = datetime.timedelta(seconds=timeout_s)
+    try:
+        store, _, _ = next(dist.rendezvous("env://", world.rank, world.world_size, timeout=timeout))
+    except (RuntimeError, ValueError) as exc:  # no MASTER_ADDR, or no store in time
+        raise PeerError(
+            f"rank {world.rank}: cannot join the process group: {_first_line(exc)}"
+        ) from None
+    return store
+
+
+def _await(store: Any, keys: dict[int, str], deadline: float, world: World, timeout_s: int) -> None:
+    """Wait until ``store`` holds every key of ``keys`` (rank -> the key that rank posts),
+    polling, so that a Python signal handler (library use) runs meanwhile; PeerError naming the
+    ranks not heard from at ``deadline``."""
+    pause = 0.005
+    while keys and not store.check(list(keys.values())):
+        if time.monotonic() >= deadline:
+            silent = [r for r, key in keys.items() if not store.check([key])]
+            raise PeerError(
+                f"rank {world.rank}: cannot join the process group: no word from rank(s) "
+                f"{silent} within training.dist_timeout_s ({timeout_s} s)"
+            )
+        time.sleep(pause)
+        pause = min(2 * pause, 0.1)
+
+
+def _agree_to_start(
+    world: World,
+    error: IQTrainError | None,
+    same: dict[str, Any] | None,
+    store: Any,
+    timeout_s: int,
+) -> None:
+    """:func:`agree` on the join's outcome, through the rendezvous ``store`` before any
+    process group exists, so that a rank that cannot start (its config, its arguments, no GPU
+    of its own) never makes a backend its peers would wait in: each rank posts its outcome
+    (``(exit code, message) | None`` and its resolved config), rank 0 posts the verdict, and on
+    a failure every rank stops taking signals and says so, rank 0 answers once all have, and
+    every rank raises as agree() does. Keys live under ``iqtrain/join/<torchrun restart>``."""
+    from torch.distributed import PrefixStore
+
+    keys = PrefixStore(f"iqtrain/join/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+    others = {r: f"ack/{r}" for r in range(1, world.world_size)}
+    mine = None if error is None else [exit_code(error), str(error)]
+    deadline = time.monotonic() + timeout_s
+    try:
+        # (A value JSON cannot hold is compared as its repr, alike on every rank.)
+        keys.set(f"outcome/{world.rank}", json.dumps({"error": mine, "same": same}, default=repr))
+        if world.is_main:
+            posted = {r: f"outcome/{r}" for r in range(world.world_size)}
+            _await(keys, posted, deadline, world, timeout_s)
+            outcomes = [json.loads(keys.get(key)) for key in posted.values()]
+            verdict = _verdict([(o["error"], o["same"]) for o in outcomes])
+            keys.set("verdict", json.dumps(verdict))
+        else:
+            _await(keys, {0: "verdict"}, deadline, world, timeout_s)
+            found = json.loads(keys.get("verdict"))
+            verdict = None if found is None else _Verdict(*found)
+    except RuntimeError as exc:  # the store's connection broke (its server, or ours)
+        raise PeerError(
+            f"rank {world.rank}: cannot join the process group: {_first_line(exc)}"
+        ) from None
+    if verdict is None:
+        return
+    world.ending()
+    deadline = time.monotonic() + timeout_s
+    # Served by rank 0 (no torchrun), the store ends with rank 0, which has heard every rank.
+    with contextlib.suppress(PeerError, RuntimeError):
+        if world.is_main:
+            _await(keys, others, deadline, world, timeout_s)
+            keys.set("done", "1")
+        else:
+            keys.set(others[world.rank], "1")
+            _await(keys, {0: "done"}, deadline, world, timeout_s)
+    _raise_verdict(world, error, verdict)
 
 
 def join(load: Callable[[], Config]) -> tuple[World, Config]:
     """This process's world and config, agreed with the other ranks (one process: loaded).
 
-    Every rank calls ``load`` (reading and checking its config, which may fail), joins the
-    process group with the config's backend and timeout (the CPU backend and the default
-    timeout when its config failed, or when ``training.device = "cuda"`` finds no GPU for it),
-    and the ranks agree: any failure is every rank's, printed once, and every rank must hold
-    the same resolved config. Returns only when all is well on every rank."""
+    Every rank calls ``load`` (reading and checking its config, which may fail) and checks
+    that it has a GPU of its own when ``training.device = "cuda"``; the ranks agree on that
+    through the rendezvous store, before any of them makes a process group: any failure is
+    every rank's, printed once, and every rank must hold the same resolved config. Then they
+    join the process group with the config's backend and timeout. Returns only when all is
+    well on every rank."""
     world = world_from_env()
     latch = SignalLatch.current()
     if latch is not None:
@@ -311,6 +462,7 @@ def join(load: Callable[[], Config]) -> tuple[World, Config]:
     try:
         config = load()
         config.check_world_size(world.world_size)
+        world.check_device(config.training.device)
     except IQTrainError as exc:
         error = exc
     if not world.distributed:
@@ -318,15 +470,15 @@ def join(load: Callable[[], Config]) -> tuple[World, Config]:
             raise error
         assert config is not None
         return world, config
+    from torch.distributed import PrefixStore
+
+    # A rank whose config failed waits for the others as long as the default config says.
     t = config.training if config is not None else TrainingConfig()
-    try:
-        world = world.connect(t.device, t.dist_timeout_s)
-    except ConfigError as exc:  # no GPU for this rank: join on the CPU to tell the others
-        error = error or exc
-        world = world.connect("cpu", t.dist_timeout_s)
     same = None
     if config is not None:
         same = {k: v for k, v in flatten(config_to_dict(config)).items() if k not in NODE_LOCAL}
-    agree(world, error, same=same)
+    store = _rendezvous(world, t.dist_timeout_s)
+    _agree_to_start(world, error, same, store, t.dist_timeout_s)
     assert config is not None
-    return world, config
+    # The group's keys under the prefix torch's own env:// initialisation gives them.
+    return world.connect(t.device, t.dist_timeout_s, PrefixStore("default_pg", store)), config
