@@ -535,6 +535,11 @@ class TrainingConfig:
     max_steps: int = 1000
     grad_accum: int = 1
     compile: bool = False
+    # CUDA: every step bit-exact, so a resume repeats its parent's straight run bit for bit
+    # (deterministic kernels, cuBLAS workspace, Inductor's deterministic mode, no cuDNN
+    # attention: train/determinism.py); false trades that for speed. No effect on the CPU,
+    # whose steps are deterministic anyway.
+    deterministic: bool = True
     eval_every: int = 100
     checkpoint_every: int = 500
     keep_last: int = 3  # 0 keeps every checkpoint
@@ -570,6 +575,7 @@ class TrainingConfig:
         self.max_steps = require_int("training.max_steps", self.max_steps, minimum=1)
         self.grad_accum = require_int("training.grad_accum", self.grad_accum, minimum=1)
         require_bool("training.compile", self.compile)
+        require_bool("training.deterministic", self.deterministic)
         self.eval_every = require_int("training.eval_every", self.eval_every, minimum=1)
         self.checkpoint_every = require_int(
             "training.checkpoint_every", self.checkpoint_every, minimum=1

@@ -43,6 +43,8 @@ RESUMABLE_KEYS = frozenset(
     {
         "training.max_steps",
         "training.compile",
+        # how exactly CUDA repeats a step, not what it computes: a resume may trade it for speed
+        "training.deterministic",
         "training.log_every",
         "training.peak_tflops",
         "training.dist_timeout_s",

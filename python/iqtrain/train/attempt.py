@@ -12,6 +12,10 @@ Under torchrun the ranks agree three times before rank 0 claims the attempt: on 
 (:func:`~iqtrain.distributed.world.join`), on the preflight (every rank's outcome, and the same
 data fingerprints everywhere), and on the claim; a signal before the claim ends every rank with
 nothing created (docs/design.md section 9).
+
+The preflight's first act is ``training.deterministic``
+(:func:`~iqtrain.train.determinism.configure`), before anything of the attempt touches CUDA:
+torch sizes cuBLAS's workspace from the environment at the process's first matmul.
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ from iqtrain.model.transformer import NextPatchModel
 from iqtrain.pretrained.init import InitSource, load_init
 from iqtrain.report.live import WANDB_RUN_ID, LiveLog, check_live, wandb_run_id
 from iqtrain.storage import creatable_dir, file_digest
+from iqtrain.train import determinism
 from iqtrain.train.loop import LoopParts, LoopState, Trainer, restore, state_components
 from iqtrain.train.probe import TrainingProbe
 from iqtrain.train.rng import RNGState
@@ -189,12 +194,16 @@ def _preflight(config: Config, ref: ParentRef | None, world: World) -> _Opened:
 
     Every rank runs it (no collective inside: a rank that fails must not leave the others
     waiting in one); the ranks agree on the outcome afterwards (:func:`agree`).
+
+    ``training.deterministic`` is configured first: before the seed, the model and the step
+    touch the device, so before the process's first cuBLAS call (:mod:`.determinism`).
     """
+    t = config.training
+    determinism.configure(t.device, t.deterministic)
     if world.is_main:  # the live views are rank 0's: their packages must be there
         check_live(config.logging)
     parent = load_parent(ref) if ref is not None else None
     changes = config_changes(parent.config_tables, config) if parent is not None else {}
-    t = config.training
     labelled, classes = None, None
     if config.model.objective == "classify":  # the classes size the head: data first
         if world.is_main and ref is None:
@@ -353,6 +362,7 @@ def _attempt_info(config: Config, run_dir: Path, ready: _Ready, world: World) ->
             "name": _device_description(t.device),
             "precision": t.precision,
             "compile": t.compile,
+            "deterministic": t.deterministic,
         },
         "started": utc_now(),
         "status": "running",

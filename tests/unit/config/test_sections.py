@@ -1,12 +1,13 @@
 """The shared validators of iqtrain.config.sections: one integer rule for every setting and
-argument (a config key, iqtrain synth's arguments)."""
+argument (a config key, iqtrain synth's arguments); and the keys of a section checked here."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from iqtrain.config.sections import ModelConfig, SynthConfig, require_int
+from iqtrain.config.schema import build_config, config_to_dict
+from iqtrain.config.sections import ModelConfig, SynthConfig, TrainingConfig, require_int
 from iqtrain.errors import ConfigError
 
 
@@ -36,3 +37,15 @@ def test_a_section_holds_python_ints_whatever_it_was_given():
     assert type(model.dim) is int and type(model.layers) is int
     synth = SynthConfig(train_recordings=np.uint16(3), seed=np.int64(7))
     assert type(synth.train_recordings) is int and type(synth.seed) is int
+
+
+def test_training_deterministic_is_a_bool_that_defaults_to_true():
+    assert TrainingConfig().deterministic is True
+    config = build_config({"training": {"deterministic": False}})
+    assert config.training.deterministic is False
+    # the resolved config (an attempt's config.toml) records it either way
+    assert config_to_dict(build_config({}))["training"]["deterministic"] is True
+    for value in ("false", 1, 0):
+        with pytest.raises(ConfigError) as info:
+            TrainingConfig(deterministic=value)
+        assert str(info.value) == f"training.deterministic: must be true or false, got {value!r}"

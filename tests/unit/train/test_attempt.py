@@ -20,9 +20,12 @@ from iqtrain.evidence.metrics import read_metrics, strip_timing
 from iqtrain.evidence.verify import verify_attempt
 from iqtrain.pretrained.load import load_pretrained
 from iqtrain.report.summary import report
+from iqtrain.train import attempt as attempt_module
+from iqtrain.train import determinism
 from iqtrain.train.attempt import run_pretraining_attempt
 from iqtrain.train.loop import spike_update
 from iqtrain.train.schedule import Plan, lr_at
+from iqtrain.train.step import TrainStep
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -331,6 +334,55 @@ def test_a_refused_run_writes_no_synthetic_cache(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="training.device"):
         run_pretraining_attempt(build_config(tables))
     assert not (tmp_path / "cache").exists() and not (tmp_path / "run").exists()
+
+
+def test_training_deterministic_is_configured_before_anything_touches_the_device(
+    tmp_path, monkeypatch
+):
+    # The deterministic cuBLAS workspace must be chosen before the process's first cuBLAS call:
+    # the preflight configures it first, so a workspace that is not deterministic is the
+    # refusal, not the missing GPU the step finds later; the attempt is never created.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a GPU machine too
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":0:0")
+    tables = tiny_tables(tmp_path / "run", tmp_path / "cache")
+    tables["training"]["device"] = "cuda"
+    with pytest.raises(ConfigError, match=r"^training.deterministic: .*=':0:0', but"):
+        run_pretraining_attempt(build_config(tables))
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "run").exists()
+
+
+def test_a_resume_may_change_training_deterministic_and_each_attempt_records_it(
+    tmp_path, cache, monkeypatch
+):
+    calls = []
+    configure, seed = determinism.configure, torch.manual_seed
+
+    def recorded(name, fn):
+        return lambda *args, **kwargs: calls.append((name, *args)) or fn(*args, **kwargs)
+
+    monkeypatch.setattr(determinism, "configure", recorded("configure", configure))
+    monkeypatch.setattr(torch, "manual_seed", recorded("seed", seed))
+    monkeypatch.setattr(attempt_module, "TrainStep", recorded("step", TrainStep))
+    steps = {"max_steps": 6, "eval_every": 3, "checkpoint_every": 1, "keep_last": 0}
+    parent = _run(tmp_path, cache, deterministic=False, **steps).attempt
+    # first of all: before the seed and the step (the first to touch a device)
+    assert calls[0] == ("configure", "cpu", False)
+    assert {c[0] for c in calls} == {"configure", "seed", "step"}
+    calls.clear()
+    cfg = build_config(tiny_tables(tmp_path / "run", cache, **steps))  # true, the default
+    child = run_pretraining_attempt(cfg, ParentRef(parent, "step_4")).attempt
+    assert calls[0] == ("configure", "cpu", True)
+    parent_info = json.loads((parent / "attempt.json").read_text())
+    child_info = json.loads((child / "attempt.json").read_text())
+    assert parent_info["device"]["deterministic"] is False
+    assert child_info["device"]["deterministic"] is True
+    assert child_info["config_changes"] == {"training.deterministic": {"from": False, "to": True}}
+    # No effect on the CPU: the child repeats its parent's steps bit for bit.
+    assert strip_timing(read_metrics(child / "metrics.jsonl")) == strip_timing(
+        read_metrics(parent / "metrics.jsonl")
+    )
+    assert_same_tensors(manifest_weights(parent)[0], manifest_weights(child)[0])
+    assert verify_attempt(child) == []
 
 
 def test_data_changed_anywhere_refuses_resume_naming_the_recording(tmp_path):
