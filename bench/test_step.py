@@ -6,8 +6,14 @@ CPU (the quickstart model: dim 128, 4 layers, 4 heads, patch_len 16, 64 patches,
   attention with a mask and softmax, manual RMSNorm, default AdamW, ``clip_grad_norm_``);
 - the ceiling: a large fp32 matmul, so achieved model GFLOP/s can be read as a fraction of what
   this CPU's BLAS reaches.
-CUDA (skipped without a GPU): bf16 compiled and eager ``TrainStep`` of a ~50M-parameter model,
-patches/s and model FLOPs utilisation against a large bf16 matmul measured in the same run.
+CUDA (skipped without a GPU), against a large bf16 matmul measured in the same run:
+- ``TrainStep`` at the GPU study's shape (examples/quickstart.toml's model with dropout 0.1,
+  batch 256, 32 patches, bf16): compiled with ``training.deterministic`` on and off (the cost of
+  determinism), and eager; the GPU stage's study plans its step count from the compiled,
+  deterministic ms/step (``extra_info["variant"]``). Dropout 0.1 as the determinism and resume
+  stages train it, so the compile cache those stages leave serves these compiles;
+- eager ``TrainStep`` of a ~50M-parameter model (16 layers: compiling it in one graph costs
+  more than the GPU stage's bench limit, so it is not compiled here).
 
 Model FLOPs per step follow the PaLM convention: ``6 * params * tokens`` for the matmuls
 (forward 2, backward 4) plus ``12 * layers * dim * N * tokens`` for attention scores and values,
@@ -20,13 +26,17 @@ Run ``pytest bench --benchmark-only``; a summary with the ratios is printed afte
 from __future__ import annotations
 
 import math
+import os
 import time
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from iqtrain.config.schema import load_config
 from iqtrain.config.sections import ModelConfig, OptimizerConfig
 from iqtrain.model.transformer import NextPatchModel, next_patch_loss, rope_tables
 from iqtrain.train.step import TrainStep
@@ -38,6 +48,13 @@ LR = 1e-3
 # ~50M parameters: 16 blocks of 4*512^2 + 3*512*1408 = 3.2M each.
 CUDA_MODEL = ModelConfig(dim=512, layers=16, heads=8, patch_len=16, max_patches=256)
 CUDA_BATCH, CUDA_PATCHES = 64, 256
+# The GPU study's step (scripts/ci/gpu_study.py): the quickstart's model, batch 256.
+QUICKSTART_TOML = Path(__file__).resolve().parents[1] / "examples" / "quickstart.toml"
+STUDY_SETS = ["model.dropout=0.1", "training.device=cuda", "training.precision=bf16"]
+STUDY_BATCH = 256
+# training.deterministic needs deterministic cuBLAS, which reads this once, at the process's
+# first cuBLAS call (the matmul ceiling's here): set before any test runs, as configure() would.
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 RESULTS: dict[str, dict[str, float]] = {}
 
@@ -67,6 +84,7 @@ def record(benchmark, name: str, *, samples: int, patches: int, flops: float) ->
     if seconds is None:
         return
     info = {
+        "ms_per_step": seconds * 1e3,
         "samples_per_s": samples / seconds,
         "patches_per_s": samples * patches / seconds,
         "model_gflop_per_step": flops / 1e9,
@@ -107,13 +125,13 @@ def summary(request):
                 f"compiled/plain_peer {inter[f'{stat}_compiled_over_plain_peer']:.2f}x, "
                 f"eager/plain_peer {inter[f'{stat}_eager_over_plain_peer']:.2f}x"
             )
-    for device in ("cpu", "cuda"):
-        compiled = RESULTS.get(f"{device}_compiled")
-        for base in ("eager", "plain_peer"):
-            other = RESULTS.get(f"{device}_{base}")
-            if compiled and other:
-                ratio = compiled["samples_per_s"] / other["samples_per_s"]
-                lines.append(f"  {device}: compiled / {base} = {ratio:.3f}x")
+    pairs = [("cpu_compiled", "cpu_eager"), ("cpu_compiled", "cpu_plain_peer")]
+    pairs += [("cuda_study_compiled_deterministic", "cuda_study_eager_deterministic")]
+    pairs += [("cuda_study_compiled_deterministic", "cuda_study_compiled_nondeterministic")]
+    for name, base in pairs:
+        if name in RESULTS and base in RESULTS:
+            ratio = RESULTS[name]["samples_per_s"] / RESULTS[base]["samples_per_s"]
+            lines.append(f"  {name} / {base} = {ratio:.3f}x (throughput)")
     # Teardown output is captured; step outside the capture so the summary reaches the terminal.
     capture = request.config.pluginmanager.get_plugin("capturemanager")
     with capture.global_and_fixture_disabled():
@@ -339,27 +357,85 @@ def test_cuda_matmul_ceiling(benchmark) -> None:
         benchmark.extra_info["device"] = torch.cuda.get_device_name()
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
-def test_cuda_bf16_train_step_50m(benchmark, compiled: bool) -> None:
-    x = unit_power_patches(CUDA_BATCH, CUDA_PATCHES, CUDA_MODEL.patch_len, device="cuda")
-    torch.manual_seed(0)
-    model = NextPatchModel(CUDA_MODEL)
-    params = model.param_counts()[0]
-    ts = TrainStep(model, OptimizerConfig(lr=LR), device="cuda", precision="bf16", compile=compiled)
+@contextmanager
+def determinism(on: bool):
+    """``training.deterministic`` on (what the trainer's preflight configures) or off, for one
+    test; every process-wide setting it touches is restored after."""
+    import torch._inductor.config as inductor
 
-    def step() -> None:
-        ts.train_step([x], LR)
+    cudnn = torch.backends.cudnn
+    saved = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        inductor.deterministic,
+        torch.utils.deterministic.fill_uninitialized_memory,
+        cudnn.deterministic,
+        cudnn.benchmark,
+        torch.backends.cuda.cudnn_sdp_enabled(),
+    )
+    if on:
+        from iqtrain.train.determinism import configure
+
+        configure("cuda", True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
+        inductor.deterministic = saved[2]
+        torch.utils.deterministic.fill_uninitialized_memory = saved[3]
+        cudnn.deterministic, cudnn.benchmark = saved[4], saved[5]
+        torch.backends.cuda.enable_cudnn_sdp(saved[6])
+
+
+def _timed_step(benchmark, ts: TrainStep, x: Tensor, rounds: int) -> float:
+    """Times ``ts``'s step on ``x`` after a first step (the compile, if any); the last loss."""
+
+    def step() -> float:
+        loss = ts.train_step([x], LR).loss
         torch.cuda.synchronize()  # the optimizer update is asynchronous after the finite check
+        return loss
 
     start = time.perf_counter()
     step()
     benchmark.extra_info["first_step_s"] = time.perf_counter() - start
+    return benchmark.pedantic(step, rounds=rounds, warmup_rounds=3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("compiled", "deterministic"),
+    [(True, True), (True, False), (False, True)],
+    ids=["compiled-deterministic", "compiled-nondeterministic", "eager-deterministic"],
+)
+def test_cuda_study_step(benchmark, compiled: bool, deterministic: bool) -> None:
+    cfg = load_config(QUICKSTART_TOML, STUDY_SETS)
+    patches = cfg.data.seq_patches
+    x = unit_power_patches(STUDY_BATCH, patches, cfg.model.patch_len, device="cuda")
+    with determinism(deterministic):
+        torch.manual_seed(0)
+        model = NextPatchModel(cfg.model, 0)
+        params = model.param_counts()[0]
+        ts = TrainStep(model, cfg.optimizer, device="cuda", precision="bf16", compile=compiled)
+        loss = _timed_step(benchmark, ts, x, rounds=30)
+    name = "cuda_study_" + ("compiled" if compiled else "eager")
+    name += "_deterministic" if deterministic else "_nondeterministic"
+    flops = model_flops_per_step(cfg.model, params, STUDY_BATCH, patches)
+    record(benchmark, name, samples=STUDY_BATCH, patches=patches, flops=flops)
+    benchmark.extra_info["variant"] = name
+    assert math.isfinite(loss)
+
+
+@pytest.mark.gpu
+def test_cuda_bf16_train_step_50m(benchmark) -> None:
+    x = unit_power_patches(CUDA_BATCH, CUDA_PATCHES, CUDA_MODEL.patch_len, device="cuda")
+    torch.manual_seed(0)
+    model = NextPatchModel(CUDA_MODEL)
+    params = model.param_counts()[0]
+    ts = TrainStep(model, OptimizerConfig(lr=LR), device="cuda", precision="bf16", compile=False)
     benchmark.extra_info["params"] = params
-    benchmark.pedantic(step, rounds=20, warmup_rounds=3)
+    _timed_step(benchmark, ts, x, rounds=20)
     flops = model_flops_per_step(CUDA_MODEL, params, CUDA_BATCH, CUDA_PATCHES)
-    name = "cuda_compiled" if compiled else "cuda_eager"
-    record(benchmark, name, samples=CUDA_BATCH, patches=CUDA_PATCHES, flops=flops)
+    record(benchmark, "cuda_eager_50m", samples=CUDA_BATCH, patches=CUDA_PATCHES, flops=flops)
     # Sanity: the loss of the measured model is finite and near its starting NMSE.
     with torch.no_grad():
         assert math.isfinite(next_patch_loss(ts.model(x[:2]), x[:2])[0].item())

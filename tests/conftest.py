@@ -13,6 +13,38 @@ if shutil.which("nvidia-smi") is None and "TRITON_INTERPRET" not in os.environ:
     os.environ["TRITON_INTERPRET"] = "1"
 
 
+def _interpreter_index_fix() -> None:
+    """Triton 3.6's interpreter turns a scalar kernel argument into a Python int with
+    ``int(array)`` on a one-element 1-d array, which numpy 2.5 refuses (``only 0-dimensional
+    arrays can be converted to Python scalars``): every loop over a runtime bound (the kernel's
+    ``range(0, n_norm, BLOCK)``) fails there. The GPU machine's stack is triton 3.6 with numpy
+    2.5 (``bash .ci/dev device-stack``). Later triton converts ``array.squeeze()``; this applies
+    that same conversion, under the interpreter only and only where the interpreter's own code
+    has the old form, so the tests run the kernel rather than skip it. Compiled kernels (a GPU)
+    never use the interpreter."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return
+    try:
+        import inspect
+
+        from triton.runtime import interpreter
+    except ImportError:  # no triton on this platform: the PyTorch reference runs instead
+        return
+    patch = getattr(interpreter, "_patch_lang_tensor", None)
+    if patch is None or "int(self.handle.data))" not in inspect.getsource(patch):
+        return
+
+    def patched(tensor, scope):
+        patch(tensor, scope)
+        # The scope restores attributes in reverse order: this one first, then triton's own.
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    interpreter._patch_lang_tensor = patched
+
+
+_interpreter_index_fix()
+
+
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from helpers import random_iq, skip_gpu_tests_without_cuda, write_sigmf  # noqa: E402

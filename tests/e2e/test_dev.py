@@ -10,7 +10,9 @@ working one (this test's own interpreter behind a wrapper).
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -165,3 +167,265 @@ def test_iqtrain_python_overrides_the_search(tmp_path: Path, fake: Path) -> None
         f"iqtrain: error: IQTRAIN_PYTHON={broken} is not a working Python >= 3.11 "
         "with venv and ensurepip"
     )
+
+
+# --------------------------------------------------------------------------- gpu-pack and gpu
+# Both run against a copy of .ci/dev and scripts/ci/ in a scratch checkout (a few fake source
+# files), with fakes for every program they may call: nothing here builds, downloads or touches
+# the real checkout. The fakes log each call (name, arguments, a few variables) as JSON lines.
+
+FAKE = """#!{python}
+import json, os, sys
+from pathlib import Path
+
+name, args = Path(sys.argv[0]).name, sys.argv[1:]
+keep = ("PYTHONPATH", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "IQTRAIN_GPU_SUMMARY",
+        "TRITON_INTERPRET")
+with open(os.environ["FAKE_LOG"], "a") as log:
+    log.write(json.dumps({{"name": name, "args": args,
+                           "env": {{k: os.environ.get(k) for k in keep}}}}) + "\\n")
+if name == "nvidia-smi":
+    print("GPU 0: NVIDIA H200 (UUID: GPU-fake)")
+elif name == "maturin":  # build ... -o DIR: a wheel of FAKE_WHEEL_BYTES bytes
+    out = Path(args[args.index("-o") + 1])
+    out.mkdir(parents=True, exist_ok=True)
+    tag = os.environ.get("FAKE_WHEEL_TAG", "manylinux_2_34_x86_64")
+    size = int(os.environ.get("FAKE_WHEEL_BYTES", "1000"))
+    (out / f"iqtrain-0.1.0-cp311-abi3-{{tag}}.whl").write_bytes(b"w" * size)
+elif name == "python" and args[:3] == ["-m", "pip", "download"]:  # one small wheel per NAME==V
+    dest = Path(args[args.index("-d") + 1])
+    for req in (a for a in args if "==" in a):
+        n, v = req.split("==")
+        (dest / f"{{n.replace('-', '_')}}-{{v}}-py3-none-any.whl").write_bytes(b"d" * 100)
+elif args[:1] == ["-c"] and "importlib.metadata" in args[1]:  # pack_requirements
+    os.execv({python!r}, [{python!r}, *args])
+elif any(a.endswith("gpu_summary.py") for a in args[:1]):  # the real summary
+    os.execv({python!r}, [{python!r}, *args])
+elif args and os.environ.get("FAKE_FAIL") in (Path(args[0]).stem.removeprefix("gpu_"), *args[1:2]):
+    sys.exit(1)  # FAKE_FAIL names a stage: its script (gpu_NAME.py), or gpu_smoke.py's NAME
+"""
+
+# Everything .ci/dev's gpu-pack and gpu use besides the fakes (bash builtins aside).
+TOOLS = [
+    *("dirname", "basename", "date", "stat", "sha256sum", "cut", "du", "tail", "head", "grep"),
+    *("cp", "rm", "mkdir", "touch", "find", "sort", "tr", "xargs", "awk", "diff", "timeout"),
+    *("cat", "ls"),
+]
+RECORDERS = ("cargo", "maturin", "ruff", "mypy", "lint-imports", "pip")
+STAGES = ["install", "smoke", "cuda-tests", "determinism", "resume", "bench", "study"]
+
+
+@pytest.fixture
+def scratch(tmp_path: Path) -> Path:
+    """A checkout with .ci/dev, scripts/ci/ and a few fake sources; fakes in tmp_path/fake,
+    the venv's in tmp_path/venv/bin, the tools in tmp_path/tools."""
+    repo = tmp_path / "repo"
+    (repo / ".ci").mkdir(parents=True)
+    shutil.copy(DEV, repo / ".ci" / "dev")
+    shutil.copytree(REPO / "scripts" / "ci", repo / "scripts" / "ci")
+    for name in ("python/iqtrain/__init__.py", "kernels/k.py", "rust/src/lib.rs"):
+        _write(repo / name, f"# {name}\n")
+    for name in ("rust/Cargo.toml", "rust/Cargo.lock"):
+        _write(repo / name, "")
+    fake = (tmp_path / "fake").resolve()
+    text = FAKE.format(python=sys.executable)
+    for name in ("nvidia-smi", "python3", *RECORDERS):
+        _write(fake / name, text)
+    for name in ("python", "maturin", "ruff", "mypy", "lint-imports"):
+        _write(tmp_path / "venv" / "bin" / name, text)
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    for tool in TOOLS:
+        found = shutil.which(tool)
+        if found is None:
+            pytest.skip(f"needs {tool}")
+        (tools / tool).symlink_to(found)
+    return repo
+
+
+def run_dev(scratch: Path, *args: str, nvidia: bool = True, **env: str):
+    """``bash .ci/dev ARGS`` of the scratch checkout; the fakes' calls as a list of dicts."""
+    tmp = scratch.parent
+    if not nvidia:
+        (tmp / "fake" / "nvidia-smi").unlink(missing_ok=True)
+    log = tmp / "calls.jsonl"
+    log.unlink(missing_ok=True)
+    base = {
+        "PATH": f"{tmp / 'fake'}{os.pathsep}{tmp / 'tools'}",
+        "HOME": os.fspath(tmp),
+        "IQTRAIN_VENV": os.fspath(tmp / "venv"),
+        "IQTRAIN_GPU_DIR": os.fspath(tmp / "gpu"),
+        "FAKE_LOG": os.fspath(log),
+        "TRITON_INTERPRET": "1",  # gpu must unset it
+    }
+    r = subprocess.run(
+        [BASH, os.fspath(scratch / ".ci" / "dev"), *args],
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    calls = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    return r, calls
+
+
+def errors(r: subprocess.CompletedProcess) -> list[str]:
+    return [line for line in r.stderr.splitlines() if line.startswith("iqtrain: error:")]
+
+
+def limits(r: subprocess.CompletedProcess) -> dict[str, int]:
+    """Each stage's limit, from its '== gpu: NAME (limit N s)' line."""
+    found = re.findall(r"^== gpu: (\S+) \(limit (\d+) s\)$", r.stderr, re.MULTILINE)
+    return {name: int(n) for name, n in found}
+
+
+def script_calls(calls: list[dict], script: str) -> list[dict]:
+    return [c for c in calls if c["name"] == "python3" and script in " ".join(c["args"][:1])]
+
+
+def test_gpu_pack_holds_the_wheel_the_missing_wheels_and_a_manifest(scratch: Path) -> None:
+    r, calls = run_dev(scratch, "gpu-pack")
+
+    assert r.returncode == 0, r.stderr
+    pack = scratch / ".gpu-pack"
+    names = sorted(p.name for p in pack.iterdir())
+    assert "iqtrain-0.1.0-cp311-abi3-manylinux_2_34_x86_64.whl" in names
+    for dep in ("sigmf", "jsonschema", "jsonschema_specifications", "referencing", "rpds_py"):
+        assert any(n.startswith(f"{dep}-") for n in names), names
+    assert "MANIFEST" in names and len(names) == 8
+    manifest = (pack / "MANIFEST").read_text().splitlines()
+    digest = run_dev(scratch, "source-digest")[0].stdout.strip()
+    assert f"source-digest {digest}" in manifest
+    wheels = [line.split() for line in manifest if line.startswith("wheel ")]
+    assert sorted(w[5] for w in wheels) == sorted(n for n in names if n.endswith(".whl"))
+    (download,) = [c["args"] for c in calls if c["args"][:3] == ["-m", "pip", "download"]]
+    for flag in ("--no-deps", "--only-binary=:all:", "--python-version", "3.12"):
+        assert flag in download
+    assert download[download.index("manylinux_2_17_x86_64") - 1] == "--platform"
+    assert not [c for c in calls if c["name"] in ("cargo", "ruff", "mypy", "lint-imports")]
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"FAKE_WHEEL_BYTES": str(9 * 2**20)}, "more than 8388608"),
+        ({"FAKE_WHEEL_TAG": "manylinux_2_39_x86_64"}, "with N <= 34"),
+    ],
+    ids=["too-large", "glibc-too-new"],
+)
+def test_gpu_pack_refuses_a_large_pack_or_a_new_glibc(scratch: Path, env, message) -> None:
+    r, _ = run_dev(scratch, "gpu-pack", **env)
+
+    assert r.returncode == 1
+    (line,) = errors(r)
+    assert message in line
+
+
+def test_gpu_without_nvidia_smi_is_one_line(scratch: Path) -> None:
+    r, calls = run_dev(scratch, "gpu", nvidia=False)
+
+    assert r.returncode == 1
+    assert r.stderr.splitlines() == [
+        "iqtrain: error: gpu: nvidia-smi not found; this command needs a machine with a CUDA "
+        "GPU (use test or bench here)"
+    ]
+    assert calls == [] and not (scratch.parent / "gpu").exists()
+
+
+def test_gpu_without_a_pack_is_one_line(scratch: Path) -> None:
+    r, calls = run_dev(scratch, "gpu")
+
+    assert r.returncode == 1
+    (line,) = errors(r)
+    assert line.startswith(f"iqtrain: error: gpu: no pack in {scratch / '.gpu-pack'}")
+    assert r.stderr.splitlines()[-1] == line
+    assert [c["name"] for c in calls] == ["nvidia-smi"]
+
+
+def test_gpu_with_a_stale_pack_is_one_line(scratch: Path) -> None:
+    assert run_dev(scratch, "gpu-pack")[0].returncode == 0
+    _write(scratch / "python" / "iqtrain" / "__init__.py", "# edited after packing\n")
+
+    r, _ = run_dev(scratch, "gpu")
+
+    assert r.returncode == 1
+    (line,) = errors(r)
+    assert "was built from other sources than these" in line
+
+
+def test_gpu_installs_the_pack_offline_and_runs_every_stage_in_order(scratch: Path) -> None:
+    assert run_dev(scratch, "gpu-pack")[0].returncode == 0
+    gpu = scratch.parent / "gpu"
+
+    r, calls = run_dev(scratch, "gpu")
+
+    assert r.returncode == 0, r.stderr
+    # Offline: the pack alone, into a target directory; nothing built, linted or downloaded.
+    (pip,) = [c["args"] for c in calls if c["args"][:3] == ["-m", "pip", "install"]]
+    assert "--no-index" in pip and pip[pip.index("--target") + 1] == os.fspath(gpu / "site")
+    assert sorted(Path(a).name for a in pip if a.endswith(".whl")) == sorted(
+        p.name for p in (scratch / ".gpu-pack").glob("*.whl")
+    )
+    assert not [c for c in calls if c["name"] in RECORDERS or c["name"] == "python"]
+    # The stages, in order, under limits that sum to at most 460 s after install.
+    assert list(limits(r)) == STAGES
+    assert sum(limits(r).values()) - limits(r)["install"] <= 460
+    assert sum(limits(r).values()) <= 480  # 8 minutes
+    # Fresh compile caches and the pack first on sys.path, for every stage.
+    stage_calls = [c for c in calls if c["name"] == "python3"]
+    for c in stage_calls:
+        assert c["env"]["PYTHONPATH"] == os.fspath(gpu / "site")
+        assert c["env"]["TORCHINDUCTOR_CACHE_DIR"] == os.fspath(gpu / "inductor")
+        assert c["env"]["TRITON_INTERPRET"] is None
+    summary = os.fspath(gpu / "summary.jsonl")
+    assert script_calls(calls, "gpu_determinism.py")[0]["args"][1:] == [summary]
+    smoke = script_calls(calls, "gpu_smoke.py")[0]["args"]
+    assert smoke[1:] == ["smoke", "--", "-x", "-m", "gpu and gpu_smoke", "tests"]
+    resume = script_calls(calls, "resume_check.py")[0]["args"]
+    assert resume[1:] == [
+        os.fspath(gpu / "site/bin/iqtrain"),
+        "examples/quickstart.toml",
+        "--gpu-stage",
+    ]
+    # One summary block on stdout: a row per stage.
+    for name in STAGES:
+        assert re.search(
+            rf"^\| {name} \| {limits(r)[name]} s \| \d+ s \| passed \|", r.stdout, re.M
+        )
+
+
+def test_a_failed_smoke_stage_stops_the_rest(scratch: Path) -> None:
+    assert run_dev(scratch, "gpu-pack")[0].returncode == 0
+
+    r, calls = run_dev(scratch, "gpu", FAKE_FAIL="smoke")
+
+    assert r.returncode == 1
+    assert errors(r)[-1] == "iqtrain: error: gpu: smoke failed; the stages after it did not run"
+    assert list(limits(r)) == ["install", "smoke"]
+    assert not script_calls(calls, "resume_check.py") and not script_calls(calls, "gpu_study.py")
+    assert "| smoke | 120 s |" in r.stdout and "| study | | | not run | |" in r.stdout
+
+
+def test_a_later_failure_is_named_and_the_other_stages_still_run(scratch: Path) -> None:
+    assert run_dev(scratch, "gpu-pack")[0].returncode == 0
+
+    r, calls = run_dev(scratch, "gpu", FAKE_FAIL="determinism")
+
+    assert r.returncode == 1
+    assert errors(r)[-1] == "iqtrain: error: gpu: failed: determinism (the summary above says how)"
+    assert list(limits(r)) == STAGES
+    assert "| determinism | 85 s | " in r.stdout and "failed (exit 1)" in r.stdout
+
+
+def test_gpu_only_runs_install_and_the_stages_named(scratch: Path) -> None:
+    assert run_dev(scratch, "gpu-pack")[0].returncode == 0
+
+    r, calls = run_dev(scratch, "gpu", "--only", "bench,study", "--probe-data", "x/*.sigmf-meta")
+
+    assert r.returncode == 0, r.stderr
+    assert list(limits(r)) == ["install", "bench", "study"]
+    assert script_calls(calls, "gpu_study.py")[0]["args"][-2:] == ["--probe-data", "x/*.sigmf-meta"]
+    assert "| smoke | | | not selected (--only) | |" in r.stdout
+
+    r, _ = run_dev(scratch, "gpu", "--only", "nonsense")
+    assert r.returncode == 2 and r.stderr.startswith("usage: bash .ci/dev gpu")
