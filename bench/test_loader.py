@@ -10,15 +10,15 @@ DataLoader with 2 workers over the same memmap, and (e) the ceiling: a batch's b
 consecutive rows copied out of the same mapping by torch on all its threads. Targets (ci16):
 >= 1.5x numpy gather and >= 0.4x memcpy; for ci8 and cf32 no loss (>= 1x the pread reader).
 Ratios are printed in the run's summary; the measured figures (three idle runs) are in
-docs/design.md section 2.3.1.
+docs/design.md "Loader throughput".
 
-The SigMF forms, beside those rows (docs/design.md 2.3.1): ``TrainStream.next`` (mapped) over
-each of the other 11 complex datatypes, the same values stored as each stores them, against the
-row above of the same batch dtype (ci8, ci16_le or cf32_le) and that row measured again just
-before it; and the ci16 recording's bytes read from a ``.sigmf`` archive (the tar's data
-member) and as a non-conforming dataset (a raw ``.ci16`` file with a 44-byte header and
-trailing bytes), mapped and with ``pread``, each against a loose copy read beside it, the three
-with the same page-cache history (target: >= 0.9x). The bench asserts values, never speed.
+The SigMF forms, beside those rows (docs/design.md "Loader throughput"): ``TrainStream.next``
+(mapped) over each of the other 11 complex datatypes, the same values stored as each stores them,
+against the row above of the same batch dtype (ci8, ci16_le or cf32_le) and that row measured again
+just before it; and the ci16 recording's bytes read from a ``.sigmf`` archive (the tar's data
+member) and as a non-conforming dataset (a raw ``.ci16`` file with a 44-byte header and trailing
+bytes), mapped and with ``pread``, each against a loose copy read beside it, the three with the same
+page-cache history (target: >= 0.9x). The bench asserts values, never speed.
 
     pytest bench/test_loader.py --benchmark-only
 """
@@ -270,7 +270,8 @@ def small_files(tmp_path_factory):
 
 @pytest.mark.parametrize("held", ["all", "pooled"])
 def test_many_small_files(benchmark, bench_summary, small_files, held):
-    """The cost of the open-file pool (docs/design.md 2.3): 2048 small recordings read in
+    """The cost of the open-file pool (docs/design.md "Recordings, capture segments,
+    windows", descriptors): 2048 small recordings read in
     shuffled order with every file open, against a dataset that may hold 64 of them (nearly
     every row opens its file again: stat, open, fstat, and a close)."""
     cap = None if held == "all" else SMALL_HELD
@@ -409,7 +410,7 @@ def _stream(path: Path, read: str) -> tuple[IQDataset, TrainStream]:
     assert ds.num_windows == NUM_WINDOWS
     assert ds._native.mapped_recordings == (1 if read == "mmap" else 0)
     # The data file (an archive: all of it) read through first, so that every page is in the
-    # cache: the development VM pages out memory untouched for about a minute (DAMON reclaim),
+    # cache: a machine running DAMON reclaim pages out memory untouched for about a minute,
     # and a recording written at the start of the run may be gone by its row here.
     fd = os.open(ds.recordings[0].data_path, os.O_RDONLY)
     try:

@@ -22,9 +22,9 @@ afterwards. In the same run, per size:
 Times are the fastest of 3 rounds (1 at 100k): the shared cores' other work only ever adds.
 The slope is (t(10k) - t(1k)) / 9000 per recording, and (t(100k) - t(10k)) / 90000. Only the
 sizes selected are written and reported (``-k "not 100000"``: 1k and 10k, one slope). Where the
-open-file limit cannot hold a descriptor per recording (the shared VM's hard limit is 20,000),
-the 100k dataset holds half the free descriptors and opens the rest again when it reads them
-(docs/design.md 2.3); the summary says how many it held.
+open-file limit cannot hold a descriptor per recording (a hard limit of 20,000, say), the 100k
+dataset holds half the free descriptors and opens the rest again when it reads them (docs/design.md
+"Recordings, capture segments, windows", descriptors); the summary says how many it held.
 
     pytest bench/test_startup.py --benchmark-only -s
 """

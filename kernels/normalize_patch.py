@@ -1,6 +1,7 @@
 """Fused normalize-and-patch: raw I/Q batch -> model input patches plus per-window scale.
 
-docs/design.md section 3. For every window b of a raw batch ``[B, L, 2]`` (int8, int16 or float32)::
+docs/design.md "prepare_iq_input". For every window b of a raw batch ``[B, L, 2]`` (int8, int16 or
+float32)::
 
     scale[b]   = sqrt(sum_{t < n} (I_t^2 + Q_t^2) / n + eps)      n = L, or prefix_patches * P
     patches[b] = raw[b] * (1 / scale[b])  viewed as [L / P, 2P]

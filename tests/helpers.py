@@ -36,9 +36,9 @@ COMPONENT_DTYPES = {
 
 
 def as_read(iq: np.ndarray, datatype: str) -> np.ndarray:
-    """What iqtrain reads of components ``iq`` of ``datatype``, by value (docs/design.md 1.1):
-    unsigned ones less half their range, 32-bit integers and cf64 as float32 rounded to nearest,
-    the rest as they are."""
+    """What iqtrain reads of components ``iq`` of ``datatype``, by value (docs/design.md "Datatypes
+    and the metadata verdict"): unsigned ones less half their range, 32-bit integers and cf64 as
+    float32 rounded to nearest, the rest as they are."""
     dt = COMPONENT_DTYPES[datatype]
     if dt.kind == "u":
         signed = iq.astype(np.int64) - (1 << (8 * dt.itemsize - 1))

@@ -7,7 +7,8 @@ the extension; ``iqtrain.X`` or ``from iqtrain import X`` imports the module tha
 on first use, and ``__version__`` reads the package metadata on first use. The torch-free
 subpackages (``config``, ``data``, ``checkpoint``, ``evidence``, ``report``, ``cli``) import no
 torch either, so the commands that only read or check (``iqtrain --help``, ``verify``,
-``report``, ``synth``) start without it. The layout: docs/design.md section 0.
+``report``, ``synth``) start without it. The layout: docs/design.md "Architecture and
+data flow".
 """
 
 import typing as _typing
@@ -143,7 +144,7 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *__all__})
 
 
-# What type checkers and IDEs see: the eager imports this module used to run.
+# What type checkers and IDEs see: the names the lazy re-exports above resolve to.
 if _typing.TYPE_CHECKING:
     from iqtrain.config.schema import Config, build_config, dumps_toml, load_config
     from iqtrain.config.sections import ModelConfig, OptimizerConfig, ScheduleConfig

@@ -9,7 +9,7 @@ Signals. The ``run`` and ``resume`` commands (and every command under torchrun) 
 ``nohup``) are blocked in every thread and taken by one thread with ``sigwait``, so a signal is
 seen at once whatever the main thread is doing, a blocking call in C included (a rendezvous, a
 barrier, a digest). What it does depends on the phase the attempt is in (docs/design.md
-section 9):
+"Signals and exits"):
 
 - ``start`` (until just before the attempt is claimed): nothing exists that a checkpoint could
   save, so the process ends at once with 128 + signum, saying so on rank 0;

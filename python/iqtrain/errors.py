@@ -5,7 +5,7 @@ classes (it imports them from here with ``pyo3::import_exception!``), so one ``e
 covers both halves of the data path.
 
 Each class carries the exit code the ``iqtrain`` command ends with when it reaches the top
-(docs/design.md section 8): 2 for input a user can fix before anything exists (config, data,
+(docs/design.md "Exit codes"): 2 for input a user can fix before anything exists (config, data,
 a checkpoint or attempt that fails verification), 1 for a failure of a run. :func:`exit_code`
 is the one lookup every caller uses (the CLI, the ranks' agreement).
 """
@@ -61,7 +61,8 @@ class WindowTooLongError(DataError):
 
 class RecordingsRefused(DataError):
     """Recordings of a dataset that cannot be read, every one at once: ``problems`` holds
-    ``(path, one line)`` of each (docs/design.md 1.2). The message is that line when there is
+    ``(path, one line)`` of each (docs/design.md "Recordings, capture segments, windows"). The
+    message is that line when there is
     one, else a count and the first :data:`SHOWN` lines; :meth:`context` names the data list
     and the setting that reads the rest instead."""
 

@@ -1,5 +1,6 @@
-"""The determinism stage of ``bash .ci/dev gpu``: under ``training.deterministic = true``, is a
-CUDA training step bit-exact, in one process and across processes? (docs/design.md 4.5)
+"""The determinism stage of ``bash .ci/dev gpu``: under ``training.deterministic = true``, is a CUDA
+training step bit-exact, in one process and across processes? (docs/design.md "Device, precision,
+compile")
 
     python scripts/ci/gpu_determinism.py SUMMARY.jsonl [--out DIR] [--tiny] [--modes M,...]
 

@@ -1,5 +1,5 @@
-"""The pooling side study of docs/design.md section 10.5: does the probe's mean over patches hide
-what the trunk learned?
+"""The pooling side study of the recipe study (studies/README.md): does the probe's mean over
+patches hide what the trunk learned?
 
 For one pretrained attempt and its random init, every layer's hidden states are pooled over
 patches four ways (mean, as the probe does; mean + std; mean + std + skewness; mean + std + max

@@ -20,7 +20,7 @@ from helpers import cli_tables
 import iqtrain
 from iqtrain.config.schema import dumps_toml
 
-#: The torch-free folders (docs/design.md section 0): every module in them, and the modules at
+#: The torch-free folders (docs/design.md "Import layers"): every module in them, and the modules at
 #: the top. Two modules of torch folders are torch-free too and stay so (the schedule's plan is
 #: read by report-like tools; the FLOP count by the benches).
 TORCH_FREE_PACKAGES = ("config", "data", "checkpoint", "evidence", "report", "cli")

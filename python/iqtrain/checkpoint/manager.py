@@ -5,7 +5,8 @@ rank at the same step; everything else is the manager's: rank 0 writes the check
 format and its atomicity are :mod:`iqtrain.checkpoint.files`'), the other ranks wait for it on
 the World's long-timeout barrier, and under ``training.parallel = "fsdp"`` every rank writes its
 own shards into rank 0's temporary directory, whose path rank 0 broadcasts. Then rank 0 prunes
-by policy. Format and protocol: docs/design.md sections 6 and 9. Imports no torch.
+by policy. Format and protocol: docs/design.md "Checkpoint directory", "Policy,
+pruning, leftovers". Imports no torch.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ The components' own states (``cursor``: the training stream, ``loop``: the loop'
 readers. The few fields of the components that torch-free readers need (the best checkpoint,
 the stale-validation count, the best validation accuracy of a "classify" lineage, the world
 size that wrote the shards) have typed accessors below, checked when they are read. Format:
-docs/design.md section 6. Imports no torch.
+docs/design.md "state.json". Imports no torch.
 
 ``sample_rate`` (the rate the lineage's data was recorded at, Hz; null when the recordings have
 none, or several with ``data.sample_rate = "any"``) is written in every state since it was
@@ -78,8 +78,8 @@ LOOP_FIELDS: dict[str, tuple[type, ...]] = {
 #: The loop fields an older state may lack, and the value they read as.
 LOOP_DEFAULTS: dict[str, Any] = {"best_val_accuracy": None}
 _DATA_GROUPS = ("train", "val", "train_meta", "val_meta")
-#: Where a lineage's first weights came from (``[init] from``, docs/design.md 6.11): the same
-#: object in state.json, attempt.json and the manifest, and its JSON types.
+#: Where a lineage's first weights came from (``[init] from``, docs/design.md "attempt.json"): the
+#: same object in state.json, attempt.json and the manifest, and its JSON types.
 INIT_KEYS = {"attempt": str, "checkpoint": str, "step": int, "model_sha256": str}
 _CHECKPOINT = re.compile(r"step_[0-9]{8}")
 
@@ -179,7 +179,7 @@ def _want(obj: dict[str, Any], key: str, kind: type, path: Path, where: str = ""
 
 @dataclass(frozen=True, kw_only=True)
 class CheckpointState:
-    """One checkpoint's state.json (format: docs/design.md section 6).
+    """One checkpoint's state.json (format: docs/design.md "state.json").
 
     ``fingerprints``: the sampled fingerprint of the train and val datasets; ``data``: the
     full-content digests (``train``, ``val``: data file -> BLAKE3) and metadata digests
@@ -203,8 +203,9 @@ class CheckpointState:
     #: None for the other objectives.
     classes: list[str] | None = None
     #: The sample rate (Hz) of the recordings the lineage trains on (``data.sample_rate``'s
-    #: answer, docs/design.md 1.2); None: none recorded, or several (``"any"``);
-    #: :data:`RATE_UNKNOWN`: a state written before states recorded it (no key).
+    #: answer, docs/design.md "Recordings, capture segments, windows"); None: none recorded, or
+    #: several (``"any"``); :data:`RATE_UNKNOWN`: a state written before states recorded it (no
+    #: key).
     sample_rate: float | None | UnknownRate = RATE_UNKNOWN
 
     # ------------------------------------------------------------------ encoding

@@ -1,5 +1,5 @@
 """``iqtrain embed``, ``iqtrain score`` and ``iqtrain predict``: a trained model over SigMF
-recordings (docs/design.md section 10.6).
+recordings (docs/design.md "A trained model as a product").
 
 The model is loaded through :func:`iqtrain.pretrained.load.load_pretrained` (verified as a
 resume verifies its parent); the work is :mod:`iqtrain.pretrained.recordings`. Each imports

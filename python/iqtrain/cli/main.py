@@ -1,6 +1,6 @@
 """The ``iqtrain`` command: parse, build, train, always close.
 
-Exit codes (docs/design.md section 8): 0 success; 2 bad input (one line naming the key or file,
+Exit codes (docs/design.md "Exit codes"): 0 success; 2 bad input (one line naming the key or file,
 no traceback, no attempt created); 1 training failure (non-finite, I/O; the attempt stays
 verifiable); 130/143/129 after SIGINT/SIGTERM/SIGHUP, with a checkpoint saved and the resume
 command printed (or, before the attempt existed, nothing created). Each error class carries its

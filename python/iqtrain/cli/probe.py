@@ -1,4 +1,4 @@
-"""``iqtrain probe ATTEMPT``: the linear probe of a checkpoint (docs/design.md section 10.2).
+"""``iqtrain probe ATTEMPT``: the linear probe of a checkpoint (docs/design.md "Linear probe").
 
 The command's flags, their parsing and their names live here: :func:`parse_shots` and
 :func:`parse_bins` turn ``--shots``/``--seeds`` and ``--bins`` text into what the probe takes,

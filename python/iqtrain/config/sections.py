@@ -57,17 +57,19 @@ __all__ = [
 DEVICES = ("cpu", "cuda")
 #: ``training.precision``; bf16 requires cuda.
 PRECISIONS = ("fp32", "bf16")
-#: ``training.parallel``: how several ranks hold the model (docs/design.md section 9).
+#: ``training.parallel``: how several ranks hold the model (docs/design.md "DDP and FSDP2").
 PARALLEL = ("ddp", "fsdp")
-#: ``schedule.kind`` and ``schedule.decay_shape`` (docs/design.md section 5).
+#: ``schedule.kind`` and ``schedule.decay_shape`` (docs/design.md "Learning-rate schedule").
 KINDS = ("wsd", "cosine", "constant")
 SHAPES = ("linear", "cosine", "sqrt")
-#: ``model.objective``: what the head predicts (docs/design.md section 4). Pretraining, for each
+#: ``model.objective``: what the head predicts (docs/design.md "Objectives"). Pretraining, for each
 #: next-patch value: "mse" the value itself (squared error), "categorical" a distribution over
 #: ``model.bins`` quantised bins of it (cross-entropy). Fine-tuning: "classify" the class of a
-#: labelled window (cross-entropy over the training set's classes, section 4.7).
+#: labelled window (cross-entropy over the training set's classes; its head: docs/design.md
+#: "Architecture").
 OBJECTIVES = ("mse", "categorical", "classify")
-#: ``data.sample_rate`` as a rule rather than a rate (docs/design.md 1.2, sample rates).
+#: ``data.sample_rate`` as a rule rather than a rate (docs/design.md "Recordings, capture segments,
+#: windows", sample rates).
 SAMPLE_RATE_RULES = ("same", "any")
 #: ``model.pool`` of "classify": how the patches' hidden states become one vector per window.
 POOLS = ("mean", "attention")
@@ -85,7 +87,8 @@ MAX_BINS = 4096
 
 @dataclass(frozen=True)
 class Datatype:
-    """One SigMF complex datatype iqtrain reads (docs/design.md section 1)."""
+    """One SigMF complex datatype iqtrain reads (docs/design.md "Datatypes and the metadata
+    verdict")."""
 
     bytes_per_sample: int  # one complex sample: I and Q
     full_scale: float | None  # the code a float 1.0 is written as by synth; None: read only
@@ -564,7 +567,8 @@ class TrainingConfig:
     early_stop_min_delta: float = 0.0
     # A torch.profiler trace of optimizer steps a..b (inclusive, numbered 1.. as the records
     # number them) into <attempt>/profile/, with a CUDA memory snapshot on CUDA; None = off.
-    # Not evidence: it changes nothing a record or checkpoint holds (docs/design.md section 11).
+    # Not evidence: it changes nothing a record or checkpoint holds (docs/design.md "Live
+    # views and the profiler").
     profile_steps: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:

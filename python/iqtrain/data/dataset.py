@@ -75,7 +75,7 @@ class ReadOptions:
 
 def _sampled_digest(path: Path, base: int, nbytes: int) -> bytes:
     """SHA-256 of the dataset's bytes ``[base, base + nbytes)`` of ``path``: all of them up to
-    16 blocks, else 16 blocks at fixed offsets (docs/design.md 1.3)."""
+    16 blocks, else 16 blocks at fixed offsets (docs/design.md "Dataset identity")."""
     # Plain descriptor reads: a buffered file object cost as much again as the reads here.
     h = hashlib.sha256()
     fd = open_regular(path)
@@ -97,7 +97,8 @@ def _sampled_digest(path: Path, base: int, nbytes: int) -> bytes:
 
 
 def _fingerprint_piece(rec: Recording, meta_bytes: bytes) -> bytes:
-    """What recording ``rec`` adds to its dataset's fingerprint (docs/design.md 1.3), in order:
+    """What recording ``rec`` adds to its dataset's fingerprint (docs/design.md "Dataset
+    identity"), in order:
     its metadata's name and bytes, the data length and the sampled digest (reads the data)."""
     nbytes = rec.data_bytes
     piece = [
@@ -178,7 +179,8 @@ def _nr_open() -> int | None:
 
 
 def _open_file_budget(n: int) -> int:
-    """How many of ``n`` data files a dataset opening now may hold open (docs/design.md 2.3).
+    """How many of ``n`` data files a dataset opening now may hold open
+    (docs/design.md "Recordings, capture segments, windows", descriptors).
 
     Raises the soft open-file limit, up to the hard limit, to fit all ``n`` beside the
     descriptors in use and 64 more for the rest of the process. Where the limit allows, that is
@@ -231,8 +233,9 @@ class IQDataset:
     jump marking dropped samples). Each SigMF capture is a segment from its ``core:sample_start``
     to the next capture's (or the end of the data), captures that continue each other with
     nothing else changed being one; samples before the first capture form a leading segment of
-    their own (docs/design.md 1.2). Global window ids enumerate recordings in sorted path order,
-    then segments in order, then windows. Opening costs O(recordings + captures).
+    their own (docs/design.md "Recordings, capture segments, windows"). Global window ids enumerate
+    recordings in sorted path order, then segments in order, then windows. Opening costs
+    O(recordings + captures).
 
     Every recording that cannot be read is listed at once (:class:`RecordingsRefused`, each
     with its file and field); ``skip_invalid`` reads the others instead, and ``refused`` keeps
@@ -245,9 +248,10 @@ class IQDataset:
     ``links`` maps each recording's resolved metadata path to the symlink it was named by,
     where it was named by one (its identity is the resolved file's).
 
-    ``map_min_bytes``: data files of at least this many bytes are read from a guarded memory map
-    (a truncation is still a ``DataError``, never a SIGBUS: docs/design.md 2.3); smaller ones with
-    positioned reads. ``None`` is the native default (256 KiB); ``2**64 - 1`` maps nothing.
+    ``map_min_bytes``: data files of at least this many bytes are read from a guarded memory map (a
+    truncation is still a ``DataError``, never a SIGBUS: docs/design.md "The guarded map"); smaller
+    ones with positioned reads. ``None`` is the native default (256 KiB); ``2**64 - 1`` maps
+    nothing.
 
     ``max_open_files``: at most this many data files are open at once; the others are opened
     again, by path, when read, and must still be the file opened here (another file renamed
@@ -354,7 +358,8 @@ class IQDataset:
         #: ``(path, reason)`` of every input refused (recorded, and read past, with
         #: ``skip_invalid``).
         self.refused: list[tuple[str, str]] = problems
-        #: ``(metadata path, field, message)`` of everything tolerated (docs/design.md 1.1).
+        #: ``(metadata path, field, message)`` of everything tolerated
+        #: (docs/design.md "Datatypes and the metadata verdict").
         self.notes: list[tuple[str, str, str]] = [
             (os.fspath(r.meta_path), f, m) for r in recordings for f, m in r.notes
         ]

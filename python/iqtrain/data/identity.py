@@ -1,6 +1,6 @@
 """Data identity: what an attempt trained on, and every check that the data is still that.
 
-Two identities (docs/design.md section 1):
+Two identities (docs/design.md "Dataset identity"):
 
 - the sampled **fingerprint** of a dataset (:attr:`IQDataset.fingerprint`: metadata bytes,
   data lengths and fixed sampled blocks; O(1) per recording), the cursor's quick check;

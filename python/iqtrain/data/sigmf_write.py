@@ -42,7 +42,7 @@ def attach_data(meta: SigMFFile, data: bytes) -> None:
 def write_recording(meta: SigMFFile, base: Path, *, durable: bool = False) -> Path:
     """``base.sigmf-meta`` and ``base.sigmf-data`` (replacing either), after the check sigmf's
     own ``tofile`` makes first (the SigMF schema), made with the validator built once: sigmf's
-    rebuilt and re-checked the schema itself for every recording (docs/design.md 1.4).
+    own rebuilds and re-checks the schema for every recording (docs/design.md "Decisions").
     ``durable``: both files fsynced. An OSError (a full disk) removes both and is the
     :class:`~iqtrain.errors.StorageError` naming the data file. Returns the metadata path."""
     validate_metadata(meta.ordered_metadata())

@@ -188,10 +188,10 @@ def ensure_synthetic_labelled(s: SynthConfig, window: int) -> tuple[list[str], l
 def open_labelled(d: DataConfig) -> TrainVal[LabelledSet]:
     """A fine-tune's data (``model.objective = "classify"``): the windows of ``data.window``
     samples inside the annotations carrying ``data.label_key``, on a grid of ``data.stride``
-    from each annotation's start (docs/design.md 1.6). The training set's selected as a
-    stream's dataset; the validation set's as well (every one once, in order), numbered by the
-    training set's classes. No labelled window, one class, or a validation class the training
-    set lacks: one DataError line naming the file (exit 2). Their sample rates are checked
+    from each annotation's start (docs/design.md "Labelled windows for fine-tuning"). The training
+    set's selected as a stream's dataset; the validation set's as well (every one once, in order),
+    numbered by the training set's classes. No labelled window, one class, or a validation class the
+    training set lacks: one DataError line naming the file (exit 2). Their sample rates are checked
     against ``data.sample_rate`` (:func:`check_sample_rates`), the answer kept as
     ``sample_rate``."""
     if d.is_synthetic and d.window * PROBE_WINDOWS_PER_ANNOTATION > d.synthetic.samples:

@@ -1,4 +1,5 @@
-"""Which windows of a set of recordings a model reads outside training (docs/design.md 10.2).
+"""Which windows of a set of recordings a model reads outside training (docs/design.md
+"A trained model as a product", "Linear probe").
 
 Two ways to cut them, both windows of ``window`` samples that never cross a capture boundary:
 

@@ -1,4 +1,5 @@
-"""The sharded state of a checkpoint (``training.parallel = "fsdp"``; docs/design.md 9.5).
+"""The sharded state of a checkpoint (``training.parallel = "fsdp"``; docs/design.md "DCP and
+restricted unpicklers").
 
 :func:`save_sharded` writes ``{"model", "optimizer"}`` as each rank holds them
 (parameter and moment shards, keyed by parameter name) with ``torch.distributed.checkpoint``:

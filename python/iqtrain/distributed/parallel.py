@@ -1,4 +1,5 @@
-"""How several ranks hold a step's model (``training.parallel``, docs/design.md section 9):
+"""How several ranks hold a step's model (``training.parallel``, docs/design.md "DDP and
+FSDP2"):
 replicated by DistributedDataParallel, or sharded by FSDP2 (its checkpoint state:
 :mod:`iqtrain.distributed.dcp`).
 

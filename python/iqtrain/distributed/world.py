@@ -1,4 +1,4 @@
-"""Data-parallel ranks under torchrun (docs/design.md section 9): who this process is, how the
+"""Data-parallel ranks under torchrun (docs/design.md "Distribution"): who this process is, how the
 ranks join and agree, and the few collectives the trainer needs.
 
 iqtrain does not launch processes: ``torchrun`` does, and sets ``RANK``, ``WORLD_SIZE`` and

@@ -1,4 +1,4 @@
-"""Accuracy by a numeric annotation field (docs/design.md 10.2, "--by"): the bins of the
+"""Accuracy by a numeric annotation field (docs/design.md "Linear probe", --by): the bins of the
 field's values (a width, or explicit edges) and the accuracies of each bin, read from the same
 pooled held-out predictions. Errors name the option or config key the caller passes
 (``name``, ``names``), never a flag of their own.

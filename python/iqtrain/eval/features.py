@@ -1,7 +1,7 @@
 """The probe's features of labelled windows: a model's pooled hidden states at any layer
 (the one forward path of a trained model), the classical AMC features, and both side by side
-(docs/design.md 10.2, "Features"). A window whose features are not finite is a DataError naming
-its recording and sample.
+(docs/design.md "Linear probe", features). A window whose features are not finite is a DataError
+naming its recording and sample.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Grouped cross-validation and its scores (docs/design.md 10.2, "Folds", "Scores",
-"Standard errors", the few-shot draws of "--shots").
+"""Grouped cross-validation and its scores (docs/design.md "Linear probe": folds,
+scores, standard errors, the few-shot draws of --shots).
 
 Folds group windows by annotation, so windows cut from one burst never sit on both sides of a
 split (:class:`FoldPlan`); every accuracy comes with its standard error over annotations

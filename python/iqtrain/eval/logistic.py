@@ -1,5 +1,5 @@
 """The probe's classifier: multinomial logistic regression on standardised features, many
-independent fits side by side (docs/design.md 10.2, "Classifier").
+independent fits side by side (docs/design.md "Linear probe", classifier).
 
 Each fit standardises its training windows, starts from zeros and runs L-BFGS preconditioned by
 their second moments with a backtracking line search; the fits of one call run as one padded

@@ -1,5 +1,5 @@
 """Linear probe: how linearly decodable labels are from a frozen model's features
-(docs/design.md section 10.2).
+(docs/design.md "Linear probe").
 
 :func:`run_probe` probes one checkpoint of an attempt: the labelled windows of
 :func:`~iqtrain.data.windows.labelled_windows`, their features

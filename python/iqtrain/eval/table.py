@@ -1,4 +1,4 @@
-"""The readable report of a probe (``iqtrain probe``'s table, docs/design.md 10.2, "Output"):
+"""The readable report of a probe (``iqtrain probe``'s table, docs/design.md "Linear probe"):
 accuracies side by side with their standard errors, per class, per bin, per layer and per K,
 then the pretrained confusion.
 """

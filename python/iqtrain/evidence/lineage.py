@@ -3,7 +3,7 @@
 A resume names a parent (:class:`ParentRef`); :func:`load_parent` verifies it completely
 before anything is written (every manifest field when it has one: :mod:`iqtrain.evidence.verify`;
 otherwise the newest checkpoint that verifies, naming each one skipped), and
-:func:`config_changes` refuses any change a resume may not make (docs/design.md section 6).
+:func:`config_changes` refuses any change a resume may not make (docs/design.md "Resume").
 Imports no torch at module level (loading a checkpoint's tensors does).
 """
 
@@ -38,7 +38,8 @@ __all__ = [
 ]
 
 # Keys a resume may change. Anything else would make the child a different experiment than its
-# parent's evidence describes; max_steps is the recorded plan change of docs/design.md section 5.
+# parent's evidence describes; max_steps is the recorded plan change of docs/design.md
+# "Learning-rate schedule".
 RESUMABLE_KEYS = frozenset(
     {
         "training.max_steps",

@@ -437,11 +437,11 @@ def _init_source(init: dict, named: str, which: str | None) -> str | None:
 
 
 def init_problems(attempt: Path, info: dict) -> tuple[list[str], list[str]]:
-    """``(problems, notes)`` of attempt.json ``init`` (docs/design.md 6.11): present exactly when
-    config.toml's ``[init] from`` names a source, and then well formed, naming that source, equal
-    to the ``init`` every checkpoint of the attempt binds in its state.json, and, while the
-    source checkpoint exists, its ``model.safetensors`` is the recorded ``model_sha256`` (a
-    source gone is a note)."""
+    """``(problems, notes)`` of attempt.json ``init`` (docs/design.md "What verify checks"): present
+    exactly when config.toml's ``[init] from`` names a source, and then well formed, naming that
+    source, equal to the ``init`` every checkpoint of the attempt binds in its state.json, and,
+    while the source checkpoint exists, its ``model.safetensors`` is the recorded ``model_sha256``
+    (a source gone is a note)."""
     init, config = info.get("init"), _init_config(attempt)
     if config is None:
         return [], []
@@ -689,7 +689,7 @@ def publish_manifest(
         "stopped_early": stopped_early,
         "published": utc_now(),
     }
-    if record.get("init") is not None:  # only then: a manifest without one reads as before
+    if record.get("init") is not None:  # only then: a manifest without one keeps its shape
         manifest["init"] = record["init"]
     if record.get("data") is not None:  # every attempt since the record exists
         manifest["data"] = data_binding(record["data"])

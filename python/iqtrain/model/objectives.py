@@ -1,4 +1,4 @@
-"""What the head predicts for the next patch and how it is scored (docs/design.md section 4.2).
+"""What the head predicts for the next patch and how it is scored (docs/design.md "Objectives").
 
 The task is always next-patch prediction: the output at position t is about patch t+1, whose
 ``2P`` real values are the window-normalised ``I0, Q0, I1, Q1, ...`` of P complex samples.

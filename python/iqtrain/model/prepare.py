@@ -1,7 +1,7 @@
 """Raw I/Q batch -> model input: dtype conversion, per-window power normalisation and patching.
 
-docs/design.md section 3. :func:`prepare_iq_input_reference` is the specification, written in plain
-PyTorch; :func:`prepare_iq_input` dispatches to the fused Triton kernel
+docs/design.md "prepare_iq_input". :func:`prepare_iq_input_reference` is the specification, written
+in plain PyTorch; :func:`prepare_iq_input` dispatches to the fused Triton kernel
 (``iqtrain.kernels.normalize_patch``) for CUDA tensors and to the reference everywhere else.
 :func:`compiled_reference` is the reference under ``torch.compile``, bit-identical to it, for CPU
 runs with ``training.compile = true`` (``TrainStep.prepare`` picks the path for the loop).

@@ -1,5 +1,5 @@
-"""The next-patch-prediction transformer and its loss (docs/design.md section 4), and its
-fine-tuned form, the window classifier (``model.objective = "classify"``, section 4.7).
+"""The next-patch-prediction transformer and its loss (docs/design.md "Architecture"), and its
+fine-tuned form, the window classifier (``model.objective = "classify"``, the same heading).
 
 A window of complex baseband samples arrives as patches ``[B, N, 2P]`` (``prepare_iq_input``:
 patch j holds samples ``[jP, (j+1)P)`` interleaved ``I0, Q0, I1, Q1, ...``, divided by one real
@@ -26,10 +26,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-# The [model] table lives in the torch-free config module; re-exported here, as before.
+# The [model] table lives in the torch-free config module; re-exported here.
 from iqtrain.config.sections import ModelConfig
 
-# The loss lives with the objectives; re-exported here, as before.
+# The loss lives with the objectives; re-exported here.
 from iqtrain.model.objectives import next_patch_loss
 
 __all__ = [

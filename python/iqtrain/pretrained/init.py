@@ -1,5 +1,5 @@
 """``[init] from``: a new attempt whose model starts from a verified checkpoint's weights
-(docs/design.md section 6.11).
+(docs/design.md "A new attempt from existing weights").
 
 The source is resolved and verified as a resume verifies its parent (its optimizer tensors are
 not read: optimizer, schedule, stream and step start fresh). Every architecture key of

@@ -1,4 +1,5 @@
-"""What a user hands a pretrained model: IQ windows as arrays (docs/design.md 10.6).
+"""What a user hands a pretrained model: IQ windows as arrays (docs/design.md
+"A trained model as a product").
 
 :func:`check_windows` accepts complex ``[..., window]`` (complex64, complex128) or real
 ``[..., window, 2]`` (I, Q; int8, int16, float32, float64), in either byte order, as a numpy

@@ -1,6 +1,6 @@
 """A trained model as a product: :func:`load_pretrained` loads one checkpoint verified, and its
 :class:`Pretrained` embeds and scores IQ windows exactly as training prepared them
-(docs/design.md section 10.6).
+(docs/design.md "A trained model as a product").
 
 Every command that uses a trained model goes through here: ``iqtrain probe``, ``embed``,
 ``score``, and ``[init] from`` (a new attempt that starts from a checkpoint's weights). The

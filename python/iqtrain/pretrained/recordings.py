@@ -1,5 +1,5 @@
 """A pretrained model over SigMF recordings: what ``iqtrain embed``, ``iqtrain score`` and
-``iqtrain predict`` do (docs/design.md section 10.6).
+``iqtrain predict`` do (docs/design.md "A trained model as a product").
 
 Rows are windows or annotations of the recordings (:mod:`iqtrain.data.windows`):
 
@@ -642,7 +642,8 @@ def predict_recordings(
     read: ReadOptions | None = None,
     any_rate: bool = False,
 ) -> Prediction:
-    """A "classify" model's predictions over ``patterns`` (docs/design.md 10.6), read with
+    """A "classify" model's predictions over ``patterns`` (docs/design.md "A trained model as a
+    product"), read with
     ``read`` (channel, skip_invalid).
 
     ``per="annotation"``: every SigMF annotation holding at least one whole window, labelled or

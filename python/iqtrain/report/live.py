@@ -60,7 +60,7 @@ __all__ = [
 
 #: The live event files' directory inside an attempt.
 TENSORBOARD_DIR = "tensorboard"
-#: The attempt.json field holding the W&B run id (docs/design.md section 6.2).
+#: The attempt.json field holding the W&B run id (docs/design.md "attempt.json").
 WANDB_RUN_ID = "wandb_run_id"
 WANDB_EXTRA = "needs wandb: pip install 'iqtrain[wandb]'"
 #: Free bytes under which the W&B run's directory counts as full (wandb-core drops a record it

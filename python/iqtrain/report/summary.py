@@ -280,7 +280,7 @@ def _val_lines(val: list[dict[str, Any]]) -> list[str]:
         )
     scored = [(v, r) for r in val if (v := number(r, "loss")) is not None]
     if scored:
-        loss, best = min(scored, key=lambda pair: pair[0])  # ties: the first, as before
+        loss, best = min(scored, key=lambda pair: pair[0])  # ties: the first (verify's rule)
         nmse = number(best, "nmse")
         db = _db(loss if nmse is None else nmse)
         lines.append(f"  best val loss {loss:.5f} at step {best.get('step', '?')} ({db})")

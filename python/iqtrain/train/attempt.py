@@ -11,7 +11,7 @@ manifest exists.
 Under torchrun the ranks agree three times before rank 0 claims the attempt: on the config
 (:func:`~iqtrain.distributed.world.join`), on the preflight (every rank's outcome, and the same
 data fingerprints everywhere), and on the claim; a signal before the claim ends every rank with
-nothing created (docs/design.md section 9).
+nothing created (docs/design.md "Preflight agreement", "Signals and exits").
 
 The preflight's first act is ``training.deterministic``
 (:func:`~iqtrain.train.determinism.configure`), before anything of the attempt touches CUDA:
@@ -141,7 +141,7 @@ class _Ready:
 
 def _plan(config: Config, parent: Parent | None) -> tuple[Plan, int]:
     """The schedule plan and first step: a parent's plan, extended only as docs/design.md
-    section 5 allows."""
+    "Learning-rate schedule" allows."""
     t, o = config.training, config.optimizer
     if parent is None:
         return Plan.from_config(config.schedule, t.max_steps, o.lr, o.min_lr), 0

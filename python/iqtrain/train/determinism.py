@@ -1,4 +1,5 @@
-"""``training.deterministic``: bit-exact CUDA training steps (docs/design.md section 4.5).
+"""``training.deterministic``: bit-exact CUDA training steps (docs/design.md "Device, precision,
+compile").
 
 A resumed CUDA attempt repeats its parent's steps bit for bit only if every kernel of a step
 computes the same bits from the same inputs in every process. :func:`configure` asks torch for
@@ -33,7 +34,7 @@ sets the CUDA device and creates the NCCL communicator before that: neither call
 found (nothing else: off means torch's own behaviour, not a forced nondeterminism), so a
 process may time the same step both ways. ``CUBLAS_WORKSPACE_CONFIG`` stays set: the first
 matmul has read it already. On the CPU both are no-ops: the trainer's CPU kernels are
-deterministic as they are (section 6.9).
+deterministic as they are (docs/design.md "Resume").
 """
 
 from __future__ import annotations

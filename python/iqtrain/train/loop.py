@@ -246,7 +246,7 @@ class LoopParts:
     probe: TrainingProbe | None = None
     sinks: list[LoopSink] = field(default_factory=list)
     #: Where the lineage's first weights came from (``[init] from``): every checkpoint's
-    #: state.json binds it (docs/design.md 6.11).
+    #: state.json binds it (docs/design.md "A new attempt from existing weights").
     init: dict[str, Any] | None = None
     #: "classify": the class of each training and validation window (indices into
     #: ``classes``, the training set's sorted class names; every state.json records them).
@@ -300,7 +300,8 @@ class Trainer:
             else _label_ring(self.stream, self.stepper.device, len(self.ring))
         )
         self.flops_per_window = self.stepper.model.train_flops_per_window(data.seq_patches)
-        # The categorical loss is a negative log-likelihood: spikes are judged in nats (4.6).
+        # The categorical loss is a negative log-likelihood: spikes are judged in nats
+        # (docs/design.md "Spikes").
         self.nll_loss = self.stepper.model.config.objective != "mse"
         # The records' TFLOP/s are the whole job's (the global batch), so MFU divides by the
         # peak of every rank's device together.

@@ -1,5 +1,5 @@
 """The optimizer of a step: which parameters get weight decay, and fused AdamW with a tensor lr
-per group (docs/design.md section 4). How a checkpoint stores its state:
+per group (docs/design.md "AdamW"). How a checkpoint stores its state:
 :mod:`iqtrain.checkpoint.optim_codec`."""
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ Steps are numbered as the loop and the records number them (1 = the first optimi
 resumed attempt continues the numbering, so it profiles what is left of the range). The
 profiler starts before step ``a`` reads its batch and stops after step ``b``'s whole iteration
 (record, validation, checkpoint), each step marked ``iqtrain step N`` in the trace. Written
-into the attempt (rank 0 only: it is the rank that writes the attempt, docs/design.md section
-9.6):
+into the attempt (rank 0 only: it is the rank that writes the attempt, docs/design.md
+"Rank-0-only work"):
 
 - ``<attempt>/profile/trace_steps_<a>-<b>.json``: the Chrome trace (``chrome://tracing``,
   Perfetto), CPU ops and, on CUDA, kernels;

@@ -1,4 +1,5 @@
-"""Learning-rate schedules over optimizer steps ``s = 0 … S-1`` (docs/design.md section 5).
+"""Learning-rate schedules over optimizer steps ``s = 0 … S-1`` (docs/design.md
+"Learning-rate schedule").
 
 WSD (warmup-stable-decay) with warmup ``W``, decay ``D``, peak ``lr`` and floor ``min_lr``:
 

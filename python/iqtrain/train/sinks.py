@@ -44,7 +44,8 @@ class LoopSink:
 
 
 class LiveViews(LoopSink):
-    """The attempt's live TensorBoard and W&B views (docs/design.md 11.1): each record is
+    """The attempt's live TensorBoard and W&B views (docs/design.md "Live views and the profiler"):
+    each record is
     queued for them. The attempt opens the views and closes them once attempt.json records how
     it ended (W&B's exit code is the attempt's), so the loop's end leaves them open."""
 

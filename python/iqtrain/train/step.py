@@ -1,4 +1,5 @@
-"""One optimizer step and one evaluation pass of the next-patch model (docs/design.md section 4).
+"""One optimizer step and one evaluation pass of the next-patch model (docs/design.md "One
+optimizer step").
 
 The training loop owns batches, the schedule and checkpoints; this module owns what happens to
 one batch: A microbatches forward/backward -> global grad norm (reported before clipping) ->
@@ -63,7 +64,7 @@ import torch
 from torch import Tensor, nn
 
 # The [optimizer] table and the device/precision names live in the torch-free config module;
-# re-exported here, as before.
+# re-exported here.
 from iqtrain.config.sections import OptimizerConfig, TrainingConfig
 from iqtrain.distributed.dcp import load_sharded, save_sharded
 from iqtrain.distributed.parallel import (

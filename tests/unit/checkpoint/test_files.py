@@ -217,7 +217,7 @@ def test_remove_checkpoint_leaves_the_namespace_by_rename_before_deleting(tmp_pa
 
 def test_kill_9_while_pruning_leaves_only_complete_checkpoints_listed(tmp_path):
     # The child deletes one file of the pruned checkpoint, then is killed -9 in the middle
-    # of the delete: the case that used to leave a half-deleted step_N under its real name.
+    # of the delete: a delete in place would leave a half-deleted step_N under its real name.
     proc = _child(
         tmp_path,
         """

@@ -127,7 +127,7 @@ def _data(tmp_path, train, val, **data):
 )
 def test_the_pair_keeps_the_one_sample_rate(tmp_path, train, val, rule, rate):
     sets = open_datasets(_data(tmp_path, train, val, sample_rate=rule))
-    train_set, val_set = sets  # a (train, val) pair, as before
+    train_set, val_set = sets  # a (train, val) pair, the rate beside it
     assert len(train_set.recordings) == len(train) and len(val_set.recordings) == len(val)
     assert sets.sample_rate == rate and isinstance(sets, tuple)
 

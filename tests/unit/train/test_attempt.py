@@ -429,7 +429,7 @@ def test_a_categorical_attempt_records_both_losses_and_resumes_exactly(tmp_path,
     assert verify_attempt(child) == []
     # the objective is part of the model: changing it on resume is refused
     tables = tiny_tables(tmp_path / "run", cache, checkpoint_every=1, keep_last=0)
-    tables["model"].update(bins=16, bin_range=3.0)  # "mse" now, the grid as before
+    tables["model"].update(bins=16, bin_range=3.0)  # the default "mse", the parent's grid
     with pytest.raises(ConfigError, match=r"model\.objective: cannot change on resume"):
         run_pretraining_attempt(build_config(tables), ParentRef(straight.attempt, "step_5"))
 

@@ -1,4 +1,5 @@
-"""Learning-rate schedules: the docs/design.md section 5 formulas, and plan changes on resume."""
+"""Learning-rate schedules: the docs/design.md "Learning-rate schedule" formulas, and plan changes
+on resume."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The field's modulation datasets as labelled SigMF (``iqtrain convert radioml2016|radioml2018``;
-docs/design.md 1.5).
+docs/design.md "Converted datasets", docs/data.md "RadioML").
 
 - :mod:`~iqtrain.data.convert.rml2016`: RadioML 2016.10A, a Python 2 pickle, read by the
   restricted unpickler of :mod:`~iqtrain.data.convert.unpickler` (numpy arrays only, built

@@ -115,7 +115,8 @@ def _recording_meta(kind: Kind, first: int, batch: Batch, data: bytes) -> SigMFF
                 "core:extensions": extensions(),
             },
             # Each capture names its example: captures that differ only in their start are one
-            # segment to a SigMF reader (docs/design.md 1.2), and examples must not run together.
+            # segment to a SigMF reader (docs/design.md "Recordings, capture segments, windows"),
+            # and examples must not run together.
             "captures": [
                 {"core:sample_start": start, "iqtrain:source_row": row}
                 for start, row in zip(starts, batch.rows.tolist(), strict=True)

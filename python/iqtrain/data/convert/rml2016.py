@@ -1,4 +1,4 @@
-"""RadioML 2016.10A (``RML2016.10a_dict.pkl``) as labelled SigMF (docs/design.md 1.5).
+"""RadioML 2016.10A (``RML2016.10a_dict.pkl``) as labelled SigMF (docs/data.md "RadioML").
 
 A Python 2 pickle of ``{(modulation, snr): float32 ndarray [N, 2, 128]}``, row 0 = I, row 1 =
 Q; modulation names are Python 2 str (read with ``encoding="latin1"``; bytes names are decoded

@@ -1,4 +1,4 @@
-"""RadioML 2018.01A (``GOLD_XYZ_OSC.0001_1024.hdf5``) as labelled SigMF (docs/design.md 1.5).
+"""RadioML 2018.01A (``GOLD_XYZ_OSC.0001_1024.hdf5``) as labelled SigMF (docs/data.md "RadioML").
 
 HDF5 with ``X`` float32 [N, 1024, 2] (I, Q), ``Y`` int one-hot [N, 24], ``Z`` int [N, 1] (SNR
 dB), read :data:`RML2018_CHUNK` examples at a time (the file is 20 GB) in the file's own row

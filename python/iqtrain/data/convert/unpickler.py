@@ -1,4 +1,4 @@
-"""The RadioML 2016.10A pickle, read without running it (docs/design.md 1.5).
+"""The RadioML 2016.10A pickle, read without running it (docs/data.md "RadioML").
 
 A pickle is code, and numpy's own ``__setstate__`` is a memory-corruption primitive (a ``V8``
 dtype with an object field built onto file bytes makes numpy read them as ``PyObject*``). So

@@ -1,4 +1,5 @@
-"""Reading SigMF as people and tools write it (docs/design.md 1.1 and 1.2, docs/data.md):
+"""Reading SigMF as people and tools write it (docs/design.md "Recordings and
+windows", docs/data.md):
 loose ``.sigmf-meta`` files, ``.sigmf`` archives read in place, ``.sigmf-collection`` files,
 non-conforming datasets (a raw capture beside its metadata, header and trailing bytes), every
 complex datatype, one channel of interleaved ones.

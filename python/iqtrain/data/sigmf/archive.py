@@ -1,5 +1,5 @@
 """SigMF archives (``.sigmf``: an uncompressed POSIX tar of one or more recordings), read in
-place (docs/design.md 1.2, archives).
+place (docs/design.md "Recordings, capture segments, windows", archives).
 
 :func:`open_archive` lists the archive's members once (headers only: nothing is extracted,
 nothing is written) and refuses, in one line naming the archive, everything that would make a

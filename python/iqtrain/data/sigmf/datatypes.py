@@ -1,5 +1,6 @@
 """``core:datatype``: the 14 complex SigMF datatypes, read as the specification writes them
-(docs/design.md 1.1). The table is :data:`iqtrain.config.sections.SIGMF_DATATYPES`."""
+(docs/design.md "Datatypes and the metadata verdict"). The table is
+:data:`iqtrain.config.sections.SIGMF_DATATYPES`."""
 
 from __future__ import annotations
 

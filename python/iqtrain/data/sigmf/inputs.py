@@ -1,7 +1,7 @@
 """What a data list names: ``.sigmf-meta`` files, ``.sigmf`` archives (every recording in
 them, or one member as ``ARCHIVE/MEMBER``), ``.sigmf-collection`` files (their streams) and
 globs of any of these, expanded into one sorted list of recordings to read (docs/design.md
-1.2, inputs).
+"Recordings, capture segments, windows", inputs).
 
 A pattern matching nothing, a path that does not exist or names no SigMF file is one
 DataError line at once (the list itself is wrong). Everything wrong with one input that does

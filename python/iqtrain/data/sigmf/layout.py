@@ -1,5 +1,5 @@
 """Where a recording's samples are: its capture segments and the byte each starts at
-(docs/design.md 1.2, segments and layout).
+(docs/design.md "Recordings, capture segments, windows").
 
 The rules, from the SigMF specification:
 

@@ -1,5 +1,6 @@
 """One recording's metadata: the verdict sigmf-python's reader gives, and where the samples are
-(docs/design.md 1.1 and 1.2).
+(docs/design.md "Datatypes and the metadata verdict", "Recordings, capture segments,
+windows").
 
 A recording is read when sigmf-python's own reader (``sigmf.fromfile``) reads it and iqtrain
 can locate every sample exactly. What iqtrain uses must be well formed, and is checked here
@@ -55,7 +56,7 @@ class Recording:
     which had ``file_bytes`` bytes when opened. ``segments``: ``(first SigMF sample index,
     samples)`` of each capture segment, ``segment_bytes`` the byte of ``data_path`` its first
     frame starts at; ``channels`` interleaved, ``channel`` the one read. ``notes``: ``(field,
-    message)`` of what was tolerated (docs/design.md 1.1).
+    message)`` of what was tolerated (docs/design.md "Datatypes and the metadata verdict").
     """
 
     meta_path: Path
@@ -101,7 +102,8 @@ class Recording:
 
 
 def meta_sha256(meta_bytes: bytes) -> str:
-    """The metadata digest of docs/design.md 1.3: SHA-256 (hex) of a .sigmf-meta's bytes."""
+    """The metadata digest of docs/design.md "Dataset identity": SHA-256 (hex) of a .sigmf-meta's
+    bytes."""
     return hashlib.sha256(meta_bytes).hexdigest()
 
 

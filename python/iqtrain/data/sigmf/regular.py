@@ -35,7 +35,7 @@ def open_regular(path: str | os.PathLike) -> int:
 
 def read_regular(path: str | os.PathLike) -> bytes:
     """Every byte of the regular file at ``path``: one open, fstat and read for a small file
-    (a buffered file object took 3x as long: docs/design.md 1.2), to its end whatever the size
+    (a buffered file object takes 3x as long), to its end whatever the size
     said (a file that grew, a short read). OSError when it cannot be read or is not a regular
     file."""
     fd = open_regular(path)

@@ -1,5 +1,5 @@
 """The SigMF metadata schema, checked as sigmf-python's validator checks it, at a fraction of
-its cost (docs/design.md 1.2, start-up).
+its cost (docs/design.md "Recordings, capture segments, windows", start-up).
 
 :func:`validate_metadata` is ``sigmf.validate.validate``'s verdict; :func:`schema_problems`
 lists every violation (field path and message) for the reader to sort into the fields iqtrain
@@ -23,7 +23,7 @@ __all__ = ["schema_problems", "validate_metadata"]
 def _schema_validator() -> Any:
     """The SigMF metadata schema's validator, built (and the schema itself checked) once per
     process. ``sigmf.validate.validate`` builds both again for every file, through
-    ``jsonschema.validate``: that was 95% of opening a small recording (docs/design.md 1.2)."""
+    ``jsonschema.validate``: that is 95% of opening a small recording."""
     import jsonschema
     from sigmf import schema
 
@@ -200,8 +200,8 @@ def _compiled_check() -> Check | None:
     compiled (a later sigmf): then jsonschema itself decides every file.
 
     jsonschema walks the schema generically (a validator object evolved per keyword and value):
-    966 us a small recording on the shared cores, against 54 us for this closure tree (18x,
-    bench/test_startup.py; docs/design.md 1.2). A file it fails is handed to jsonschema for the
+    966 us a small recording on a 2-core CPU, against 54 us for this closure tree (18x,
+    bench/test_startup.py). A file it fails is handed to jsonschema for the
     verdict and the message, so the error is unchanged.
     """
     import jsonschema
