@@ -17,7 +17,7 @@ with ``--benchmark-json``). Compilation and Triton JIT happen before the timed r
 The CPU pair runs at torch's default thread count (what a training step uses: 2 here) and at
 one thread, and each compiled line says whether it keeps or contradicts the step's choice
 (``TrainStep`` prepares with the compiled reference on CPU under ``training.compile``).
-Measured on the idle 2-core VM (torch 2.15), three runs of this file in a row: compiled 0.62,
+Measured on an idle 2-core x86-64 VM (torch 2.15), three runs of this file in a row: compiled 0.62,
 0.65, 0.66 ms at 2 threads and 1.14-1.20 ms at one thread, every run; eager 2.8, 3.6, 4.6 ms at 2
 threads (4.5-7.0x slower than compiled) and 0.88, 5.3, 6.8 ms at one thread (once 0.77x, i.e.
 faster than compiled, twice 4.4-5.8x slower). The eager chain of small ops swings 8x between

@@ -155,7 +155,7 @@ def test_the_residual_stream_stays_fp32_under_bf16_autocast(kw: dict) -> None:
     assert _residual_dtypes(model, x, "cpu") == [torch.float32] * 3
     assert _residual_dtypes(model, x.bfloat16(), "cpu") == [torch.float32] * 3
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        assert model(x).dtype == torch.bfloat16  # the head is a bf16 matmul, as before
+        assert model(x).dtype == torch.bfloat16  # the head is a bf16 matmul: its output is bf16
     with torch.no_grad():  # fp32 without autocast, whatever the patches' dtype
         assert model(x.bfloat16()).dtype == torch.float32
 
