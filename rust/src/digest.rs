@@ -1,8 +1,8 @@
-//! Content digests: the BLAKE3 of every byte of a recording's dataset (docs/design.md section 1,
-//! dataset identity). For a loose data file that is the whole file; for a member of an archive
-//! it is the member's byte region `[base, base + size)` of the archive file, hashed as an input
-//! of its own (input offset 0 at `base`), so a member's digest is the BLAKE3 of its bytes
-//! wherever they are stored. No cache: every call reads every byte.
+//! Content digests: the BLAKE3 of every byte of a recording's dataset
+//! (docs/design.md "Dataset identity"). For a loose data file that is the whole file; for a
+//! member of an archive it is the member's byte region `[base, base + size)` of the archive
+//! file, hashed as an input of its own (input offset 0 at `base`), so a member's digest is the
+//! BLAKE3 of its bytes wherever they are stored. No cache: every call reads every byte.
 //!
 //! Files are read with plain positioned reads, never memory-mapped: a file truncated during the
 //! digest makes a read come up short, reported as [`Error::LengthChanged`] naming the file, where
@@ -150,7 +150,7 @@ fn check_end(path: &str, file: &std::fs::File, len: u64) -> Result<()> {
 
 /// The pieces `(offset, bytes)` a region of `len` bytes is hashed in, with pieces of `piece`
 /// bytes (a power of two >= 1024, so every piece but a region's last is a complete BLAKE3
-/// subtree and the last a node on the tree's right edge: docs/design.md section 1.3): one
+/// subtree and the last a node on the tree's right edge: docs/design.md "Shared digests"): one
 /// piece (the whole region) when it fits in one. Offsets are within the region.
 pub fn pieces(len: u64, piece: u64) -> Result<Vec<(u64, u64)>> {
     if !piece.is_power_of_two() || piece < blake3::CHUNK_LEN as u64 {
@@ -507,7 +507,7 @@ mod tests {
             let got = digest_region(&p, len, base as u64, size as u64).unwrap();
             assert_eq!(got, want, "[{base}, +{size})");
         }
-        // The whole-file case: every digest value is what it was before regions existed.
+        // The whole-file case: a file's digest is the BLAKE3 of all of it, as for a loose file.
         let whole = blake3::hash(&b);
         assert_eq!(digest_region(&p, len, 0, len).unwrap(), whole);
         assert_eq!(digest_file(&p, None).unwrap(), whole);

@@ -1,7 +1,7 @@
 //! Native data path of iqtrain: recordings read by the byte layouts the caller gives (positioned
 //! reads or guarded maps), content digests of files and of regions of files, the seeded epoch
-//! permutation, the global sample stream and parallel batch assembly (into pooled buffers, or a
-//! ring of caller-owned ones: `stream/ring.rs`). Pure Rust; the Python bindings live in
+//! permutation, the global sample stream and parallel batch assembly (into a ring of buffers,
+//! the caller's or the stream's own: `stream/ring.rs`). Pure Rust; the Python bindings live in
 //! `python.rs` behind the `python` feature so `cargo test` needs no interpreter.
 //!
 //! The modules are private; the `pub use` lines below are the crate's one surface, and
@@ -9,7 +9,7 @@
 //!
 //! ```text
 //! python
-//! stream       mod (Stream) -> prefetch | ring -> job -> buffer; prefetch, ring -> spec -> buffer
+//! stream       mod (Stream) -> ring -> job | spec -> buffer
 //! digest | recordings   dataset -> segments | decode -> datatype
 //! permutation | io      mapped -> aligned; files; pread
 //! error
@@ -34,7 +34,7 @@ pub use permutation::{feistel_index, Permutation};
 pub use recordings::{
     window_count, Dataset, Kind, Layout, ReadPolicy, Recording, Run, Segment, Storage, KIND_NAMES,
 };
-pub use stream::{assemble, Batch, Buffer, BufferPool, RawBuf, Ring, Slots, Stream, StreamSpec};
+pub use stream::{Buffer, BufferPool, RawBuf, Ring, Slots, Stream, StreamSpec};
 
 #[cfg(test)]
 pub(crate) mod testutil {

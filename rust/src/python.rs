@@ -199,9 +199,13 @@ where
         PyCapsule::new_with_value_and_destructor(py, v, c"iqtrain._native.batch", move |v, _| {
             release(v)
         })?;
-    // SAFETY: `ptr` points at shape.0 * window * 2 initialised elements owned by `owner`, which
-    // becomes the array's base object, so the memory lives until numpy drops the array; the
-    // buffer is never touched again until the capsule destructor runs.
+    // SAFETY: `ptr` is the start of `v`'s heap block: 64-byte aligned (enough for T), holding
+    // v.len() = shape.0 * window * 2 initialised T (checked above) in C order, which the default
+    // strides of from_shape_ptr describe. The block moved with `v` into `owner` (a move leaves
+    // the block where it is), and borrow_from_array makes `owner` the array's base object, so
+    // the memory lives until numpy frees the array and only then goes to `release`. Rust does
+    // not touch the buffer meanwhile: the capsule only holds it, and `view` is gone when this
+    // returns, leaving numpy's array the one way to it.
     unsafe {
         let view = ArrayView3::from_shape_ptr(shape, ptr);
         Ok(PyArray3::borrow_from_array(&view, owner.into_any()).into_any())
@@ -428,7 +432,8 @@ fn layouts_arg(paths: &[String], obj: Option<&Bound<'_, PyAny>>) -> PyResult<Vec
     Ok(out)
 }
 
-/// Recordings cut into windows, one run (capture segment) at a time; see docs/design.md section 1.
+/// Recordings cut into windows, one run (capture segment) at a time; see docs/design.md
+/// "Recordings and windows".
 #[pyclass(module = "iqtrain._native", frozen)]
 pub struct NativeDataset {
     ds: Arc<Dataset>,
@@ -710,12 +715,15 @@ impl NativeStream {
         let keepalive: Vec<Py<PyAny>> = buffers.into_iter().map(Bound::unbind).collect();
         py.detach(|| {
             let mut s = self.lock()?;
-            // SAFETY: each RawBuf is the whole data of a C-contiguous, writable numpy array that
-            // `keepalive` holds a reference to, so its memory lives as long as the ring (which
-            // joins its thread before dropping `keepalive`). The ring writes a buffer only while
-            // the Python caller does not hold its slot; the caller's side of that contract (not
-            // touching a buffer between release() and next_slot() returning it, not resizing
-            // its storage) is documented on TrainStream.use_ring.
+            // SAFETY: valid for writes: each RawBuf is exactly the data of a C-contiguous,
+            // aligned, writable numpy array (checked by ring_buffer), and `keepalive` holds a
+            // reference to every array, so numpy frees none of that memory while the ring lives,
+            // and the ring drops `keepalive` only after joining its thread. Exclusive: the Rust
+            // borrows of the arrays ended in ring_buffer. The rest is the Python caller's side,
+            // the contract documented on TrainStream.use_ring and kept by the training loop:
+            // touching a buffer only between next_slot() returning it and release(), and never
+            // resizing or freeing its storage behind the array (Tensor.resize_,
+            // ndarray.resize(refcheck=False)).
             unsafe { s.use_ring(raws, Box::new(keepalive)) }
         })?;
         Ok(())

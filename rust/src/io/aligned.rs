@@ -10,13 +10,14 @@ use crate::error::{Error, Result};
 /// # Safety
 /// Implementors have no padding, no invalid bit patterns and alignment <= 64.
 pub unsafe trait Plain: Copy {}
-// SAFETY: primitive numbers: no padding, every bit pattern valid, alignment <= 4.
+// SAFETY: u8 is one byte: no padding, all 256 values valid, alignment 1.
 unsafe impl Plain for u8 {}
-// SAFETY: as above.
+// SAFETY: i8 is one byte: no padding, all 256 values valid, alignment 1.
 unsafe impl Plain for i8 {}
-// SAFETY: as above.
+// SAFETY: i16 is two bytes with no padding; every bit pattern is a value; alignment 2.
 unsafe impl Plain for i16 {}
-// SAFETY: as above.
+// SAFETY: f32 is four bytes with no padding; every bit pattern is a float (NaNs included, which
+// are values, not undefined behaviour); alignment 4.
 unsafe impl Plain for f32 {}
 
 /// The allocation unit of aligned buffers: one 64-byte cache line.
@@ -27,9 +28,10 @@ struct CacheLine([u8; 64]);
 /// A zero-initialised array of `len` plain elements that starts on a 64-byte boundary.
 ///
 /// Why: bulk copies run as `rep movsb` (glibc memcpy, and the kernel's copy behind `pread`),
-/// which on the AMD EPYC VM measured here runs 3-5x slower when the destination lies 1 to 31
-/// bytes past the page-aligned source modulo 4 KiB (copies from a mapping sidestep it: see
-/// `copy_bytes` in this module). A plain `Vec` of 1-2 MiB comes from `mmap` via malloc at 16 bytes
+/// which on the AMD EPYC development machine measured here runs 3-5x slower when the
+/// destination lies 1 to 31 bytes past the page-aligned source modulo 4 KiB (copies from a
+/// mapping sidestep it: see `copy_bytes` in this module). A plain `Vec` of 1-2 MiB comes from
+/// `mmap` via malloc at 16 bytes
 /// past a page boundary: 256 random 8 KiB rows took 1.22 ms (memcpy from a map) / 1.54 ms
 /// (`pread`) into such a buffer, 0.26 ms / 0.50 ms into a 64-byte aligned one; a sequential
 /// 1 MiB `read` loop over cached files ran at 2.7 GB/s vs 12 GB/s aligned.
@@ -54,8 +56,11 @@ impl<T: Plain> AlignedVec<T> {
             let layout = Layout::array::<CacheLine>(n).map_err(|_| err())?;
             // alloc_zeroed (calloc) gets fresh pages already zeroed, avoiding a memset pass
             // that the reads overwrite anyway; failure is reported instead of aborting.
-            // SAFETY: layout has non-zero size; all-zero bytes are a valid CacheLine; the Vec
-            // takes ownership of a global-allocator block with exactly this layout, capacity n.
+            // SAFETY: `layout` has a non-zero size (n > 0), as alloc_zeroed needs; a null result
+            // is returned as an error before use. Otherwise the block comes from the global
+            // allocator with exactly the layout of n CacheLines (size and alignment), all n of
+            // them initialised (all-zero bytes are a valid CacheLine), so Vec::from_raw_parts
+            // may own it with length and capacity n.
             unsafe {
                 let ptr = std::alloc::alloc_zeroed(layout) as *mut CacheLine;
                 if ptr.is_null() {
@@ -80,14 +85,18 @@ impl<T: Plain> AlignedVec<T> {
     }
 
     pub fn as_slice(&self) -> &[T] {
-        // SAFETY: the lines hold >= len * size_of::<T>() initialised bytes, aligned to 64 >=
-        // align_of::<T>(), and every bit pattern is a valid T (Plain). An empty Vec's dangling
-        // pointer is non-null and aligned, which is all a zero-length slice needs.
+        // SAFETY: the lines hold ceil(len * size_of::<T>() / 64) * 64 >= len * size_of::<T>()
+        // initialised bytes (zeroed at allocation, written only as T since), aligned to 64 >=
+        // align_of::<T>() (Plain), and every bit pattern is a valid T (Plain); the slice
+        // borrows `self`, so the lines outlive it and are not written meanwhile. With len 0 an
+        // empty Vec's dangling pointer is non-null and 64-aligned, all an empty slice needs.
         unsafe { std::slice::from_raw_parts(self.lines.as_ptr() as *const T, self.len) }
     }
 
     pub fn as_mut_slice(&mut self) -> &mut [T] {
-        // SAFETY: as in as_slice, and &mut self makes the borrow unique.
+        // SAFETY: as in `as_slice` (size, initialisation, alignment, validity); `&mut self`
+        // makes this the only borrow of the lines, and any bytes written through it leave valid
+        // T values (Plain).
         unsafe { std::slice::from_raw_parts_mut(self.lines.as_mut_ptr() as *mut T, self.len) }
     }
 }
@@ -127,10 +136,12 @@ const PIECE: usize = 1024;
 /// destination 1 to 31 bytes past the source modulo 4 KiB.
 ///
 /// Why: glibc's memcpy copies blocks above its threshold with `rep movsb`, which on the AMD EPYC
-/// VM measured here runs 4-5x slower at those distances. 256 rows of 8 KiB from a page-aligned
-/// mapping into a batch at distance 1, 8 or 16 took 1.1-1.3 ms; at 0, 32, 48, 63, 64, 65, 96,
-/// 128, 256, 1024, 2048, 4032, 4080 and 4095 they took 0.22-0.30 ms (docs/design.md section
-/// 2.3.1). A `malloc`ed 2 MiB numpy batch starts 16 bytes past a page. Elsewhere (another
+/// development machine measured here runs 4-5x slower at those distances. 256 rows of 8 KiB
+/// from a page-aligned mapping into a batch at distance 1, 8 or 16 took 1.1-1.3 ms; at 0, 32, 48, 63, 64, 65, 96,
+/// 128, 256, 1024, 2048, 4032, 4080 and 4095 they took 0.22-0.30 ms
+/// (docs/design.md "Assembly, prefetch, ring"; the figures:
+/// bench/results/loader_cpu_2026-12-02.md). A `malloc`ed 2 MiB numpy batch starts 16 bytes past
+/// a page. Elsewhere (another
 /// architecture, or musl, whose memcpy does not use `rep movsb` this way) one `memcpy` is kept.
 pub(crate) fn piecewise(src: *const u8, dst: *const u8, len: usize) -> bool {
     let skew = (dst as usize).wrapping_sub(src as usize) % 4096;
@@ -146,22 +157,24 @@ pub(crate) fn piecewise(src: *const u8, dst: *const u8, len: usize) -> bool {
 /// As `ptr::copy_nonoverlapping`: `src` readable and `dst` writable for `len` bytes, the two
 /// ranges disjoint.
 pub(crate) unsafe fn copy_bytes(src: *const u8, dst: *mut u8, len: usize) {
-    if !piecewise(src, dst, len) {
-        // SAFETY: the caller's guarantee.
-        unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
-        return;
-    }
+    let piece = if piecewise(src, dst, len) { PIECE } else { len };
     let mut at = 0;
     while at < len {
-        let n = PIECE.min(len - at);
-        // SAFETY: [at, at + n) lies within both ranges of the caller's guarantee.
+        let n = piece.min(len - at);
+        // SAFETY: [at, at + n) lies within [0, len), where the caller guarantees `src` readable,
+        // `dst` writable and the two ranges disjoint; at + n <= len, so both `add`s stay inside
+        // their ranges.
         unsafe { std::ptr::copy_nonoverlapping(src.add(at), dst.add(at), n) };
         at += n;
     }
 }
 
+/// The bytes of `v`, writable: any bytes written leave valid `T`s (`Plain`).
 pub fn bytes_mut<T: Plain>(v: &mut [T]) -> &mut [u8] {
-    // SAFETY: T is Plain (no padding, every bit pattern valid); u8 has alignment 1.
+    // SAFETY: the result covers exactly v's size_of_val bytes and borrows `v` mutably for its
+    // whole life, so nothing else can see them meanwhile; T is Plain (no padding, so every
+    // byte is initialised; every bit pattern valid, so any byte written leaves a valid T); u8
+    // has alignment 1.
     unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, std::mem::size_of_val(v)) }
 }
 

@@ -1,10 +1,10 @@
 //! The open data files of a dataset, at most `cap` at a time.
 //!
 //! Positioned reads need a descriptor, and a process may hold only so many (`RLIMIT_NOFILE`;
-//! 1024 is a common soft limit, 20,000 the hard limit of the shared VM), while an archive may
-//! hold 100,000 recordings. When the cap covers every recording, every file opened at dataset
-//! open stays open for the dataset's life and reads borrow it without a lock (as before the
-//! pool). When it does not, the pool keeps `cap` files open and evicts by the clock
+//! 1024 is a common soft limit, 20,000 the hard limit of the development machine), while an
+//! archive may hold 100,000 recordings. When the cap covers every recording, every file opened
+//! at dataset open stays open for the dataset's life and reads borrow it without a lock. When
+//! it does not, the pool keeps `cap` files open and evicts by the clock
 //! (second-chance) rule: a file read since the hand last passed keeps its descriptor once more.
 //! A file that is not open is opened again by path on its next read, and must be the file that
 //! was opened at dataset open (the same device, inode and birth time, [`FileId`]): a file

@@ -4,9 +4,9 @@
 //! boundary at or below the range), and copies out of it are addressed by file offset.
 //!
 //! A batch row copied from a mapping costs a user-space `memcpy`; the same row read with `pread`
-//! costs a system call and a kernel copy, about 2x more here (docs/design.md section 2.3 has the
-//! measurements). A plain mapping has one fatal flaw: when the file is truncated under it, a
-//! touch of a page past the new end raises SIGBUS and the process dies without a word. This
+//! costs a system call and a kernel copy, about 2x more here (docs/design.md "The guarded map"
+//! has the measurements). A plain mapping has one fatal flaw: when the file is truncated under
+//! it, a touch of a page past the new end raises SIGBUS and the process dies without a word. This
 //! module keeps the speed and removes the flaw:
 //!
 //! * Every copy out of a mapping runs inside a *guard*: the thread records, in a thread-local,
@@ -44,7 +44,8 @@ pub const MAX_MAPPED: usize = 8192;
 /// leaving room for patched pages and for everything else the process maps.
 pub const MAX_LIVE_MAPPINGS: usize = 16384;
 
-/// A read-only shared mapping of a byte range of a data file.
+/// A read-only shared mapping of a byte range of a data file. Only `sys::map` makes one, and
+/// its `Drop` (in `sys`) unmaps it.
 pub struct Mapping {
     /// The start of the mapped memory: file byte `file_offset` (a page boundary).
     base: *const u8,
@@ -55,11 +56,16 @@ pub struct Mapping {
     poisoned: AtomicBool,
 }
 
-// SAFETY: the mapping is read-only and owned by this value for its whole life; the raw
-// pointer is only ever read through guarded copies (any thread may run one: the guard is
-// per thread, the flag atomic), and unmapped only by Drop, which has the value to itself.
+// SAFETY: `base` is the only thing that keeps Mapping from being Send automatically, and it is
+// not tied to a thread: the mapping is process-wide memory that this value alone owns (made by
+// `sys::map`, unmapped only by its own Drop), and nothing is ever written through it. Reads go
+// through `sys::guarded_copy`, whose guard lives in the calling thread's own thread-local, so
+// a copy works the same on whichever thread the value has moved to.
 unsafe impl Send for Mapping {}
-// SAFETY: as above; `&Mapping` only offers guarded copies and the atomic flag.
+// SAFETY: `&Mapping` offers only `copy_to` (a read of read-only memory that stays mapped while
+// the borrow lives; each thread sets its own guard) and the atomic `poisoned` flag: concurrent
+// use from several threads shares nothing that is not atomic. Dropping (the unmap) needs the
+// value itself, so no shared borrow can outlive the mapping.
 unsafe impl Sync for Mapping {}
 
 impl Mapping {
@@ -68,12 +74,7 @@ impl Mapping {
     /// guard could not be installed, `mmap` failed, or `len` is 0): the caller then reads with
     /// `pread`, so a failure here only costs speed.
     pub fn new(file: &File, offset: u64, len: u64) -> Option<Mapping> {
-        sys::map(file, offset, len).map(|(base, len, file_offset)| Mapping {
-            base,
-            len,
-            file_offset,
-            poisoned: AtomicBool::new(false),
-        })
+        sys::map(file, offset, len)
     }
 
     /// The file bytes `[start, end)` mapped (`start` a page boundary).
@@ -97,39 +98,20 @@ impl Mapping {
     /// re-read the row. The range must be within the mapping (the caller's windows are, by
     /// construction); a range outside it is refused (false) rather than read.
     pub fn copy_to(&self, offset: u64, out: &mut [u8]) -> bool {
-        let in_range = offset
+        let start = offset
             .checked_sub(self.file_offset)
-            .and_then(|o| usize::try_from(o).ok())
-            .filter(|&o| o.checked_add(out.len()).is_some_and(|end| end <= self.len));
-        let Some(start) = in_range else {
+            .and_then(|o| usize::try_from(o).ok());
+        let Some(start) = start else {
             return false;
         };
-        if self.poisoned() {
+        if self.poisoned() || !sys::guarded_copy(self, start, out) {
             return false;
         }
-        // SAFETY: [start, start + out.len()) lies inside the mapping [base, base + len) (checked
-        // just above), which lives as long as self; a fault there is turned into a zero page by
-        // the guard's handler.
-        unsafe {
-            sys::guarded_copy(
-                self.base,
-                self.len,
-                &self.poisoned,
-                self.base.add(start),
-                out,
-            )
-        };
         // The copy's loads must not be reordered after the flag's load (they can on arm64 with
         // an Acquire load alone: a zero page another thread faulted in could then be read with
         // the flag still seen false).
         std::sync::atomic::fence(Ordering::SeqCst);
         !self.poisoned()
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        sys::unmap(self.base, self.len);
     }
 }
 
@@ -139,10 +121,10 @@ mod sys {
     use std::fs::File;
     use std::os::unix::io::AsRawFd;
     use std::ptr;
-    use std::sync::atomic::{compiler_fence, AtomicBool, AtomicPtr, AtomicUsize, Ordering};
+    use std::sync::atomic::{compiler_fence, AtomicBool, AtomicI32, AtomicUsize, Ordering};
     use std::sync::Mutex;
 
-    use super::MAX_LIVE_MAPPINGS;
+    use super::{Mapping, MAX_LIVE_MAPPINGS};
 
     /// The range being copied from by this thread and its mapping's flag; (0, 0, null) outside
     /// a copy. `const`-initialised and without a destructor. The handler reads it only for a
@@ -170,9 +152,10 @@ mod sys {
     const FREE: (AtomicUsize, AtomicUsize) = (AtomicUsize::new(0), AtomicUsize::new(0));
     static LIVE: [(AtomicUsize, AtomicUsize); MAX_LIVE_MAPPINGS] = [FREE; MAX_LIVE_MAPPINGS];
 
-    /// The SIGBUS action that was installed before ours (leaked: the handler may read it at
-    /// any moment). Null until ours is installed.
-    static PREVIOUS: AtomicPtr<libc::sigaction> = AtomicPtr::new(ptr::null_mut());
+    /// The handler (`sa_sigaction`) and flags of the SIGBUS action that was installed before
+    /// ours, published before ours is installed (so the handler never reads them unset).
+    static PREVIOUS_HANDLER: AtomicUsize = AtomicUsize::new(libc::SIG_DFL);
+    static PREVIOUS_FLAGS: AtomicI32 = AtomicI32::new(0);
     static PAGE: AtomicUsize = AtomicUsize::new(0);
     static INSTALL: Mutex<bool> = Mutex::new(false);
     /// Set while a SIGBUS is being handed to the previous handler: a re-entry (a handler that
@@ -212,9 +195,8 @@ mod sys {
         })
     }
 
-    /// Maps `[offset, offset + len)` of `file` from the page boundary at or below `offset`;
-    /// returns the mapping's start, its length and the file offset it starts at.
-    pub(super) fn map(file: &File, offset: u64, len: u64) -> Option<(*const u8, usize, u64)> {
+    /// Maps `[offset, offset + len)` of `file` from the page boundary at or below `offset`.
+    pub(super) fn map(file: &File, offset: u64, len: u64) -> Option<Mapping> {
         if len == 0 || !install() {
             return None;
         }
@@ -223,37 +205,53 @@ mod sys {
         let aligned = offset & !(page - 1);
         let len = usize::try_from(offset.checked_add(len)? - aligned).ok()?;
         let at = libc::off_t::try_from(aligned).ok()?;
-        // SAFETY: a fresh read-only mapping of an open file at a page-aligned offset (mmap
-        // refuses anything else and we handle its failure); nothing else refers to it.
+        // SAFETY: mmap with a null hint picks fresh addresses (MAP_FIXED is not set), so it
+        // cannot replace memory anything else uses; `len` is non-zero and `at` page-aligned, and
+        // any other failure (a bad descriptor, a range past what the kernel allows) comes back
+        // as MAP_FAILED, handled below. madvise applies to exactly the mapping just made (`p`
+        // as mmap returned it, `len` its length); MADV_RANDOM changes read-ahead only, never
+        // contents, and a failure only loses the hint.
         let p = unsafe {
-            libc::mmap(
+            let p = libc::mmap(
                 ptr::null_mut(),
                 len,
                 libc::PROT_READ,
                 libc::MAP_SHARED,
                 file.as_raw_fd(),
                 at,
-            )
+            );
+            if p != libc::MAP_FAILED {
+                // Windows are read in a shuffled order: without this, each fault on a page not
+                // in the page cache reads ahead around it (read_ahead_kb, often megabytes) for
+                // one window.
+                libc::madvise(p, len, libc::MADV_RANDOM);
+            }
+            p
         };
         if p == libc::MAP_FAILED {
             return None;
         }
+        // From here the Mapping owns the memory: its Drop unmaps it on every path below.
+        let m = Mapping {
+            base: p as *const u8,
+            len,
+            file_offset: aligned,
+            poisoned: AtomicBool::new(false),
+        };
         if !register(p as usize, p as usize + len) {
-            unmap(p as *const u8, len); // the registry is full: this file reads with pread
-            return None;
+            return None; // the registry is full: this file reads with pread
         }
-        // Windows are read in a shuffled order: without this, each fault on a page not in the
-        // page cache reads ahead around it (read_ahead_kb, often megabytes) for one window.
-        // SAFETY: advice on the mapping just made (p is page-aligned, len its length); failure
-        // only loses the hint.
-        unsafe { libc::madvise(p, len, libc::MADV_RANDOM) };
-        Some((p as *const u8, len, aligned))
+        Some(m)
     }
 
-    pub(super) fn unmap(base: *const u8, len: usize) {
-        unregister(base as usize);
-        // SAFETY: (base, len) is a mapping made by `map` and unmapped exactly once (Drop).
-        unsafe { libc::munmap(base as *mut libc::c_void, len) };
+    impl Drop for Mapping {
+        fn drop(&mut self) {
+            unregister(self.base as usize);
+            // SAFETY: (base, len) is exactly what `map` got from mmap for this value (only `map`
+            // makes a Mapping), Drop runs once, and `&mut self` means no copy is reading it.
+            // Unregistered first, so the handler no longer treats the range as ours.
+            unsafe { libc::munmap(self.base as *mut libc::c_void, self.len) };
+        }
     }
 
     /// Installs the handler once per process (chained to the one found then). False when it
@@ -262,7 +260,11 @@ mod sys {
     /// through ours, so new mappings are refused and their files read with `pread` instead.
     fn install() -> bool {
         let mut installed = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
-        // SAFETY: plain sigaction queries and updates of SIGBUS with fully initialised structs.
+        // SAFETY: sigaction reads and writes only the two local structs passed by pointer, each
+        // a valid value (all-zero is a valid `sigaction`: integers, a mask, a handler address
+        // of 0 = SIG_DFL); sysconf and sigemptyset have no preconditions. Installing
+        // `on_sigbus` is sound: it is an `extern "C"` fn with the SA_SIGINFO signature, and it
+        // only does what a signal handler may (see there). The INSTALL lock serialises this.
         unsafe {
             let mut current: libc::sigaction = std::mem::zeroed();
             if libc::sigaction(libc::SIGBUS, ptr::null(), &mut current) != 0 {
@@ -280,7 +282,8 @@ mod sys {
             }
             PAGE.store(page as usize, Ordering::Relaxed);
             // Published before ours is installed: the handler never sees a stale previous.
-            PREVIOUS.store(Box::into_raw(Box::new(current)), Ordering::Release);
+            PREVIOUS_HANDLER.store(current.sa_sigaction, Ordering::Release);
+            PREVIOUS_FLAGS.store(current.sa_flags, Ordering::Release);
             let mut ours: libc::sigaction = std::mem::zeroed();
             ours.sa_sigaction = on_sigbus as *const () as usize;
             ours.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
@@ -290,128 +293,129 @@ mod sys {
         }
     }
 
-    /// Copies `out.len()` bytes from `src` (inside the mapping `[base, base + len)`) with the
-    /// guard set.
-    ///
-    /// # Safety
-    /// `src..src + out.len()` must lie inside a live mapping `[base, base + len)`.
-    pub(super) unsafe fn guarded_copy(
-        base: *const u8,
-        len: usize,
-        poisoned: &AtomicBool,
-        src: *const u8,
-        out: &mut [u8],
-    ) {
+    /// Copies `out.len()` bytes from byte `start` of mapping `m` with this thread's guard set;
+    /// false (nothing read) when the range is not inside the mapping.
+    pub(super) fn guarded_copy(m: &Mapping, start: usize, out: &mut [u8]) -> bool {
+        if start.checked_add(out.len()).is_none_or(|end| end > m.len) {
+            return false;
+        }
         GUARD.with(|g| {
-            g.start.set(base as usize);
-            g.end.set(base as usize + len);
-            g.poisoned.set(poisoned);
+            g.start.set(m.base as usize);
+            g.end.set(m.base as usize + m.len);
+            g.poisoned.set(&m.poisoned);
         });
         // The handler runs on this thread: a compiler fence orders the guard against the copy.
         compiler_fence(Ordering::SeqCst);
         // Raw pointers, never a slice of the mapping: its bytes may change under us.
-        crate::io::copy_bytes(src, out.as_mut_ptr(), out.len());
+        // SAFETY: [start, start + out.len()) lies inside [base, base + len) (checked above),
+        // memory `m` keeps mapped and readable while it is borrowed here; a page the file no
+        // longer backs raises SIGBUS, which the handler absorbs (a zero page) because the guard
+        // above names this range. `out` is a `&mut` borrow of writable memory, so it cannot
+        // overlap the read-only mapping.
+        unsafe { crate::io::copy_bytes(m.base.add(start), out.as_mut_ptr(), out.len()) };
         compiler_fence(Ordering::SeqCst);
         GUARD.with(|g| {
             g.start.set(0);
             g.end.set(0);
             g.poisoned.set(ptr::null());
         });
+        true
     }
 
+    /// The SIGBUS handler. A fault in this thread's guarded copy is absorbed (`absorb`); any
+    /// other SIGBUS goes to the handler installed before ours. With none (or SIG_DFL), or on a
+    /// re-entry while chaining, it restores the default: a fault then returns and faults again
+    /// with its own siginfo, a sent signal is re-raised. With SIG_IGN, a sent signal stays
+    /// ignored and a fault gets the default (a fault cannot be ignored). Everything here is
+    /// async-signal-safe: atomic loads and stores, a thread-local read only for a registered
+    /// address, mmap, signal, raise.
     extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
-        // SAFETY: the kernel passes a valid siginfo; everything below is async-signal-safe
-        // (atomic loads and stores, a thread-local read only on a registered address, mmap,
-        // sigaction, raise).
-        unsafe {
-            // si_code > 0: raised by the kernel for a memory access (not kill/raise, whose
-            // si_addr field holds a pid).
-            if (*info).si_code > 0 {
-                let addr = (*info).si_addr() as usize;
-                if registered(addr) && absorb(addr) {
-                    return; // the copy resumes and reads zeros; the flag tells the caller
-                }
-            }
-            chain(sig, info, ctx);
-        }
-    }
-
-    /// A fault at `addr` in this thread's guarded range: poison the mapping and map a zero page
-    /// over the faulting one. False when the fault is not in a guarded copy of this thread.
-    unsafe fn absorb(addr: usize) -> bool {
-        let (start, end, flag) = GUARD.with(|g| (g.start.get(), g.end.get(), g.poisoned.get()));
-        if start == 0 || addr < start || addr >= end || flag.is_null() {
-            return false;
-        }
-        (*flag).store(true, Ordering::SeqCst);
-        let page = PAGE.load(Ordering::Relaxed);
-        let zero = libc::mmap(
-            (addr & !(page - 1)) as *mut libc::c_void,
-            page,
-            libc::PROT_READ,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
-            -1,
-            0,
-        );
-        zero != libc::MAP_FAILED
-    }
-
-    /// Hands a SIGBUS that is not ours to the handler installed before ours. With none (or
-    /// SIG_DFL), or on a re-entry while chaining, restores the default: a fault then returns and
-    /// faults again with its own siginfo, a sent signal is re-raised. With SIG_IGN, a sent
-    /// signal stays ignored and a fault gets the default (a fault cannot be ignored).
-    unsafe fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
-        let prev = PREVIOUS.load(Ordering::Acquire);
-        let handler = if prev.is_null() {
-            libc::SIG_DFL
-        } else {
-            (*prev).sa_sigaction
+        // SAFETY: ours is installed with SA_SIGINFO, so the kernel calls it with `info` pointing
+        // at this signal's siginfo_t. si_code > 0 means the kernel raised it for a memory access
+        // (not kill/raise), and then si_addr is the union member it filled (for a sent signal
+        // that field holds a pid, so it is not read).
+        let (fault, addr) = unsafe {
+            let fault = (*info).si_code > 0;
+            (fault, if fault { (*info).si_addr() as usize } else { 0 })
         };
-        let fault = (*info).si_code > 0;
+        if fault && registered(addr) && absorb(addr) {
+            return; // the copy resumes and reads zeros; the flag tells the caller
+        }
+        let handler = PREVIOUS_HANDLER.load(Ordering::Acquire);
         if handler == libc::SIG_IGN && !fault {
             return;
         }
         let reentered = CHAINING.swap(true, Ordering::AcqRel);
         if handler == libc::SIG_DFL || handler == libc::SIG_IGN || reentered {
-            let mut dfl: libc::sigaction = std::mem::zeroed();
-            dfl.sa_sigaction = libc::SIG_DFL;
-            libc::sigemptyset(&mut dfl.sa_mask);
-            libc::sigaction(sig, &dfl, ptr::null_mut());
-            if !fault {
-                libc::raise(sig);
+            // SAFETY: signal and raise are async-signal-safe and take plain values; restoring
+            // the default action for `sig` is what the process would have had without us.
+            unsafe {
+                libc::signal(sig, libc::SIG_DFL);
+                if !fault {
+                    libc::raise(sig);
+                }
             }
             return;
         }
-        if (*prev).sa_flags & libc::SA_SIGINFO != 0 {
-            let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
-                std::mem::transmute(handler);
-            f(sig, info, ctx);
-        } else {
-            let f: extern "C" fn(libc::c_int) = std::mem::transmute(handler);
-            f(sig);
+        // SAFETY: `handler` is the previous action's `sa_sigaction`, neither SIG_DFL nor
+        // SIG_IGN, so a function the process installed for SIGBUS with the signature its
+        // SA_SIGINFO flag names (three arguments with it, one without); it gets this
+        // invocation's own arguments, as the kernel would have passed them to it.
+        unsafe {
+            if PREVIOUS_FLAGS.load(Ordering::Acquire) & libc::SA_SIGINFO != 0 {
+                let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+                    std::mem::transmute(handler);
+                f(sig, info, ctx);
+            } else {
+                let f: extern "C" fn(libc::c_int) = std::mem::transmute(handler);
+                f(sig);
+            }
         }
         CHAINING.store(false, Ordering::Release);
+    }
+
+    /// A fault at `addr` in this thread's guarded range: poison the mapping and map a zero page
+    /// over the faulting one. False (nothing touched) when the fault is not in a guarded copy
+    /// of this thread.
+    fn absorb(addr: usize) -> bool {
+        let (start, end, flag) = GUARD.with(|g| (g.start.get(), g.end.get(), g.poisoned.get()));
+        if start == 0 || addr < start || addr >= end || flag.is_null() {
+            return false;
+        }
+        let page = PAGE.load(Ordering::Relaxed);
+        // SAFETY: a set guard means this thread is inside `guarded_copy` (the fault interrupted
+        // it), which set it from a Mapping borrowed for the whole copy: `flag` points at that
+        // Mapping's live `poisoned`, and [start, end) is its mapping. The page holding `addr`
+        // lies inside that mapping (start is page-aligned, and the kernel maps whole pages), so
+        // MAP_FIXED replaces one page of our own read-only mapping with a private zero page and
+        // nothing else; no Rust reference points into a mapping (copies use raw pointers), and
+        // a poisoned mapping's bytes are never used.
+        unsafe {
+            (*flag).store(true, Ordering::SeqCst);
+            let zero = libc::mmap(
+                (addr & !(page - 1)) as *mut libc::c_void,
+                page,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                -1,
+                0,
+            );
+            zero != libc::MAP_FAILED
+        }
     }
 }
 
 #[cfg(not(target_os = "linux"))]
 mod sys {
     use std::fs::File;
-    use std::sync::atomic::AtomicBool;
 
-    pub(super) fn map(_file: &File, _offset: u64, _len: u64) -> Option<(*const u8, usize, u64)> {
+    use super::Mapping;
+
+    pub(super) fn map(_file: &File, _offset: u64, _len: u64) -> Option<Mapping> {
         None
     }
 
-    pub(super) fn unmap(_base: *const u8, _len: usize) {}
-
-    pub(super) unsafe fn guarded_copy(
-        _base: *const u8,
-        _len: usize,
-        _poisoned: &AtomicBool,
-        _src: *const u8,
-        _out: &mut [u8],
-    ) {
+    pub(super) fn guarded_copy(_m: &Mapping, _start: usize, _out: &mut [u8]) -> bool {
         unreachable!("nothing is mapped on this platform")
     }
 }

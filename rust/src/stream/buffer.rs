@@ -1,5 +1,5 @@
-//! Batch buffers: the pooled, 64-byte aligned ones handed to numpy (`Buffer`, `BufferPool`), and
-//! the address of a caller-owned one (`RawBuf`, a ring slot or a pooled job's target).
+//! Batch buffers: the stream's own, 64-byte aligned ones handed to numpy (`Buffer`, recycled
+//! through a `BufferPool`), and the address of a ring slot (`RawBuf`) that a job writes.
 
 use std::ptr::NonNull;
 use std::sync::Mutex;
@@ -52,11 +52,19 @@ impl Buffer {
             Buffer::F32(_) => Storage::Float32,
         }
     }
+
+    /// The address and length of the buffer's bytes (its heap block, which stays put when the
+    /// Buffer moves).
+    pub fn raw(&mut self) -> Result<RawBuf> {
+        let bytes = self.as_bytes_mut();
+        RawBuf::new(bytes.as_mut_ptr(), bytes.len())
+    }
 }
 
-/// Recycles batch buffers: reusing warm, already-mapped memory instead of faulting in fresh
-/// zeroed pages saves about a quarter of a 2 MiB batch assembly. Every byte of a reused buffer
-/// is overwritten, so recycling never changes batch contents.
+/// Recycles batch buffers (those numpy frees, handed back to the stream's ring in place of the
+/// ones it hands out): reusing warm, already-mapped memory instead of faulting in fresh zeroed
+/// pages saves about a quarter of a 2 MiB batch assembly. Every byte of a reused buffer is
+/// overwritten, so recycling never changes batch contents.
 #[derive(Debug)]
 pub struct BufferPool {
     free: Mutex<Vec<Buffer>>,
@@ -101,18 +109,22 @@ impl BufferPool {
     }
 }
 
-/// The address and byte length of one batch buffer (caller-owned in a ring, pooled in a job).
+/// The address and byte length of one batch buffer (a ring slot: the caller's, or the stream's
+/// own).
 #[derive(Clone, Copy, Debug)]
 pub struct RawBuf {
     ptr: NonNull<u8>,
     len: usize,
 }
 
-// SAFETY: a RawBuf is only an address; writing through it is unsafe (`as_mut_slice`), and the
-// Ring's slot states and a Job's chunk claims (`job.rs`) decide which thread may write which
-// bytes at any time.
+// SAFETY: a RawBuf is an address and a length with no access of its own: the only way to reach
+// the memory is `slice_mut`, an unsafe fn whose caller must own the bytes exclusively (the
+// Ring's slot states and a Job's chunk claims, `job.rs`, decide which thread that is). Moving
+// the address to another thread therefore grants nothing.
 unsafe impl Send for RawBuf {}
-// SAFETY: as above; a shared RawBuf gives no access to the memory by itself.
+// SAFETY: `&RawBuf` offers only copies of the address and its length (`len`, `range`,
+// `slice_mut` takes the RawBuf by value and is unsafe), so sharing one between threads is as
+// harmless as sending a copy.
 unsafe impl Sync for RawBuf {}
 
 impl RawBuf {
@@ -138,16 +150,22 @@ impl RawBuf {
         (a, a + self.len)
     }
 
-    /// The start address; writing through it is up to the caller (see `as_mut_slice`).
-    pub(crate) fn as_ptr(&self) -> *mut u8 {
-        self.ptr.as_ptr()
-    }
-
+    /// Bytes `[start, start + len)` of the buffer, writable. Panics when the range is not
+    /// inside the buffer.
+    ///
     /// # Safety
-    /// The memory must be valid for writes of `len` bytes and nothing else may access it for
-    /// the lifetime of the returned slice.
-    pub(crate) unsafe fn as_mut_slice<'a>(self) -> &'a mut [u8] {
-        // SAFETY: the caller's guarantee above; len <= isize::MAX was checked in new().
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    /// The buffer's memory must be valid for writes (allocated, not freed), and nothing else
+    /// may read or write those bytes while the returned slice lives.
+    pub(crate) unsafe fn slice_mut<'a>(self, start: usize, len: usize) -> &'a mut [u8] {
+        assert!(
+            start.checked_add(len).is_some_and(|end| end <= self.len),
+            "bytes [{start}, +{len}) of a {}-byte buffer",
+            self.len
+        );
+        // SAFETY: the range lies inside the buffer (asserted above), whose `len` bytes from a
+        // non-null `ptr` fit below isize::MAX and the end of the address space (checked in
+        // `new`), so `add` stays in bounds; validity and exclusive access for the slice's life
+        // are the caller's guarantee. Bytes need no alignment and every value is valid.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(start), len) }
     }
 }

@@ -1,12 +1,12 @@
-//! One batch's assembly as a shared job (docs/design.md 2.3): its rows split in chunks that
-//! any thread may claim from one counter.
+//! One batch's assembly as a shared job (docs/design.md "Assembly, prefetch, ring"): its rows
+//! split in chunks that any thread may claim from one counter.
 //!
-//! Why: handing a batch from one thread to another costs a wake-up, about 50 µs on the 2-core VM
-//! measured in design 2.3.1, a quarter of a 256-row batch's copy. So the prefetch thread does not
-//! hand its batch to a pool and sleep, and the consumer does not sleep while the batch it waits
-//! for is unfinished: both claim chunks of the same job, and nobody waits for a wake-up while
-//! rows are left to copy. On machines with more than two threads in rayon's pool, helpers on that
-//! pool claim chunks too (`helpers`).
+//! Why: handing a batch from one thread to another costs a wake-up, about 50 µs on the 2-core
+//! development machine (bench/results/loader_cpu_2026-12-02.md), a quarter of a 256-row batch's
+//! copy. So the prefetch thread does not hand its batch over and sleep, and the consumer does
+//! not sleep while the batch it waits for is unfinished: both claim chunks of the same job, and
+//! nobody waits for a wake-up while rows are left to copy. On machines with more than two
+//! threads in rayon's pool, helpers on that pool claim chunks too (`helpers`).
 //!
 //! The protocol, each step a single atomic operation or a lock:
 //!
@@ -20,24 +20,22 @@
 //! 3. `complete` waits until every chunk is counted (`Acquire`: every write to the buffer has
 //!    happened, and no claimant writes it again), and then exactly one of the two owners (the
 //!    prefetch thread and the consumer) wins it (`won.swap`). The winner runs the per-file check
-//!    (`Dataset::recheck`), gets the outcome and the pooled buffer, and publishes the batch; the
-//!    other gets nothing. Helpers never complete a job.
+//!    (`Dataset::recheck`), gets the outcome, and publishes the batch; the other gets nothing.
+//!    Helpers never complete a job.
 //!
 //! So the buffer is written only by claimants of distinct chunks before the job completes, and by
-//! the winner (the re-read of a changed file's rows) inside `complete`; the pooled `Buffer` and
-//! the batch's ids leave the job only through its winner, and a ring slot stays `Filling` until
-//! then.
+//! the winner (the re-read of a changed file's rows) inside `complete`; the batch's outcome
+//! leaves the job only through its winner, and its ring slot stays `Filling` until then.
 //!
-//! The consumer's side, the same for a pooled stream and a ring, is [`wait_for`]: take a ready
-//! batch, else claim rows of the open job of the batch it waits for, else spin briefly, else
-//! sleep until the prefetch thread changes something.
+//! The consumer's side is [`wait_for`]: take a ready batch, else claim rows of the open job of
+//! the batch it waits for, else spin briefly, else sleep until the prefetch thread changes
+//! something.
 
-use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::buffer::{Buffer, BufferPool, RawBuf};
+use super::buffer::RawBuf;
 use crate::error::{Error, Result};
 use crate::recordings::{Dataset, RowSource};
 
@@ -65,41 +63,14 @@ pub fn spin_until(mut ready: impl FnMut() -> bool) -> bool {
     }
 }
 
-/// The batch's window ids: read by the claimants of its chunks, then moved out (never copied) by
-/// the winner of `complete`, which never reads them through `get`.
-struct Ids(UnsafeCell<Vec<u64>>);
-
-// SAFETY: the ids are read only by a claimant of a chunk (`decode_chunk`), before it counts the
-// chunk done; they are written once, by `take`, which only the winner of `complete` calls, after
-// every chunk is counted done (`Acquire` on `done`, paired with each
-// claimant's `Release`) and after its own reads. A claim made after the last chunk reads nothing.
-unsafe impl Sync for Ids {}
-
-impl Ids {
-    /// # Safety
-    /// Only by a claimant of a chunk, before it counts the chunk done (see the `Sync` impl).
-    unsafe fn get(&self) -> &[u64] {
-        // SAFETY: the caller's guarantee: `take`, the only writer, has not run and runs only
-        // once every reader is done.
-        unsafe { &*self.0.get() }
-    }
-
-    /// # Safety
-    /// Only by the winner of `complete`, once every chunk is counted done.
-    unsafe fn take(&self) -> Vec<u64> {
-        // SAFETY: the caller's guarantee: nobody reads or writes the ids any more.
-        unsafe { std::mem::take(&mut *self.0.get()) }
-    }
-}
-
 /// One batch being assembled (see the module docs).
 pub struct Job {
     pub pos: u64,
-    ids: Ids,
+    /// The batch's window ids, row by row; read by the claimants of its chunks, copied out by
+    /// the winner of `complete`.
+    ids: Vec<u64>,
+    /// The batch buffer, exactly `rows * row_bytes` long; see `Job::new` for who may write it.
     out: RawBuf,
-    /// The pooled buffer `out` points into (None for a ring slot, owned by the ring); taken only
-    /// by the winner of `complete`.
-    owned: Mutex<Option<Buffer>>,
     row_bytes: usize,
     rows: usize,
     chunks: usize,
@@ -118,53 +89,31 @@ pub struct Job {
 pub struct Completed {
     /// The batch's window ids, or why the batch could not be made.
     pub result: Result<Vec<u64>>,
-    /// The pooled buffer (None for a ring job), on an error too, for its owner to take back.
-    pub buffer: Option<Buffer>,
 }
 
 impl Job {
-    /// A job filling a buffer of `pool` with the batch of `ids` at `pos`. The ids are checked
-    /// before a buffer is taken, so a bad batch costs the pool nothing.
-    pub fn pooled(ds: &Dataset, pos: u64, ids: Vec<u64>, pool: &BufferPool) -> Result<Job> {
-        let too_big = || Error::config("batch_size", "batch buffer exceeds the address space");
-        let elems = ids.len().checked_mul(ds.row_elems()).ok_or_else(too_big)?;
-        let bytes = ids.len().checked_mul(ds.row_bytes()).ok_or_else(too_big)?;
-        ds.check_batch(&ids, bytes)?;
-        let mut buffer = pool.take(ds.storage(), elems)?;
-        let out = buffer.as_bytes_mut();
-        // The pool hands out a buffer of exactly `elems` of the dataset's storage type; the rows'
-        // raw slices (`decode_chunk`) rely on it, so it is checked, not assumed.
-        assert_eq!(
-            out.len(),
-            bytes,
-            "a pooled batch buffer of the wrong length"
-        );
-        let out = RawBuf::new(out.as_mut_ptr(), out.len())?;
-        Ok(Job::new(ds, pos, ids, out, Some(buffer)))
-    }
-
-    /// A job filling the ring buffer `out`; the ids and the buffer length are checked first.
+    /// A job filling `out` with the batch of `ids` at `pos`; the ids and the buffer's length
+    /// are checked first (an error then writes nothing).
     ///
     /// # Safety
-    /// `out` must stay valid for writes, and nobody but this job's claimants and the winner of
-    /// `complete` may access it, until `complete` has returned to its winner.
-    pub unsafe fn into_raw(ds: &Dataset, pos: u64, ids: Vec<u64>, out: RawBuf) -> Result<Job> {
+    /// `out` must be valid for writes of its length, and nobody but this job may read or write
+    /// it, from this call until the job is finished with it: until a `complete` has returned
+    /// to its winner, or, for a job nobody completes, until `drain` has returned (both wait for
+    /// every claimed chunk to be counted done). After that the job writes `out` no more: a
+    /// `work` then claims nothing, and a second `complete` reads nothing.
+    pub unsafe fn new(ds: &Dataset, pos: u64, ids: Vec<u64>, out: RawBuf) -> Result<Job> {
         ds.check_batch(&ids, out.len())?;
-        Ok(Job::new(ds, pos, ids, out, None))
-    }
-
-    /// `ids` and `out` as `check_batch` passed them: `out` holds exactly `ids.len()` rows.
-    fn new(ds: &Dataset, pos: u64, ids: Vec<u64>, out: RawBuf, owned: Option<Buffer>) -> Job {
+        // `check_batch` passed: `out` holds exactly `ids.len()` rows.
         let rows = ids.len();
         let chunks = if ds.row_bytes() == 0 {
             0
         } else {
             rows.div_ceil(CHUNK_ROWS)
         };
-        Job {
+        Ok(Job {
             pos,
+            ids,
             out,
-            owned: Mutex::new(owned),
             row_bytes: ds.row_bytes(),
             rows,
             chunks,
@@ -174,8 +123,7 @@ impl Job {
             first_failed: AtomicUsize::new(usize::MAX),
             error: Mutex::new(None),
             won: AtomicBool::new(false),
-            ids: Ids(UnsafeCell::new(ids)),
-        }
+        })
     }
 
     /// Claims and decodes chunks until none is left; returns how many this call did. Any thread
@@ -212,18 +160,16 @@ impl Job {
         let first = c * CHUNK_ROWS;
         let last = (first + CHUNK_ROWS).min(self.rows);
         let rb = self.row_bytes;
-        // SAFETY: chunk c was claimed by this thread alone (fetch_add hands each index out once),
-        // its rows [first, last) lie inside `out` (ids.len() * rb == out.len(): checked by
-        // `pooled` against the buffer taken, by `into_raw` against the ring slot), and
-        // `out` stays valid until the job completes, which needs this chunk counted done.
-        let rows = unsafe {
-            std::slice::from_raw_parts_mut(self.out.as_ptr().add(first * rb), (last - first) * rb)
-        };
-        // SAFETY: a claimant before counting its chunk done: the winner takes the ids only after.
-        let ids = unsafe { self.ids.get() };
+        // SAFETY: `Job::new`'s caller lets only this job touch `out` until the job is finished
+        // with it, which cannot happen before this chunk is counted done (`complete` and `drain`
+        // wait for that). Within the job, rows [first, last) belong to chunk c alone, which this
+        // thread claimed (fetch_add hands each index out once), and the winner of `complete`
+        // writes only after every chunk is counted; so these bytes have one writer and no
+        // reader while the slice lives. `slice_mut` checks the range against `out`.
+        let rows = unsafe { self.out.slice_mut(first * rb, (last - first) * rb) };
         let mut sources = [(0usize, false); CHUNK_ROWS];
         let sources = &mut sources[..last - first];
-        ds.decode_rows(&ids[first..last], rows, sources)?;
+        ds.decode_rows(&self.ids[first..last], rows, sources)?;
         for (slot, &(r, mapped)) in self.sources[first..last].iter().zip(sources.iter()) {
             slot.store(r << 1 | mapped as usize, Ordering::Relaxed);
         }
@@ -267,10 +213,10 @@ impl Job {
 
     /// Waits for the chunks other threads still have in flight (spinning, then sleeping in
     /// short steps), then returns the outcome to exactly one caller, the winner: the per-file
-    /// check of the rows copied from mappings (and the re-read of a changed file's rows), the
-    /// batch's ids or its error, and the pooled buffer. Every other caller gets None. Call
-    /// after `work` has returned, so that every chunk is claimed and each claimant is a copy of
-    /// at most `CHUNK_ROWS` rows away from counting it.
+    /// check of the rows copied from mappings (and the re-read of a changed file's rows), and
+    /// the batch's ids or its error. Every other caller gets None. Call after `work` has
+    /// returned, so that every chunk is claimed and each claimant is a copy of at most
+    /// `CHUNK_ROWS` rows away from counting it.
     pub fn complete(&self, ds: &Dataset) -> Option<Completed> {
         while !spin_until(|| self.finished()) {
             std::thread::sleep(Duration::from_micros(50));
@@ -278,12 +224,8 @@ impl Job {
         if self.won.swap(true, Ordering::AcqRel) {
             return None;
         }
-        let buffer = self.owned.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some((_, e)) = self.error.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            return Some(Completed {
-                result: Err(e),
-                buffer,
-            });
+            return Some(Completed { result: Err(e) });
         }
         let sources: Vec<RowSource> = self
             .sources
@@ -293,13 +235,17 @@ impl Job {
                 (v >> 1, v & 1 == 1)
             })
             .collect();
-        // SAFETY: every chunk is done (Acquire above), so no claimant writes `out` or reads the
-        // ids any more; only the winner gets here, once; the buffer stays valid until this
-        // returns (a pooled one is owned by this call now, a ring slot stays Filling until its
-        // winner finishes it).
-        let (out, ids) = unsafe { (self.out.as_mut_slice(), self.ids.take()) };
-        let result = ds.recheck(&ids, out, &sources).map(|()| ids);
-        Some(Completed { result, buffer })
+        // SAFETY: `Job::new`'s caller lets only this job touch `out` until a `complete` has
+        // returned to its winner, and this is that call, still running. Within the job, every
+        // chunk is counted done (the Acquire load in `finished` pairs with each claimant's
+        // Release), so no claimant writes `out` any more and none will (a later claim is past
+        // the last chunk); `won.swap` let exactly one caller through, so this is the only
+        // borrow.
+        let out = unsafe { self.out.slice_mut(0, self.out.len()) };
+        let result = ds
+            .recheck(&self.ids, out, &sources)
+            .map(|()| self.ids.clone());
+        Some(Completed { result })
     }
 
     /// Starts `n` helpers on rayon's global pool, each claiming chunks of this job until none is
@@ -367,8 +313,8 @@ pub enum Found<B, T> {
     Pending,
 }
 
-/// Where a consumer of a prefetching stream (the pooled channel, or the ring) looks for the
-/// batch it waits for, and how it publishes one it completed itself.
+/// Where a consumer of a prefetching ring looks for the batch it waits for, and how it
+/// publishes one it completed itself.
 pub trait Waiter {
     type Batch;
     type Tag;
@@ -379,7 +325,7 @@ pub trait Waiter {
     fn won(&mut self, job: &Job, tag: Self::Tag, done: Completed) -> Self::Batch;
 }
 
-/// The cooperative wait (module docs, design 2.3): a ready batch is taken; while the batch
+/// The cooperative wait (module docs): a ready batch is taken; while the batch
 /// waited for is being assembled, this thread claims its remaining rows and, if it finishes
 /// first, completes and publishes it (`Waiter::won`); otherwise it spins, yielding between
 /// looks, for at most `SPIN` since it last had something to do, and then sleeps in `look`.
@@ -406,6 +352,7 @@ pub fn wait_for<W: Waiter>(w: &mut W, ds: &Dataset) -> W::Batch {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::io::AlignedVec;
     use crate::recordings::ReadPolicy;
     use crate::testutil::TempDir;
 
@@ -426,8 +373,47 @@ mod tests {
         Arc::new(ds.unwrap())
     }
 
-    fn pooled(ds: &Dataset, ids: &[u64]) -> Job {
-        Job::pooled(ds, 7, ids.to_vec(), &BufferPool::new(1)).unwrap()
+    /// A job (at position 7) filling a zeroed buffer of `rows` rows of its own. Dropping it
+    /// drains the job before the buffer is freed, so a rayon helper still holding the job
+    /// writes nothing after that.
+    struct Owned {
+        job: Arc<Job>,
+        ds: Arc<Dataset>,
+        buf: AlignedVec<u8>,
+    }
+
+    impl Owned {
+        fn new(ds: &Arc<Dataset>, ids: &[u64], rows: usize) -> Result<Owned> {
+            let mut buf = AlignedVec::<u8>::zeroed(rows * ds.row_bytes()).unwrap();
+            let out = RawBuf::new(buf.as_mut_ptr(), buf.len()).unwrap();
+            // SAFETY: `buf` is fresh and nothing else refers to it. It moves into the Owned
+            // beside the job (its heap block stays where it is), which reads it only through
+            // `bytes`, once a `complete` has returned to its winner, and frees it only after
+            // `drop` has drained the job.
+            let job = unsafe { Job::new(ds, 7, ids.to_vec(), out) }?;
+            Ok(Owned {
+                job: Arc::new(job),
+                ds: ds.clone(),
+                buf,
+            })
+        }
+
+        /// The batch bytes; called only after the winner's `complete` has returned (every
+        /// chunk counted, the re-check done), when nothing writes them any more.
+        fn bytes(&self) -> Vec<u8> {
+            assert!(self.job.finished() && self.job.is_won());
+            self.buf.to_vec()
+        }
+    }
+
+    impl Drop for Owned {
+        fn drop(&mut self) {
+            self.job.drain(&self.ds);
+        }
+    }
+
+    fn job(ds: &Arc<Dataset>, ids: &[u64]) -> Owned {
+        Owned::new(ds, ids, ids.len()).unwrap()
     }
 
     fn gathered(ds: &Dataset, ids: &[u64]) -> Vec<u8> {
@@ -437,9 +423,8 @@ mod tests {
     }
 
     /// The winner's batch bytes and ids, or its error.
-    fn outcome(done: Completed) -> Result<(Vec<u8>, Vec<u64>)> {
-        let Completed { result, buffer } = done;
-        result.map(|ids| (buffer.unwrap().as_bytes_mut().to_vec(), ids))
+    fn outcome(o: &Owned, done: Completed) -> Result<(Vec<u8>, Vec<u64>)> {
+        done.result.map(|ids| (o.bytes(), ids))
     }
 
     #[test]
@@ -450,7 +435,8 @@ mod tests {
             let ids: Vec<u64> = (0..103).map(|k| (k * 37) % ds.num_windows()).collect();
             let want = gathered(&ds, &ids);
             for _ in 0..20 {
-                let job = Arc::new(pooled(&ds, &ids));
+                let o = job(&ds, &ids);
+                let job = &o.job;
                 assert_eq!(job.chunks, 26); // 103 rows in chunks of 4, the last of 3
                 job.spawn_helpers(&ds, 2);
                 let (did, done): (Vec<usize>, Vec<Option<Completed>>) = std::thread::scope(|s| {
@@ -470,7 +456,7 @@ mod tests {
                 assert_eq!(won.len(), 1, "exactly one winner");
                 assert!(job.complete(&ds).is_none(), "won once only");
                 assert_eq!(
-                    outcome(won.pop().unwrap()).unwrap(),
+                    outcome(&o, won.pop().unwrap()).unwrap(),
                     (want.clone(), ids.clone()),
                     "mapped {mapped}"
                 );
@@ -484,42 +470,24 @@ mod tests {
         let t = TempDir::new("job-alone");
         let ds = dataset(&t, 1024, true);
         let ids: Vec<u64> = vec![5, 0, 127, 64, 5];
-        let job = pooled(&ds, &ids);
-        assert!(!job.is_won());
-        assert_eq!(job.work(&ds), 2);
-        assert_eq!(job.work(&ds), 0, "nothing left to claim");
-        let done = job.complete(&ds).unwrap();
-        assert_eq!(outcome(done).unwrap(), (gathered(&ds, &ids), ids));
+        let o = job(&ds, &ids);
+        assert!(!o.job.is_won());
+        assert_eq!(o.job.work(&ds), 2);
+        assert_eq!(o.job.work(&ds), 0, "nothing left to claim");
+        let done = o.job.complete(&ds).unwrap();
+        assert_eq!(outcome(&o, done).unwrap(), (gathered(&ds, &ids), ids));
     }
 
     #[test]
     fn a_bad_batch_is_refused_before_any_row_is_written() {
         let t = TempDir::new("job-bad");
         let ds = dataset(&t, 1024, false);
-        let pool = BufferPool::new(1);
-        let mut given = Buffer::zeroed(ds.storage(), 2 * ds.row_elems()).unwrap();
-        let at = given.as_bytes_mut().as_ptr();
-        pool.give(given);
-        let e = Job::pooled(&ds, 0, vec![0, ds.num_windows()], &pool).err();
+        let e = Owned::new(&ds, &[0, ds.num_windows()], 2).err();
         assert!(matches!(e, Some(Error::Index { .. })), "{e:?}");
-        let mut kept = pool.take(ds.storage(), 2 * ds.row_elems()).unwrap();
-        assert_eq!(
-            kept.as_bytes_mut().as_ptr(),
-            at,
-            "the buffer stayed in the pool"
-        );
-        let mut three = Buffer::zeroed(ds.storage(), 3 * ds.row_elems()).unwrap();
-        let bytes = three.as_bytes_mut();
-        let out = RawBuf::new(bytes.as_mut_ptr(), bytes.len()).unwrap();
-        // SAFETY: `three` outlives the job, which is refused before it writes anything.
-        let e = unsafe { Job::into_raw(&ds, 0, vec![0, 1], out) }.err();
+        let e = Owned::new(&ds, &[0, 1], 3).err();
         assert!(
             matches!(e, Some(Error::Config { ref key, .. }) if key == "out"),
             "{e:?}"
-        );
-        assert!(
-            three.as_bytes_mut().iter().all(|&b| b == 0),
-            "no row written"
         );
     }
 
@@ -538,7 +506,8 @@ mod tests {
                 f.set_len(0).unwrap();
             }
             for round in 0..10 {
-                let job = pooled(&ds, &ids);
+                let o = job(&ds, &ids);
+                let job = o.job.as_ref();
                 if round == 0 {
                     // Chunk 0 claimed first and read last, after chunk 1 failed (and chunk 2
                     // was skipped): it is still read, and its error is the one reported.
@@ -552,7 +521,7 @@ mod tests {
                         job.work(&ds);
                     });
                 }
-                match job.complete(&ds).map(outcome) {
+                match job.complete(&ds).map(|d| outcome(&o, d)) {
                     Some(Err(Error::LengthChanged { file, .. })) => assert_eq!(file, paths[1]),
                     other => panic!("mapped {mapped} round {round}: {other:?}"),
                 }
@@ -567,19 +536,16 @@ mod tests {
     fn a_claimant_that_panics_fails_the_batch_without_a_hang() {
         let t = TempDir::new("job-panic");
         let ds = dataset(&t, 1024, false);
-        let job = pooled(&ds, &[0, 1, 2, 3, 4, 5]);
+        let o = job(&ds, &[0, 1, 2, 3, 4, 5]);
+        let job = o.job.as_ref();
         let c = job.next.fetch_add(1, Ordering::Relaxed); // a claimant takes chunk 0 ...
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            let _counted = Counted {
-                job: &job,
-                chunk: c,
-            };
+            let _counted = Counted { job, chunk: c };
             panic!("... and dies while copying it");
         }));
         assert!(r.is_err());
         job.work(&ds);
-        let Completed { result, buffer } = job.complete(&ds).unwrap();
-        assert!(buffer.is_some(), "the buffer goes back to its owner");
+        let Completed { result } = job.complete(&ds).unwrap();
         let e = result.unwrap_err();
         assert!(
             matches!(e, Error::Internal(ref m) if m.contains("chunk 0")),
@@ -592,7 +558,8 @@ mod tests {
         let t = TempDir::new("job-drain");
         let ds = dataset(&t, 1024, false);
         let ids: Vec<u64> = (0..4 * CHUNK_ROWS as u64).collect();
-        let job = pooled(&ds, &ids);
+        let o = job(&ds, &ids);
+        let job = o.job.as_ref();
         let counted = AtomicBool::new(false);
         let first = job.next.fetch_add(1, Ordering::Relaxed); // chunk 0, claimed by a helper
         std::thread::scope(|s| {
@@ -600,18 +567,12 @@ mod tests {
                 // ... which is still writing it when the other thread panics.
                 std::thread::sleep(Duration::from_millis(100));
                 counted.store(true, Ordering::SeqCst);
-                drop(Counted {
-                    job: &job,
-                    chunk: first,
-                });
+                drop(Counted { job, chunk: first });
             });
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                let _drain = DrainOnUnwind { job: &job, ds: &ds };
+                let _drain = DrainOnUnwind { job, ds: &ds };
                 let c = job.next.fetch_add(1, Ordering::Relaxed); // chunk 1 ...
-                let _counted = Counted {
-                    job: &job,
-                    chunk: c,
-                };
+                let _counted = Counted { job, chunk: c };
                 panic!("... dies while copying it");
             }));
             assert!(r.is_err());
@@ -620,7 +581,7 @@ mod tests {
         });
         // Chunks 2 and 3 were claimed by the drain and counted without being read.
         assert!(job.finished() && job.next.load(Ordering::Relaxed) >= 4);
-        let Completed { result, .. } = job.complete(&ds).unwrap();
+        let Completed { result } = job.complete(&ds).unwrap();
         let e = result.unwrap_err();
         assert!(
             matches!(e, Error::Internal(ref m) if m.contains("chunk 1")),

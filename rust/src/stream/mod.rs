@@ -1,10 +1,11 @@
-//! The global sample stream (docs/design.md section 2): a rank's batches in order, assembled
-//! synchronously, by a prefetch thread into pooled buffers (`prefetch`), or into a ring of
-//! caller-owned ones (`ring`), each batch a job any thread may help with (`job`).
+//! The global sample stream (docs/design.md "The sample stream and its cursor"): a rank's
+//! batches in order, assembled into a ring of buffers (`ring`), the caller's or the stream's
+//! own, synchronously or by a prefetch thread, each prefetched batch a job any thread may help
+//! with (`job`).
 //!
-//! Modules import one way: `Stream` (here) uses `prefetch` and `ring`, both use `job`, and all
-//! of them use `spec` (the geometry and synchronous assembly) and `buffer` (the batch buffers);
-//! `job` uses only `buffer` and the dataset.
+//! Modules import one way: `Stream` (here) uses `ring`, which uses `job` and `spec` (the
+//! geometry and synchronous assembly); all of them use `buffer` (the batch buffers), and `job`
+//! uses only `buffer` and the dataset.
 //!
 //! Global sample `g` is position `g % n` of epoch `g / n`; its window id is
 //! `Permutation::new(n, seed, g / n).index(g % n)`. Global batch at position `pos` is samples
@@ -19,7 +20,6 @@ use crate::recordings::Dataset;
 
 mod buffer;
 mod job;
-mod prefetch;
 mod ring;
 mod spec;
 #[cfg(test)]
@@ -27,9 +27,7 @@ mod tests;
 
 pub use buffer::{Buffer, BufferPool, RawBuf};
 pub use ring::{Ring, Slots};
-pub use spec::{assemble, Batch, StreamSpec};
-
-use prefetch::Worker;
+pub use spec::StreamSpec;
 
 /// A rank's view of the global stream, with optional prefetch. Output bytes depend only on
 /// (dataset, spec, position), never on prefetch depth or thread count.
@@ -39,10 +37,12 @@ pub struct Stream {
     prefetch: usize,
     pos: u64,
     last_ids: Vec<u64>,
-    worker: Option<Worker>,
-    pool: Arc<BufferPool>,
-    /// Set by `use_ring`: batches go into caller-owned buffers (`next_slot`), not the pool.
+    /// Where batches are assembled: the caller's buffers (set by `use_ring`, read with
+    /// `next_slot`), or a ring of the stream's own (started by the first `next_batch`).
     ring: Option<Ring>,
+    /// Buffers numpy has freed, put back into the stream's own ring in place of those
+    /// `next_batch` hands out.
+    pool: Arc<BufferPool>,
     /// Rayon helpers per prefetched batch (`job.rs`); None: `job::helpers()`, the global pool's
     /// threads beyond two, counted on the prefetch thread.
     helpers: Option<usize>,
@@ -77,10 +77,10 @@ impl Stream {
             prefetch,
             pos: 0,
             last_ids: Vec::new(),
-            worker: None,
-            // Enough for the batches in flight plus a couple held by the consumer.
-            pool: Arc::new(BufferPool::new(prefetch + 2)),
             ring: None,
+            // Keeps what numpy frees between two batches: a consumer holding several batches
+            // (up to the prefetch depth and a couple more) hands them back together.
+            pool: Arc::new(BufferPool::new(prefetch + 2)),
             helpers: None,
         })
     }
@@ -97,9 +97,15 @@ impl Stream {
         self.spec.local_rows() as usize * self.ds.row_bytes()
     }
 
+    /// Elements of one batch of this rank (fits: its bytes do).
+    fn batch_elems(&self) -> usize {
+        self.spec.local_rows() as usize * self.ds.row_elems()
+    }
+
     /// From now on, assemble batches into the caller-owned `bufs` (see `ring.rs`) and hand them
     /// out with `next_slot`. Batches prefetched so far are dropped (they were not consumed);
-    /// the position is unchanged. A previous ring is stopped (its thread joined) first.
+    /// the position is unchanged. A previous ring (the caller's or the stream's own) is stopped
+    /// (its thread joined) first.
     ///
     /// # Safety
     /// As `Ring::new`: while `keepalive` lives each buffer is valid for writes of its length,
@@ -109,41 +115,35 @@ impl Stream {
         bufs: Vec<RawBuf>,
         keepalive: Box<dyn std::any::Any + Send>,
     ) -> Result<()> {
-        // SAFETY: forwarded to the caller.
+        // SAFETY: `Ring::new` asks exactly what this function's caller guarantees (the same
+        // words above), for the same buffers and keepalive, passed on unchanged.
         let ring = unsafe { Ring::new(bufs, self.batch_bytes(), self.prefetch, keepalive)? };
-        self.worker = None;
         self.ring = None; // joins the old ring's thread before the new one exists
         self.ring = Some(ring);
         Ok(())
     }
 
-    /// Buffers in the ring (0 without one).
+    /// Buffers in the caller's ring (0 without one).
     pub fn ring_len(&self) -> usize {
-        self.ring.as_ref().map_or(0, Ring::len)
+        self.ring
+            .as_ref()
+            .filter(|r| !r.is_owned())
+            .map_or(0, Ring::len)
     }
 
-    /// As `next_batch`, into a ring buffer: the slot index, now held by the caller until
-    /// `release(slot)`. Errors when all slots are held instead of waiting forever.
+    /// As `next_batch`, into a buffer of the caller's ring: the slot index, now held by the
+    /// caller until `release(slot)`. Errors when all slots are held instead of waiting forever.
     pub fn next_slot(&mut self) -> Result<usize> {
-        let ring = self
-            .ring
-            .as_mut()
-            .ok_or_else(|| Error::config("ring", "no buffers: call use_ring(buffers) first"))?;
+        let ring = caller_ring(self.ring.as_mut())?;
         let (slot, ids) = ring.next(&self.ds, &self.spec, self.pos, self.helpers)?;
         self.pos += self.spec.batch_size;
         self.last_ids = ids;
         Ok(slot)
     }
 
-    /// The caller has finished reading ring buffer `slot`.
+    /// The caller has finished reading buffer `slot` of its ring.
     pub fn release(&self, slot: usize) -> Result<()> {
-        match &self.ring {
-            Some(r) => r.release(slot),
-            None => Err(Error::config(
-                "ring",
-                "no buffers: call use_ring(buffers) first",
-            )),
-        }
+        caller_ring(self.ring.as_ref())?.release(slot)
     }
 
     pub fn spec(&self) -> &StreamSpec {
@@ -162,52 +162,53 @@ impl Stream {
     pub fn last_ids(&self) -> &[u64] {
         &self.last_ids
     }
-    /// The pool that `next_batch` buffers come from; hand finished buffers back with `give`.
+    /// The pool that the stream's own ring takes fresh buffers from; hand buffers that
+    /// `next_batch` returned back with `give` once read.
     pub fn pool(&self) -> &Arc<BufferPool> {
         &self.pool
     }
 
-    /// This rank's rows of the global batch at the current position; advances by B.
+    /// This rank's rows of the global batch at the current position, in a buffer of its own
+    /// (assembled in the stream's own ring, which takes a buffer from the pool in its place);
+    /// advances by B.
     pub fn next_batch(&mut self) -> Result<Buffer> {
-        if self.ring.is_some() {
+        let (storage, elems) = (self.ds.storage(), self.batch_elems());
+        let ring = match self.ring {
+            Some(ref mut r) => r,
+            // Started lazily so a seek right after construction wastes no work.
+            None => self.ring.insert(Ring::owned(
+                storage,
+                elems,
+                ring::min_buffers(self.prefetch),
+                self.prefetch,
+            )?),
+        };
+        if !ring.is_owned() {
             return Err(Error::config(
                 "ring",
                 "this stream fills caller buffers: use next_slot() and release()",
             ));
         }
-        let batch = if self.prefetch == 0 {
-            assemble(&self.ds, &self.spec, self.pos, &self.pool)?
-        } else {
-            let worker = match self.worker.take() {
-                Some(w) => w,
-                // Started lazily so a seek right after construction wastes no work.
-                None => Worker::spawn(
-                    self.ds.clone(),
-                    self.spec,
-                    self.pos,
-                    self.prefetch,
-                    self.pool.clone(),
-                    self.helpers,
-                )?,
-            };
-            let batch = match worker.next(&self.ds, &self.pool, self.pos) {
-                Ok(b) if b.pos == self.pos => b,
-                // Dropping the worker restarts it from this position on the next call.
-                Ok(_) => return Err(Error::Thread("delivered a batch out of order".into())),
-                Err(e) => return Err(e),
-            };
-            self.worker = Some(worker);
-            batch
+        // Taken first: a failed allocation consumes no batch.
+        let fresh = self.pool.take(storage, elems)?;
+        let (slot, ids) = match ring.next(&self.ds, &self.spec, self.pos, self.helpers) {
+            Ok(next) => next,
+            Err(e) => {
+                self.pool.give(fresh);
+                return Err(e);
+            }
         };
+        let batch = ring.take_held(slot, fresh);
+        ring.release(slot)?;
+        let batch = batch?;
         self.pos += self.spec.batch_size;
-        self.last_ids = batch.ids;
-        Ok(batch.data)
+        self.last_ids = ids;
+        Ok(batch)
     }
 
     /// Drops prefetched batches; the next batch is global samples `[pos, pos + B)`.
     pub fn seek(&mut self, pos: u64) -> Result<()> {
         self.spec.check_pos(pos)?;
-        self.worker = None;
         if let Some(r) = self.ring.as_mut() {
             r.reset(); // held slots stay with the caller
         }
@@ -215,4 +216,10 @@ impl Stream {
         self.last_ids.clear();
         Ok(())
     }
+}
+
+/// The ring in `ring` if it holds the caller's buffers (`use_ring`), not the stream's own.
+fn caller_ring<R: std::ops::Deref<Target = Ring>>(ring: Option<R>) -> Result<R> {
+    ring.filter(|r| !r.is_owned())
+        .ok_or_else(|| Error::config("ring", "no buffers: call use_ring(buffers) first"))
 }

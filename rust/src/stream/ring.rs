@@ -1,9 +1,12 @@
-//! Batch assembly into a ring of caller-owned buffers (issue #9).
+//! Batch assembly into a ring of buffers: the stream's one assembly path (issue #9).
 //!
 //! The caller allocates `N` batch buffers (on CUDA: pinned host tensors) and hands their
 //! addresses to a [`Ring`]. The stream then assembles each batch directly into one of them, so
-//! the batch the caller gets is already where the host-to-device copy reads from. Each buffer is
-//! a *slot* with one owner at a time:
+//! the batch the caller gets is already where the host-to-device copy reads from. A stream whose
+//! caller gave no buffers (`Stream::next_batch`, numpy arrays) assembles into a ring of its own
+//! ([`Ring::owned`]) and hands each filled buffer out whole, putting a recycled one in its slot
+//! (`take_held`), so no batch is copied there either. Each buffer is a *slot* with one owner at
+//! a time:
 //!
 //! ```text
 //!   Free --claim--> Filling --finish--> Ready --pop_ready--> Held --release--> Free
@@ -29,11 +32,11 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
-use super::buffer::RawBuf;
+use super::buffer::{Buffer, RawBuf};
 use super::job::{self, Completed, Found, Job, Waiter};
 use super::spec::{assemble_into, StreamSpec};
 use crate::error::{Error, Result};
-use crate::recordings::Dataset;
+use crate::recordings::{Dataset, Storage};
 
 /// Who owns a slot (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -210,6 +213,9 @@ impl Slots {
 
 struct Inner {
     slots: Slots,
+    /// Each slot's buffer. A slot's entry changes only while the caller holds it (`take_held`),
+    /// so a job, which exists only while its slot is `Filling`, never sees it change.
+    bufs: Vec<RawBuf>,
     /// The batch the prefetch thread is assembling, and its slot: a consumer waiting for that
     /// batch claims its remaining rows (`job.rs`) instead of sleeping.
     current: Option<(usize, Arc<Job>)>,
@@ -247,20 +253,24 @@ impl Drop for ExitGuard {
     }
 }
 
-/// Caller-owned batch buffers with a background thread filling released ones in stream order.
+/// Batch buffers with a background thread filling released ones in stream order.
 ///
 /// Safety invariant: every buffer stays valid for writes (its memory is kept alive by
-/// `keepalive`, dropped only after the prefetch thread has been joined, and that thread waits for
-/// every row of its job to be written before it moves on or exits), and a buffer is written only
-/// while its slot is `Filling`, which the state machine grants to one batch's job at a time and
-/// only for slots the caller has not been handed (or has released).
+/// `keepalive` or `owned`, dropped only after the prefetch thread has been joined, and that
+/// thread waits for every row of its job to be written before it moves on or exits), and a
+/// buffer is written only while its slot is `Filling`, which the state machine grants to one
+/// batch's job at a time and only for slots the caller has not been handed (or has released).
 pub struct Ring {
     shared: Arc<Shared>,
-    bufs: Arc<[RawBuf]>,
+    len: usize,
+    batch_bytes: usize,
     prefetch: usize,
     worker: Option<JoinHandle<()>>,
-    /// Owns the buffers' memory (the Python arrays). Declared last, and dropped only after
-    /// `Drop::drop` has joined the prefetch thread.
+    /// A ring of the stream's own (`Ring::owned`): slot i's buffer. Empty for a caller's ring.
+    /// Dropped only after `Drop::drop` has joined the prefetch thread.
+    owned: Vec<Buffer>,
+    /// Owns a caller's buffers' memory (the Python arrays). Dropped only after `Drop::drop` has
+    /// joined the prefetch thread.
     _keepalive: Box<dyn Any + Send>,
 }
 
@@ -318,29 +328,84 @@ impl Ring {
                 format!("buffers[{a}] and buffers[{b}] share memory; each needs its own"),
             ));
         }
+        let len = bufs.len();
         Ok(Ring {
             shared: Arc::new(Shared {
                 inner: Mutex::new(Inner {
-                    slots: Slots::new(bufs.len()),
+                    slots: Slots::new(len),
+                    bufs,
                     current: None,
                     stop: false,
                     running: false,
                 }),
                 changed: Condvar::new(),
             }),
-            bufs: bufs.into(),
+            len,
+            batch_bytes,
             prefetch,
             worker: None,
+            owned: Vec::new(),
             _keepalive: keepalive,
         })
     }
 
+    /// A ring of `n` zeroed buffers of its own, each `elems` elements of `storage`, with up to
+    /// `prefetch` batches assembled ahead; its batches leave it through `take_held`.
+    pub fn owned(storage: Storage, elems: usize, n: usize, prefetch: usize) -> Result<Ring> {
+        let mut owned = (0..n)
+            .map(|_| Buffer::zeroed(storage, elems))
+            .collect::<Result<Vec<Buffer>>>()?;
+        let bufs = owned
+            .iter_mut()
+            .map(Buffer::raw)
+            .collect::<Result<Vec<RawBuf>>>()?;
+        let batch_bytes = bufs.first().map_or(0, RawBuf::len);
+        // SAFETY: each RawBuf is the heap block of one of the fresh buffers in `owned`, which
+        // moves into the ring below (moving a Buffer does not move its block) and is freed only
+        // after the ring's thread is joined (`owned` is dropped after `Drop::drop`). Nothing
+        // outside the ring refers to them: a buffer leaves only through `take_held`, for a held
+        // slot, when the ring has stopped writing it and gets another in its place.
+        let mut ring = unsafe { Ring::new(bufs, batch_bytes, prefetch, Box::new(())) }?;
+        ring.owned = owned;
+        Ok(ring)
+    }
+
+    /// True for a ring of the stream's own buffers (`Ring::owned`).
+    pub fn is_owned(&self) -> bool {
+        !self.owned.is_empty()
+    }
+
+    /// Hands out the buffer of `slot`, held by the caller, of a ring of its own, and puts
+    /// `fresh` (a buffer of the same size) in its place; the caller still releases the slot.
+    pub fn take_held(&mut self, slot: usize, mut fresh: Buffer) -> Result<Buffer> {
+        let raw = fresh.raw()?;
+        if !self.is_owned() || raw.len() != self.batch_bytes {
+            return Err(Error::Internal(format!(
+                "a {}-byte buffer swapped into a ring of {}-byte {} buffers",
+                raw.len(),
+                self.batch_bytes,
+                if self.is_owned() { "owned" } else { "caller" }
+            )));
+        }
+        let mut g = self.shared.lock();
+        if g.slots.state(slot) != Some(SlotState::Held) {
+            return Err(Error::Internal(format!(
+                "ring slot {slot} swapped but not held"
+            )));
+        }
+        // The slot is held: no job writes it, and it is filled again only after `release`,
+        // from this new buffer.
+        g.bufs[slot] = raw;
+        drop(g);
+        Ok(std::mem::replace(&mut self.owned[slot], fresh))
+    }
+
     pub fn len(&self) -> usize {
-        self.bufs.len()
+        self.len
     }
 
     pub fn is_empty(&self) -> bool {
-        self.bufs.is_empty()
+        self.len == 0
     }
 
     /// Slots the caller holds, in index order.
@@ -398,15 +463,17 @@ impl Ring {
         spec: &StreamSpec,
         pos: u64,
     ) -> Result<(usize, Vec<u64>)> {
-        let slot = self
-            .shared
-            .lock()
-            .slots
-            .claim(1)
-            .ok_or_else(|| self.all_held())?;
-        // SAFETY: the slot is Filling, claimed by this thread: no other thread writes it (there
-        // is no prefetch thread) and the caller does not touch it until it is returned.
-        let out = unsafe { self.bufs[slot].as_mut_slice() };
+        let (slot, buf) = {
+            let mut g = self.shared.lock();
+            let slot = g.slots.claim(1).ok_or_else(|| self.all_held())?;
+            (slot, g.bufs[slot])
+        };
+        // SAFETY: the ring's memory is valid while it lives (`Ring::new`'s caller, or `owned`),
+        // and the slot is Filling, claimed just now by this thread: the ring writes a slot only
+        // while it is Filling, there is no prefetch thread (prefetch 0), and the caller does
+        // not touch the buffer before `next` returns it. So this is the only access until the
+        // slot is finished below.
+        let out = unsafe { buf.slice_mut(0, buf.len()) };
         let result = assemble_into(ds, spec, pos, out);
         let mut g = self.shared.lock();
         g.slots.finish(slot, pos, result)?;
@@ -447,11 +514,10 @@ impl Ring {
     ) -> Result<()> {
         self.shared.lock().running = true;
         let shared = self.shared.clone();
-        let bufs = self.bufs.clone();
         let depth = self.prefetch;
         let handle = std::thread::Builder::new()
             .name("iqtrain-ring".into())
-            .spawn(move || fill_loop(shared, bufs, ds, spec, start, depth, helpers));
+            .spawn(move || fill_loop(shared, ds, spec, start, depth, helpers));
         match handle {
             Ok(h) => {
                 self.worker = Some(h);
@@ -529,7 +595,6 @@ impl Waiter for Wait<'_> {
 /// completed (one the consumer completed stops it through `reset`).
 fn fill_loop(
     shared: Arc<Shared>,
-    bufs: Arc<[RawBuf]>,
     ds: Arc<Dataset>,
     spec: StreamSpec,
     start: u64,
@@ -540,26 +605,28 @@ fn fill_loop(
     let helpers = helpers.unwrap_or_else(job::helpers);
     let mut pos = start;
     loop {
-        let slot = {
+        let (slot, buf) = {
             let mut g = shared.lock();
             loop {
                 if g.stop {
                     return;
                 }
                 if let Some(s) = g.slots.claim(depth) {
-                    break s;
+                    break (s, g.bufs[s]);
                 }
                 g = shared.wait(g);
             }
         };
-        // SAFETY: the slot is Filling, claimed by this thread: the caller released it (or never
-        // had it) and gets it back only once the job has completed; until then only the job's
-        // claimants write it, each its own rows. This thread waits for every chunk (complete)
-        // before it claims another slot or exits, and the ring joins it before dropping
-        // `keepalive`, so no claimant outlives the buffers.
+        // SAFETY: the buffer is valid for writes while the ring lives (`Ring::new`'s caller, or
+        // `owned`), and this thread outlives the job's use of it: it completes (or, unwinding,
+        // drains) the job before it claims another slot or exits, and the ring joins it before
+        // freeing any buffer. Nobody else accesses the buffer meanwhile: the slot is Filling,
+        // claimed just now by this thread; the caller released it (or never had it) and gets
+        // it back only once the job's winner has finished it, and its entry in `bufs` changes
+        // only while the caller holds it.
         let job = spec
             .batch_ids(pos)
-            .and_then(|ids| unsafe { Job::into_raw(&ds, pos, ids, bufs[slot]) });
+            .and_then(|ids| unsafe { Job::new(&ds, pos, ids, buf) });
         let job = match job {
             Ok(j) => Arc::new(j),
             Err(e) => {
@@ -597,7 +664,8 @@ fn fill_loop(
 
 impl Drop for Ring {
     fn drop(&mut self) {
-        // Join the prefetch thread before `_keepalive` (the buffers' owner) is dropped.
+        // Join the prefetch thread before `owned` or `_keepalive` (the buffers' owners) is
+        // dropped.
         self.reset();
     }
 }

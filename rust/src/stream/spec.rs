@@ -1,7 +1,6 @@
 //! The stream's geometry (`StreamSpec`: global batches, epochs, the rank slice) and the
-//! synchronous assembly of one batch from it.
+//! synchronous assembly of one batch from it (rows in parallel on rayon's pool).
 
-use super::buffer::{Buffer, BufferPool};
 use crate::error::{Error, Result};
 use crate::permutation::Permutation;
 use crate::recordings::Dataset;
@@ -102,14 +101,6 @@ impl StreamSpec {
     }
 }
 
-/// One assembled batch: this rank's rows of the global batch at `pos`.
-#[derive(Debug)]
-pub struct Batch {
-    pub pos: u64,
-    pub ids: Vec<u64>,
-    pub data: Buffer,
-}
-
 /// Assembles the batch at `pos` into `out` (exactly one batch of bytes); returns its ids.
 pub(crate) fn assemble_into(
     ds: &Dataset,
@@ -120,19 +111,4 @@ pub(crate) fn assemble_into(
     let ids = spec.batch_ids(pos)?;
     ds.gather(&ids, out)?;
     Ok(ids)
-}
-
-/// Assembles the batch at `pos` synchronously (rows in parallel on rayon's pool).
-pub fn assemble(ds: &Dataset, spec: &StreamSpec, pos: u64, pool: &BufferPool) -> Result<Batch> {
-    let ids = spec.batch_ids(pos)?;
-    let elems = ids
-        .len()
-        .checked_mul(ds.row_elems())
-        .ok_or_else(|| Error::config("batch_size", "batch buffer exceeds the address space"))?;
-    let mut data = pool.take(ds.storage(), elems)?;
-    if let Err(e) = ds.gather(&ids, data.as_bytes_mut()) {
-        pool.give(data);
-        return Err(e);
-    }
-    Ok(Batch { pos, ids, data })
 }

@@ -1,3 +1,5 @@
+use std::sync::Mutex;
+
 use super::*;
 use crate::io::AlignedVec;
 use crate::permutation::Permutation;
@@ -236,8 +238,9 @@ fn a_truncated_file_fails_the_batch_from_the_prefetch_thread_and_recovers() {
 }
 
 /// Many batches with the consumer always waiting (it claims rows of the batch being
-/// assembled, and completes it when it finishes first): pooled and ring batches equal the
-/// synchronous ones, from mapped files and with pread, with and without rayon helpers.
+/// assembled, and completes it when it finishes first): batches from the stream's own ring and
+/// from a caller's ring equal the synchronous ones, from mapped files and with pread, with and
+/// without rayon helpers.
 #[test]
 fn cooperative_assembly_equals_synchronous_assembly() {
     let t = TempDir::new("coop");
@@ -267,9 +270,7 @@ fn cooperative_assembly_equals_synchronous_assembly() {
                     assert_eq!((&ids.0, &ids.1), (&buf.0, &buf.1), "k={k} d={depth}");
                 }
                 let mut s = Stream::new(ds.clone(), 24, 5, 0, 1, depth).unwrap();
-                let (mem, raw) = ring_bufs(&s, depth + 1);
-                // SAFETY: `mem` outlives `s` (dropped after it).
-                unsafe { s.use_ring(raw, Box::new(())).unwrap() };
+                let mem = use_ring(&mut s, depth + 1);
                 if let Some(n) = helpers {
                     s.set_helpers(n);
                 }
@@ -277,18 +278,23 @@ fn cooperative_assembly_equals_synchronous_assembly() {
                     let slot = s.next_slot().unwrap();
                     let Buffer::I16(w) = buf else { panic!("dtype") };
                     assert_eq!(s.last_ids(), &ids[..], "ring k={k} d={depth}");
-                    assert_eq!(as_i16(&mem[slot]), &w[..], "ring k={k} d={depth}");
+                    assert_eq!(read(&mem, slot), &w[..], "ring k={k} d={depth}");
                     s.release(slot).unwrap();
                 }
+                // A helper still queued after the stream is gone claims nothing: it writes
+                // nothing.
                 drop(s);
-                drop(mem); // a helper still queued then claims nothing: it writes nothing
             }
         }
     }
 }
 
-/// `k` aligned batch buffers for `s` and their RawBufs.
-fn ring_bufs(s: &Stream, k: usize) -> (Vec<AlignedVec<u8>>, Vec<RawBuf>) {
+/// The buffers of a caller's ring, shared with the stream that fills them.
+type RingMem = Arc<Mutex<Vec<AlignedVec<u8>>>>;
+
+/// Hands `s` a ring of `k` aligned batch buffers, which it keeps alive, and returns them: a test
+/// reads a buffer (or scribbles on it) only while its slot is held.
+fn use_ring(s: &mut Stream, k: usize) -> RingMem {
     let mut mem: Vec<AlignedVec<u8>> = (0..k)
         .map(|_| AlignedVec::zeroed(s.batch_bytes()).unwrap())
         .collect();
@@ -296,7 +302,18 @@ fn ring_bufs(s: &Stream, k: usize) -> (Vec<AlignedVec<u8>>, Vec<RawBuf>) {
         .iter_mut()
         .map(|m| RawBuf::new(m.as_mut_ptr(), m.len()).unwrap())
         .collect();
-    (mem, raw)
+    let mem = Arc::new(Mutex::new(mem));
+    // SAFETY: the ring keeps `mem` alive (its keepalive holds a clone; the buffers' heap blocks
+    // stay put inside it), so every buffer is valid for writes while the ring lives. Nothing
+    // else reaches a buffer but the returned handle, and the tests use it only for a slot they
+    // hold (between `next_slot` returning it and `release`), which the ring does not touch.
+    unsafe { s.use_ring(raw, Box::new(mem.clone())) }.unwrap();
+    mem
+}
+
+/// Buffer `slot` of a ring as i16 values.
+fn read(mem: &RingMem, slot: usize) -> Vec<i16> {
+    as_i16(&mem.lock().unwrap()[slot])
 }
 
 fn as_i16(bytes: &[u8]) -> Vec<i16> {
@@ -307,7 +324,7 @@ fn as_i16(bytes: &[u8]) -> Vec<i16> {
 }
 
 #[test]
-fn ring_batches_equal_pooled_batches_while_slots_are_held() {
+fn caller_ring_batches_equal_next_batch_batches_while_slots_are_held() {
     let t = TempDir::new("ring");
     let ds = dataset(&t, &[50, 3, 71, 20], 8, 5);
     let mut reference = Stream::new(ds.clone(), 6, 42, 0, 1, 0).unwrap();
@@ -321,29 +338,28 @@ fn ring_batches_equal_pooled_batches_while_slots_are_held() {
         (4, 5, 1),
     ] {
         let mut s = Stream::new(ds.clone(), 6, 42, 0, 1, depth).unwrap();
-        let (mut mem, raw) = ring_bufs(&s, nbuf);
-        // SAFETY: `mem` outlives `s` (dropped after it, below); slots are read only while
-        // held and scribbled on just before release.
-        unsafe { s.use_ring(raw, Box::new(())).unwrap() };
+        if depth == 2 {
+            s.next_batch().unwrap(); // the stream's own ring, replaced by the caller's
+            s.seek(0).unwrap();
+        }
+        let mem = use_ring(&mut s, nbuf);
         assert!(s.next_batch().is_err(), "next_batch with a ring");
         let mut held = Vec::new();
         for (k, (ids, buf)) in want.iter().enumerate() {
             let slot = s.next_slot().unwrap();
             assert_eq!(s.last_ids(), &ids[..], "k={k} depth={depth}");
             let Buffer::I16(w) = buf else { panic!("dtype") };
-            assert_eq!(as_i16(&mem[slot]), &w[..], "k={k} depth={depth}");
+            assert_eq!(read(&mem, slot), &w[..], "k={k} depth={depth}");
             held.push(slot);
             if held.len() == hold {
                 // Release out of order, scribbling first: nothing leaks into later batches.
                 for &h in held.iter().rev() {
-                    mem[h].fill(0x55);
+                    mem.lock().unwrap()[h].fill(0x55);
                     s.release(h).unwrap();
                 }
                 held.clear();
             }
         }
-        drop(s);
-        drop(mem);
     }
 }
 
@@ -357,9 +373,14 @@ fn ring_errors_instead_of_deadlock_and_seek_discards_prefetched() {
         let mut s = Stream::new(ds.clone(), 4, 9, 0, 1, depth).unwrap();
         assert!(s.next_slot().is_err(), "no ring yet");
         assert!(s.release(0).is_err(), "no ring yet");
-        let (mem, raw) = ring_bufs(&s, depth + 1);
-        // SAFETY: `mem` outlives `s`.
-        unsafe { s.use_ring(raw, Box::new(())).unwrap() };
+        // The stream's own ring (next_batch) is not the caller's.
+        s.next_batch().unwrap();
+        assert_eq!(s.ring_len(), 0);
+        assert!(s.next_slot().is_err(), "no caller ring");
+        assert!(s.release(0).is_err(), "no caller ring");
+        s.seek(0).unwrap();
+        let mem = use_ring(&mut s, depth + 1);
+        assert_eq!(s.ring_len(), depth + 1);
         let mut held = Vec::new();
         for _ in 0..=depth {
             held.push(s.next_slot().unwrap());
@@ -377,7 +398,7 @@ fn ring_errors_instead_of_deadlock_and_seek_discards_prefetched() {
             panic!("dtype")
         };
         assert_eq!(
-            (s.last_ids(), as_i16(&mem[slot])),
+            (s.last_ids(), read(&mem, slot)),
             (&want[7].0[..], w.to_vec())
         );
         for &h in &held[1..] {
@@ -389,9 +410,7 @@ fn ring_errors_instead_of_deadlock_and_seek_discards_prefetched() {
         let Buffer::I16(w) = &want[8].1 else {
             panic!("dtype")
         };
-        assert_eq!(as_i16(&mem[slot]), w.to_vec());
-        drop(s);
-        drop(mem);
+        assert_eq!(read(&mem, slot), w.to_vec());
     }
 }
 
@@ -406,9 +425,7 @@ fn a_truncated_file_fails_a_ring_batch_and_recovers() {
     for depth in [0usize, 1, 3] {
         std::fs::write(&path, &full).unwrap();
         let mut s = Stream::new(ds.clone(), 8, 3, 0, 1, depth).unwrap();
-        let (mem, raw) = ring_bufs(&s, depth + 2);
-        // SAFETY: `mem` outlives `s`.
-        unsafe { s.use_ring(raw, Box::new(())).unwrap() };
+        let mem = use_ring(&mut s, depth + 2);
         for _ in 0..2 {
             let slot = s.next_slot().unwrap();
             s.release(slot).unwrap();
@@ -440,11 +457,9 @@ fn a_truncated_file_fails_a_ring_batch_and_recovers() {
             panic!("dtype")
         };
         assert_eq!(
-            (s.last_ids(), as_i16(&mem[slot])),
+            (s.last_ids(), read(&mem, slot)),
             (&want[k].0[..], w.to_vec())
         );
-        drop(s);
-        drop(mem);
     }
 }
 
