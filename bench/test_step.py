@@ -38,7 +38,8 @@ from torch import Tensor, nn
 
 from iqtrain.config.schema import load_config
 from iqtrain.config.sections import ModelConfig, OptimizerConfig
-from iqtrain.model.transformer import NextPatchModel, next_patch_loss, rope_tables
+from iqtrain.model.objectives import next_patch_loss
+from iqtrain.model.transformer import NextPatchModel, rope_tables
 from iqtrain.train.step import TrainStep
 
 QUICKSTART = ModelConfig(dim=128, layers=4, heads=4, patch_len=16, max_patches=64)

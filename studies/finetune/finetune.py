@@ -343,7 +343,7 @@ _REPORT_CACHE: dict = {}
 
 def report_windows(report: str, window: int, classes, key: str):
     """The report set's labelled windows (one grid of ``window``, read once)."""
-    from iqtrain import labelled_windows
+    from iqtrain.data.windows import labelled_windows
 
     tag = (report, window, tuple(classes), key)
     if tag not in _REPORT_CACHE:
@@ -390,7 +390,9 @@ def classical(train_glob: str, args, window: int) -> dict:
     regression on them, scored on the report set like the fine-tunes."""
     import torch
 
-    from iqtrain import classical_matrix, fit_logistic, labelled_windows
+    from iqtrain.data.windows import labelled_windows
+    from iqtrain.eval.features import classical_matrix
+    from iqtrain.eval.logistic import fit_logistic
 
     t0 = time.monotonic()
     train = labelled_windows(train_glob, window, key=args.label_key)
@@ -552,7 +554,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0915
     os.environ.setdefault("OMP_NUM_THREADS", "2")
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    from iqtrain import dumps_toml
+    from iqtrain.config.schema import dumps_toml
 
     items = read_annotations(args.pool, args.label_key)
     classes, dev, pool = split_pool(items, args.dev_per_class)

@@ -16,7 +16,8 @@ studies/recipe/RESULTS.md.
 Every layer's per-patch states come from the public ``Pretrained.features`` (``pool=None``: one
 forward per batch for all layers, the path ``iqtrain probe`` and ``Pretrained.embed`` take);
 only the pooling is the study's own. The labelled windows and the grouped cross-validation are
-the probe's own, public as ``iqtrain.labelled_windows`` and ``iqtrain.cross_validate``.
+the probe's own: :func:`iqtrain.data.windows.labelled_windows` and
+:func:`iqtrain.eval.folds.cross_validate`.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ from pathlib import Path
 
 import torch
 
-from iqtrain import LabelledSet, Pretrained, cross_validate, labelled_windows, load_pretrained
+from iqtrain import Pretrained, load_pretrained
+from iqtrain.data.windows import LabelledSet, labelled_windows
+from iqtrain.eval.folds import cross_validate
 
 POOLINGS = ("mean", "meanstd", "meanstdskew", "meanstdmax")
 FOLDS, SEED = 5, 0  # the probe's defaults

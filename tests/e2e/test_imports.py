@@ -102,7 +102,8 @@ def test_the_importtime_parser_sees_torch() -> None:
 def test_config_use_and_package_attributes_stay_torch_free() -> None:
     code = (
         "import sys, iqtrain\n"
-        "from iqtrain import Config, ConfigError, ModelConfig, OptimizerConfig, ScheduleConfig\n"
+        "from iqtrain import Config, ConfigError, load_config\n"
+        "from iqtrain.config.sections import ModelConfig, OptimizerConfig, ScheduleConfig\n"
         "from iqtrain.config.schema import build_config, config_to_dict, dumps_toml\n"
         "dumps_toml(config_to_dict(build_config({'training': {'max_steps': 500}})))\n"
         "import iqtrain.config.sections\n"
@@ -117,11 +118,36 @@ def test_config_use_and_package_attributes_stay_torch_free() -> None:
 # ------------------------------------------------------------------------- the lazy package
 
 
+#: What ``import iqtrain`` offers (the product: docs/usage.md "Python API"); everything else is
+#: imported from the submodule that defines it.
+PUBLIC = {
+    "load_pretrained",
+    "Pretrained",
+    "SampleRateWarning",
+    "run_pretraining_attempt",
+    "ParentRef",
+    "AttemptResult",
+    "verify_attempt",
+    "load_config",
+    "Config",
+    "IQDataset",
+    "TrainStream",
+    "prepare_iq_input",
+    "IQTrainError",
+    "ConfigError",
+    "DataError",
+    "CheckpointError",
+}
+
+
+def test_the_package_exports_the_product_alone() -> None:
+    assert set(iqtrain._EXPORTS) == PUBLIC
+    assert iqtrain.__all__ == [*iqtrain._EXPORTS, "__version__"]
+
+
 def test_every_public_name_imports_and_is_listed() -> None:
     import importlib
 
-    assert set(iqtrain.__all__) == {*iqtrain._EXPORTS, "__version__"}
-    assert len(iqtrain.__all__) == len(set(iqtrain.__all__))
     listed = dir(iqtrain)
     for name in iqtrain.__all__:
         assert name in listed, name
@@ -132,6 +158,43 @@ def test_every_public_name_imports_and_is_listed() -> None:
     exec("from iqtrain import *", ns)
     assert set(iqtrain.__all__) <= set(ns)
     assert isinstance(iqtrain.__version__, str) and iqtrain.__version__
+
+
+def test_what_type_checkers_see_is_the_export_list() -> None:
+    # The TYPE_CHECKING block of iqtrain/__init__.py restates _EXPORTS for type checkers (which
+    # cannot follow the lazy __getattr__): the same names, each from the same module, each an
+    # explicit re-export (``X as X``), and nothing more.
+    import ast
+
+    tree = ast.parse(Path(iqtrain.__file__).read_text())
+    (block,) = [
+        node
+        for node in tree.body
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "_typing.TYPE_CHECKING"
+    ]
+    seen = {}
+    for node in block.body:
+        if isinstance(node, ast.AnnAssign):
+            assert ast.unparse(node) == "__version__: str"
+            continue
+        assert isinstance(node, ast.ImportFrom), ast.unparse(node)
+        for alias in node.names:
+            assert alias.asname == alias.name, ast.unparse(node)
+            assert alias.name not in seen, alias.name
+            seen[alias.name] = node.module
+    assert seen == iqtrain._EXPORTS
+
+
+def test_import_iqtrain_and_its_names_of_the_config_and_errors_import_no_torch() -> None:
+    code = (
+        "import iqtrain\n"
+        "from iqtrain import Config, ConfigError, CheckpointError, DataError, IQTrainError\n"
+        "assert iqtrain.__all__ and not [m for m in __import__('sys').modules if "
+        "m.startswith('iqtrain.') and m.split('.')[1] not in ('config', 'errors')]\n"
+    )
+    proc = _run("-c", code)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    _assert_no_torch(proc, "import iqtrain")
 
 
 def test_unknown_attribute_is_an_attribute_error() -> None:

@@ -41,8 +41,7 @@ from iqtrain.eval.features import (
     layer_features,
     probe_features,
 )
-from iqtrain.eval.folds import FoldPlan, ProbeScore, Shots, check_folds, cross_validate
-from iqtrain.eval.logistic import fit_logistic
+from iqtrain.eval.folds import FoldPlan, ProbeScore, Shots, check_folds
 from iqtrain.model.transformer import NextPatchModel
 from iqtrain.pretrained.load import Pretrained, load_pretrained, parse_layer, source_ref
 from iqtrain.pretrained.recordings import (
@@ -64,12 +63,6 @@ __all__ = [
     "probe_attempt",
     "probe_model",
     "run_probe",
-    # Importable from here as they always were (README, the study scripts):
-    "classical_matrix",
-    "cross_validate",
-    "fit_logistic",
-    "layer_features",
-    "probe_features",
 ]
 
 

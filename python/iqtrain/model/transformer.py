@@ -26,16 +26,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-# The [model] table lives in the torch-free config module; re-exported here.
+# The [model] table lives in the torch-free config module.
 from iqtrain.config.sections import ModelConfig
 
-# The loss lives with the objectives; re-exported here.
-from iqtrain.model.objectives import next_patch_loss
-
-__all__ = [
-    "NextPatchModel",
-    "next_patch_loss",
-]
+__all__ = ["NextPatchModel"]
 
 
 # --------------------------------------------------------------------------- building blocks

@@ -13,7 +13,8 @@ import torch
 
 from iqtrain.config.sections import ModelConfig, default_mlp_hidden
 from iqtrain.errors import ConfigError, IQTrainError
-from iqtrain.model.transformer import NextPatchModel, next_patch_loss
+from iqtrain.model.objectives import next_patch_loss
+from iqtrain.model.transformer import NextPatchModel
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -26,8 +26,9 @@ from iqtrain.data.sources import validation_patterns
 from iqtrain.data.synth import synthesize
 from iqtrain.data.windows import labelled_windows
 from iqtrain.errors import CheckpointError, ConfigError, InputError
-from iqtrain.eval.probe import layer_features, probe_features
+from iqtrain.eval.features import layer_features, probe_features
 from iqtrain.evidence.metrics import read_metrics
+from iqtrain.model.transformer import NextPatchModel
 from iqtrain.pretrained.load import (
     Pretrained,
     SampleRateWarning,
@@ -206,7 +207,7 @@ def test_random_init_is_trainings_step_0_beside_the_same_config(trained):
     base = pre.random_init()
     assert base.config is pre.config and base.step == 0 and not base.model.training
     torch.manual_seed(pre.config.run.seed)
-    fresh = iqtrain.NextPatchModel(pre.config.model)
+    fresh = NextPatchModel(pre.config.model)
     for k, v in fresh.state_dict().items():
         assert torch.equal(v, base.model.state_dict()[k]), k
 

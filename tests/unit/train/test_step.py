@@ -18,8 +18,9 @@ import torch
 
 from iqtrain.config.sections import ModelConfig, OptimizerConfig
 from iqtrain.errors import ConfigError, NonFiniteError
+from iqtrain.model.objectives import next_patch_loss
 from iqtrain.model.prepare import prepare_iq_input_reference
-from iqtrain.model.transformer import NextPatchModel, next_patch_loss
+from iqtrain.model.transformer import NextPatchModel
 from iqtrain.train import step as step_module
 from iqtrain.train.optim import split_parameters
 from iqtrain.train.step import StepResult, TrainStep
