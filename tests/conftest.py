@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from pathlib import Path
 
 if shutil.which("nvidia-smi") is None and "TRITON_INTERPRET" not in os.environ:
     os.environ["TRITON_INTERPRET"] = "1"
@@ -95,8 +96,17 @@ def one_torch_thread():
     torch.set_num_threads(threads)
 
 
+E2E = Path(__file__).resolve().parent / "e2e"
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects: the tiers select on ``e2e``
 def pytest_collection_modifyitems(config, items):
-    """``gpu`` tests skip on a machine without CUDA (with the reason a user would accept)."""
+    """Every test under tests/e2e/ is marked ``e2e`` (CI's tiers: .ci/dev test, the fast tier
+    is ``not e2e and not slow and not distributed``); ``gpu`` tests skip on a machine without
+    CUDA (with the reason a user would accept)."""
+    for item in items:
+        if item.path.is_relative_to(E2E):
+            item.add_marker(pytest.mark.e2e)
     skip_gpu_tests_without_cuda(items)
 
 

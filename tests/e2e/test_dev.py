@@ -429,3 +429,74 @@ def test_gpu_only_runs_install_and_the_stages_named(scratch: Path) -> None:
 
     r, _ = run_dev(scratch, "gpu", "--only", "nonsense")
     assert r.returncode == 2 and r.stderr.startswith("usage: bash .ci/dev gpu")
+
+
+# ---------------------------------------------------------------------------- requirements
+
+REQUIREMENTS = REPO / "scripts" / "ci" / "requirements.py"
+# The distribution behind each program .ci/dev runs from the venv.
+TOOL_PACKAGES = {
+    "ruff": "ruff",
+    "maturin": "maturin",
+    "mypy": "mypy",
+    "lint-imports": "import-linter",
+}
+
+
+def _requirements(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(REQUIREMENTS), *args], capture_output=True, text=True, check=False
+    )
+
+
+def test_every_tool_the_checks_run_is_in_the_dev_extra() -> None:
+    from packaging.requirements import Requirement
+
+    text = DEV.read_text()
+    tools = set(re.findall(r'"\$VENV/bin/([a-z-]+)"', text)) - {"iqtrain", "python"}
+    modules = set(re.findall(r'"\$PY" -m ([a-z_]+)', text)) - {"pip", "venv"}
+    assert tools and tools <= set(TOOL_PACKAGES), tools
+    assert modules and modules <= {"pytest", "mypy"}, modules
+    proc = _requirements("--extra", "dev")
+    assert proc.returncode == 0, proc.stderr
+    names = {Requirement(line).name for line in proc.stdout.splitlines()}
+    assert {TOOL_PACKAGES[t] for t in tools} | modules <= names
+    assert {"torch", "numpy", "pytest", "hypothesis", "import-linter"} <= names
+
+
+def test_check_names_what_is_missing_and_passes_when_all_are_there(tmp_path: Path) -> None:
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text(
+        '[project]\ndependencies = ["pytest>=1"]\n'
+        "[project.optional-dependencies]\n"
+        'dev = ["iqtrain-no-such-package>=1", "pytest>=999", "pytest>=1; sys_platform == \'x\'"]\n'
+    )
+    proc = _requirements("--pyproject", str(pyproject), "--check")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["pytest>=1"]
+    proc = _requirements("--pyproject", str(pyproject), "--extra", "dev", "--check")
+    assert proc.returncode == 1
+    assert "iqtrain-no-such-package>=1 (not installed)" in proc.stderr
+    assert "pytest>=999 (" in proc.stderr and "installed)" in proc.stderr
+    assert "sys_platform" not in proc.stderr  # a marker that does not apply here is not missing
+    assert len(proc.stdout.splitlines()) == 4  # pip gets every line, markers and all
+    proc = _requirements("--pyproject", str(pyproject), "--extra", "nope")
+    assert proc.returncode == 1 and "no extra 'nope'" in proc.stderr
+
+
+def test_the_two_tiers_are_complements_over_registered_markers() -> None:
+    """Every test runs in exactly one tier: the fast tier's ``not a and not b ...`` against the
+    slow tier's ``a or b ...`` over the same markers, each one registered."""
+    import tomllib
+
+    text = DEV.read_text()
+    fast = re.search(r"^FAST_TIER='([^']*)'$", text, re.M)
+    slow = re.search(r"^SLOW_TIER='([^']*)'$", text, re.M)
+    assert fast and slow
+    fast_terms = fast.group(1).split(" and ")
+    assert all(t.startswith("not ") for t in fast_terms), fast_terms
+    markers = [t.removeprefix("not ") for t in fast_terms]
+    assert slow.group(1).split(" or ") == markers
+    ini = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    registered = {m.split(":")[0] for m in ini["markers"]}
+    assert set(markers) <= registered and "e2e" in markers
