@@ -13,8 +13,9 @@ made hostile, a collection hash wrong); a mutated case's samples are no longer k
 
 - it opens, and then every window equals numpy's reading of the same bytes (the bytes each
   recording's segments name, and for a valid case the samples the generator wrote, placed by
-  the SigMF rules independently of the reader); or it raises DataError or ConfigError with one
-  line per recording (a RecordingsRefused: a count, then one line each);
+  the SigMF rules independently of the reader); or it raises DataError with one line per
+  recording (a RecordingsRefused: a count, then one line each), or, for an option out of range,
+  a ValueError naming it;
 - nothing else is raised, and nothing is written: the case directory, the current directory
   (the case directory) and the temporary directory (redirected into the case) are unchanged.
 
@@ -1194,11 +1195,11 @@ def _one_line(text: str) -> None:
 
 
 def check_refusal(exc: BaseException, case_dir: Path) -> list[str]:
-    """The message of a DataError or ConfigError is one line per refused recording (a
-    RecordingsRefused of several: a count, then one line each); returns each line's kind."""
-    from iqtrain.errors import ConfigError, DataError, RecordingsRefused
+    """The message of a DataError (or an option's ValueError) is one line per refused recording
+    (a RecordingsRefused of several: a count, then one line each); returns each line's kind."""
+    from iqtrain.errors import DataError, RecordingsRefused
 
-    assert isinstance(exc, DataError | ConfigError), repr(exc)
+    assert isinstance(exc, DataError | ValueError), repr(exc)
     text = str(exc)
     assert text.strip(), repr(exc)
     if isinstance(exc, RecordingsRefused):
@@ -1336,7 +1337,7 @@ def _inputs(case: Case, case_dir: Path) -> list[str]:
 
 def _exercise(case: Case, case_dir: Path, copies: dict[str, str]) -> str:
     from iqtrain.data.sigmf import expand, read_recording
-    from iqtrain.errors import ConfigError, DataError, RecordingsRefused
+    from iqtrain.errors import DataError, RecordingsRefused
 
     inputs = _inputs(case, case_dir)
     known = case.expected
@@ -1368,12 +1369,12 @@ def _exercise(case: Case, case_dir: Path, copies: dict[str, str]) -> str:
     # The dataset.
     try:
         ds = _open(case, inputs)
-    except (DataError, ConfigError) as exc:
+    except (DataError, ValueError) as exc:
         kinds = check_refusal(exc, case_dir)
         if isinstance(exc, RecordingsRefused):
             assert [line for _, line in exc.problems] == [line for _, line in problems]
             return _refused(kinds, "refused")
-        if isinstance(exc, ConfigError):
+        if not isinstance(exc, DataError):  # an option: a ValueError naming it
             assert known is None or _odd_options(case)
             return _refused(kinds, "option refused")
         if "shorter than the window" in str(exc):
@@ -1416,12 +1417,12 @@ def _open(case: Case, inputs: list[str]):
 
 
 def _dataset_refuses_too(case: Case, inputs: list[str], exc: BaseException) -> None:
-    from iqtrain.errors import ConfigError, DataError
+    from iqtrain.errors import DataError
 
     try:
         _open(case, inputs)
-    except (DataError, ConfigError) as again:
-        assert isinstance(again, ConfigError) or str(again) == str(exc), (again, exc)
+    except (DataError, ValueError) as again:
+        assert not isinstance(again, DataError) or str(again) == str(exc), (again, exc)
         return
     raise AssertionError(f"expand refused ({exc}) but the dataset opened")
 

@@ -6,8 +6,10 @@ One module instead of test files importing each other (``tests`` is on ``sys.pat
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -151,6 +153,22 @@ def cli_tables(run_dir: Path, cache: Path, **training):
         "schedule": {"warmup_steps": 1, "decay_steps": 1},
         "training": {"max_steps": 3, "eval_every": 2, "checkpoint_every": 2, **training},
     }
+
+
+@contextlib.contextmanager
+def misuse(
+    match: str, kind: type[Exception] | tuple[type[Exception], ...] = ValueError
+) -> Iterator:
+    """A Python caller's mistake is refused as ``kind`` (ValueError, TypeError) matching
+    ``match`` (which names the argument), never as an iqtrain error: a ConfigError is a bad
+    config value or flag."""
+    import pytest
+
+    from iqtrain.errors import IQTrainError
+
+    with pytest.raises(kind, match=match) as info:
+        yield info
+    assert not isinstance(info.value, IQTrainError), repr(info.value)
 
 
 def refused_in_one_line(capsys, argv, *names) -> str:

@@ -8,9 +8,19 @@ Each class carries the exit code the ``iqtrain`` command ends with when it reach
 (docs/design.md "Exit codes"): 2 for input a user can fix before anything exists (config, data,
 a checkpoint or attempt that fails verification), 1 for a failure of a run. :func:`exit_code`
 is the one lookup every caller uses (the CLI, the ranks' agreement).
+
+A wrong argument to a Python call is no iqtrain error: a ``TypeError`` or ``ValueError`` naming
+the argument (:func:`int_argument`, the integer rule); :class:`ConfigError` is a config value or
+a command-line flag. Where a flag or a config key reaches such a call, its boundary turns the
+argument's error into a ConfigError naming the flag or key (:func:`as_config_error`).
 """
 
 from __future__ import annotations
+
+import contextlib
+import operator
+from collections.abc import Iterator, Mapping
+from typing import SupportsIndex
 
 __all__ = [
     "IQTrainError",
@@ -25,7 +35,9 @@ __all__ = [
     "CheckpointError",
     "TrainingError",
     "StorageError",
+    "as_config_error",
     "exit_code",
+    "int_argument",
     "one_line",
 ]
 
@@ -136,3 +148,43 @@ def exit_code(exc: BaseException) -> int:
     1 for anything else (an ``OSError`` that escaped, a bug)."""
     code = getattr(exc, "exit_code", EXIT_FAILURE)
     return code if isinstance(code, int) and not isinstance(code, bool) else EXIT_FAILURE
+
+
+def int_argument(name: str, value: object, *, minimum: int, maximum: int | None = None) -> int:
+    """``value``, the argument ``name``, as a Python int within ``[minimum, maximum]``: an int or
+    a numpy integer (anything with ``__index__``), not a bool (nor ``8.0`` or ``"8"``). A
+    TypeError naming ``name`` for a value of another type, a ValueError naming it for one out of
+    range (the rule of every setting too: :func:`iqtrain.config.sections.require_int`)."""
+    if isinstance(value, bool) or not isinstance(value, SupportsIndex):
+        raise TypeError(f"{name}: must be an integer, got {value!r}")
+    try:
+        v = operator.index(value)  # numpy's bool has __index__ and refuses here
+    except TypeError:
+        raise TypeError(f"{name}: must be an integer, got {value!r}") from None
+    if v < minimum:
+        raise ValueError(f"{name}: must be >= {minimum}, got {v}")
+    if maximum is not None and v > maximum:
+        raise ValueError(f"{name}: must be <= {maximum}, got {v}")
+    return v
+
+
+@contextlib.contextmanager
+def as_config_error(rename: Mapping[str, str] | None = None, prefix: str = "") -> Iterator[None]:
+    """Around a call that takes config values or flags as arguments: the ``TypeError`` or
+    ``ValueError`` of a bad argument (its message starts ``name: ``) becomes a
+    :class:`ConfigError`, ``prefix`` and the same line, so the command ends in that one line and
+    exit 2. With ``rename`` (an argument's name -> the flag or key it came from), only an
+    argument ``rename`` holds is turned, and said of its flag or key. An iqtrain error, and any
+    other error, passes as it is."""
+    try:
+        yield
+    except IQTrainError:
+        raise
+    except (TypeError, ValueError) as exc:
+        line = str(exc)
+        if rename is not None:
+            name, sep, rest = line.partition(": ")
+            if not sep or name not in rename:
+                raise
+            line = f"{rename[name]}: {rest}"
+        raise ConfigError(f"{prefix}{line}") from None

@@ -35,15 +35,22 @@ DEFAULT_LABEL_KEY = "core:label"
 
 
 def _load(args: argparse.Namespace) -> Any:
-    from iqtrain.pretrained.load import load_pretrained, source_ref
+    from iqtrain.errors import ConfigError
+    from iqtrain.pretrained.load import (
+        check_precision,
+        load_pretrained,
+        resolve_device,
+        source_ref,
+    )
     from iqtrain.pretrained.recordings import check_label_key
 
-    check_channel(args.channel)  # flags first: nothing is loaded for a bad one
+    # Flags first, each refused as the flag (one line, exit 2): nothing is loaded for a bad one.
+    check_channel(args.channel)
     check_label_key(args.label_key)
-    source_ref(args.attempt, args.from_, name="--from")  # a bad --from is named as such
-    return load_pretrained(
-        args.attempt, which=args.from_, device=args.device, precision=args.precision
-    )
+    source_ref(args.attempt, args.from_, "--from", ConfigError)
+    device = resolve_device(args.device, "--device", ConfigError)
+    check_precision(args.precision, device, "--precision", ConfigError)
+    return load_pretrained(args.attempt, which=args.from_, device=device, precision=args.precision)
 
 
 def check_channel(channel: int | None) -> None:

@@ -42,6 +42,7 @@ from iqtrain.errors import (
     CheckpointError,
     ConfigError,
     IQTrainError,
+    as_config_error,
     exit_code,
 )
 
@@ -69,13 +70,15 @@ def cmd_resume(args: argparse.Namespace) -> int:
     from iqtrain.evidence.lineage import ParentRef
     from iqtrain.train.attempt import run_pretraining_attempt
 
-    world, config = join(lambda: _resumed_config(Path(args.attempt), args.set))
+    world, config = join(lambda: _resumed_config(Path(args.attempt), args.set, args.from_))
     return _finish(run_pretraining_attempt(config, ParentRef(args.attempt, args.from_), world))
 
 
-def _resumed_config(attempt: Path, overrides: list[str]):
+def _resumed_config(attempt: Path, overrides: list[str], from_: str):
     from iqtrain.config.schema import apply_overrides, build_config, read_toml
+    from iqtrain.config.sections import check_which
 
+    check_which(from_, "--from")  # the flag's ConfigError, before a ParentRef's ValueError
     cfg_path = attempt / "config.toml"
     if not cfg_path.is_file():
         raise CheckpointError(f"{attempt}: not an attempt directory (no config.toml)")
@@ -141,6 +144,19 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+#: ``iqtrain synth``'s flags by the name of the argument of synthesize (and synthesize_labelled)
+#: each one is.
+SYNTH_FLAGS = {
+    "out_dir": "out_dir",
+    "recordings": "--recordings",
+    "samples": "--samples",
+    "annotations": "--annotations",
+    "burst_samples": "--burst-samples",
+    "datatype": "--datatype",
+    "seed": "--seed",
+}
+
+
 def cmd_synth(args: argparse.Namespace) -> int:
     from iqtrain.data.synth import synthesize, synthesize_labelled
 
@@ -150,13 +166,14 @@ def cmd_synth(args: argparse.Namespace) -> int:
                 "--annotations: a labelled set sizes its own recordings; drop --recordings and "
                 "--samples (--burst-samples sets each annotation's length)"
             )
-        paths = synthesize_labelled(
-            args.out_dir,
-            annotations=args.annotations,
-            burst_samples=args.burst_samples,
-            datatype=args.datatype,
-            seed=args.seed,
-        )
+        with as_config_error(SYNTH_FLAGS):  # a bad flag: one line naming it, exit 2
+            paths = synthesize_labelled(
+                args.out_dir,
+                annotations=args.annotations,
+                burst_samples=args.burst_samples,
+                datatype=args.datatype,
+                seed=args.seed,
+            )
         print(
             f"wrote {args.annotations} labelled annotations in {len(paths)} recordings to "
             f"{args.out_dir}"
@@ -164,13 +181,14 @@ def cmd_synth(args: argparse.Namespace) -> int:
         return EXIT_OK
     if args.burst_samples != SYNTH_BURST_SAMPLES:
         raise UsageError("--burst-samples: needs --annotations N (a labelled set)")
-    paths = synthesize(
-        args.out_dir,
-        recordings=8 if args.recordings is None else args.recordings,
-        samples=(1 << 18) if args.samples is None else args.samples,
-        datatype=args.datatype,
-        seed=args.seed,
-    )
+    with as_config_error(SYNTH_FLAGS):
+        paths = synthesize(
+            args.out_dir,
+            recordings=8 if args.recordings is None else args.recordings,
+            samples=(1 << 18) if args.samples is None else args.samples,
+            datatype=args.datatype,
+            seed=args.seed,
+        )
     print(f"wrote {len(paths)} recordings to {args.out_dir}")
     return EXIT_OK
 

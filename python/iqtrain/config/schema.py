@@ -14,6 +14,9 @@ a section is built: ``~`` is expanded, then a relative path is taken relative to
 working directory at that moment (glob characters are kept as they are). The resolved config
 therefore holds absolute paths only, and an attempt names the same files whatever directory it
 is later resumed, verified or inspected from.
+
+Offers :func:`load_config` (a TOML file and ``--set`` overrides), :func:`build_config` (tables),
+:func:`config_to_dict` and :func:`dumps_toml` (back to TOML), :class:`Config`.
 """
 
 from __future__ import annotations

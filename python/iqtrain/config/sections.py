@@ -9,19 +9,19 @@ sections into a :class:`~iqtrain.config.schema.Config`. Imports no torch (nor nu
 from __future__ import annotations
 
 import math
-import operator
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import SupportsIndex
+from typing import Literal, get_args
 
-from iqtrain.errors import ConfigError
+from iqtrain.errors import ConfigError, as_config_error, int_argument
 
 __all__ = [
     "DEVICES",
     "KINDS",
     "MAX_BINS",
+    "NORMS",
     "OBJECTIVES",
     "PARALLEL",
     "PRECISIONS",
@@ -32,13 +32,20 @@ __all__ = [
     "SYNTH_DATATYPES",
     "DataConfig",
     "Datatype",
+    "DecayShape",
+    "Device",
     "InitConfig",
     "LoggingConfig",
     "ModelConfig",
+    "Norm",
     "OptimizerConfig",
+    "Parallel",
+    "Pool",
+    "Precision",
     "ProbeConfig",
     "RunConfig",
     "ScheduleConfig",
+    "ScheduleKind",
     "SynthConfig",
     "TrainingConfig",
     "WandbConfig",
@@ -52,16 +59,26 @@ __all__ = [
 
 
 # --------------------------------------------------------------------------- closed sets of names
+# Each set is a Literal type (what the code that reads a checked value is typed with) and the
+# tuple of its values (what a section's __post_init__ checks the TOML string against).
 
 #: ``training.device``: exactly these ("cuda:1" or "CPU" are mistakes we name, not guess at).
-DEVICES = ("cpu", "cuda")
+Device = Literal["cpu", "cuda"]
+DEVICES: tuple[Device, ...] = get_args(Device)
 #: ``training.precision``; bf16 requires cuda.
-PRECISIONS = ("fp32", "bf16")
+Precision = Literal["fp32", "bf16"]
+PRECISIONS: tuple[Precision, ...] = get_args(Precision)
 #: ``training.parallel``: how several ranks hold the model (docs/design.md "DDP and FSDP2").
-PARALLEL = ("ddp", "fsdp")
+Parallel = Literal["ddp", "fsdp"]
+PARALLEL: tuple[Parallel, ...] = get_args(Parallel)
 #: ``schedule.kind`` and ``schedule.decay_shape`` (docs/design.md "Learning-rate schedule").
-KINDS = ("wsd", "cosine", "constant")
-SHAPES = ("linear", "cosine", "sqrt")
+ScheduleKind = Literal["wsd", "cosine", "constant"]
+KINDS: tuple[ScheduleKind, ...] = get_args(ScheduleKind)
+DecayShape = Literal["linear", "cosine", "sqrt"]
+SHAPES: tuple[DecayShape, ...] = get_args(DecayShape)
+#: ``data.norm``: each window normalised by its own power, or by its first ``prefix_patches``.
+Norm = Literal["window", "prefix"]
+NORMS: tuple[Norm, ...] = get_args(Norm)
 #: ``model.objective``: what the head predicts (docs/design.md "Objectives"). Pretraining, for each
 #: next-patch value: "mse" the value itself (squared error), "categorical" a distribution over
 #: ``model.bins`` quantised bins of it (cross-entropy). Fine-tuning: "classify" the class of a
@@ -72,7 +89,8 @@ OBJECTIVES = ("mse", "categorical", "classify")
 #: windows", sample rates).
 SAMPLE_RATE_RULES = ("same", "any")
 #: ``model.pool`` of "classify": how the patches' hidden states become one vector per window.
-POOLS = ("mean", "attention")
+Pool = Literal["mean", "attention"]
+POOLS: tuple[Pool, ...] = get_args(Pool)
 
 
 def monitored(objective: str) -> tuple[str, bool]:
@@ -138,21 +156,14 @@ SYNTH_DATATYPES = tuple(k for k, v in SIGMF_DATATYPES.items() if v.full_scale is
 
 def require_int(key: str, value: object, *, minimum: int, maximum: int | None = None) -> int:
     """``value`` as a Python int within ``[minimum, maximum]``: the one integer rule of every
-    setting and argument (a config key, ``iqtrain synth``'s arguments). An int or a numpy
+    setting. An int or a numpy
     integer (anything with ``__index__``: TOML gives ints, a script may pass ``np.int64``); not
     a bool (an int subclass: ``layers = true`` is a mistake, not 1), nor ``8.0`` or ``"8"``.
-    The caller keeps the returned int, so a setting holds one type whatever it was given."""
-    if isinstance(value, bool) or not isinstance(value, SupportsIndex):
-        raise ConfigError(f"{key}: must be an integer, got {value!r}")
-    try:
-        v = operator.index(value)  # numpy's bool has __index__ and refuses here
-    except TypeError:
-        raise ConfigError(f"{key}: must be an integer, got {value!r}") from None
-    if v < minimum:
-        raise ConfigError(f"{key}: must be >= {minimum}, got {v}")
-    if maximum is not None and v > maximum:
-        raise ConfigError(f"{key}: must be <= {maximum}, got {v}")
-    return v
+    The caller keeps the returned int, so a setting holds one type whatever it was given.
+    A ConfigError naming ``key`` otherwise (a Python argument's rule:
+    :func:`~iqtrain.errors.int_argument`, the same with TypeError and ValueError)."""
+    with as_config_error():
+        return int_argument(key, value, minimum=minimum, maximum=maximum)
 
 
 def require_float(
@@ -296,7 +307,7 @@ class DataConfig:
     stride: int = None  # type: ignore[assignment]  # samples; None = window (non-overlapping)
     batch_size: int = 32  # windows per microbatch, global across ranks
     val_batch_size: int = None  # type: ignore[assignment]  # None = batch_size
-    norm: str = "window"
+    norm: Norm = "window"
     prefix_patches: int = 4
     prefetch: int = 2
     # model.objective = "classify": the annotation field whose value is a window's class (a
@@ -336,7 +347,7 @@ class DataConfig:
         if self.val_batch_size is None:
             self.val_batch_size = self.batch_size
         self.val_batch_size = require_int("data.val_batch_size", self.val_batch_size, minimum=1)
-        require_str("data.norm", self.norm, ("window", "prefix"))
+        require_str("data.norm", self.norm, NORMS)
         self.prefix_patches = require_int("data.prefix_patches", self.prefix_patches, minimum=1)
         if self.norm == "prefix" and self.prefix_patches > self.seq_patches:
             raise ConfigError(
@@ -404,7 +415,7 @@ class ModelConfig:
     # "classify" only (read for every objective, so a typo is an error whatever it is): how
     # the patches' states become one vector ("mean"; "attention": one learned query), and
     # whether the trunk is frozen (the head alone trains: the linear probe by training).
-    pool: str = "mean"
+    pool: Pool = "mean"
     freeze_trunk: bool = False
 
     def __post_init__(self) -> None:
@@ -503,10 +514,10 @@ class OptimizerConfig:
 class ScheduleConfig:
     """``[schedule]``: the shape of the learning rate over training.max_steps."""
 
-    kind: str = "wsd"
+    kind: ScheduleKind = "wsd"
     warmup_steps: int = 100
     decay_steps: int = 200  # wsd only
-    decay_shape: str = "linear"  # wsd only
+    decay_shape: DecayShape = "linear"  # wsd only
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -533,8 +544,8 @@ MAX_DIST_TIMEOUT_S = 7 * 24 * 3600
 class TrainingConfig:
     """``[training]``: device, precision, the step budget and the loop's cadences."""
 
-    device: str = "cpu"
-    precision: str = "fp32"
+    device: Device = "cpu"
+    precision: Precision = "fp32"
     max_steps: int = 1000
     grad_accum: int = 1
     compile: bool = False
@@ -559,7 +570,7 @@ class TrainingConfig:
     # the ranks (FSDP2 fully_shard) and checkpoints them with torch.distributed.checkpoint,
     # which reshards on load at any world size. One process trains unsharded either way; the
     # checkpoint format follows this key.
-    parallel: str = "ddp"
+    parallel: Parallel = "ddp"
     # Early stopping: end the attempt (checkpoint, manifest, exit 0) after this many
     # validations in a row without an improvement larger than early_stop_min_delta over the
     # best so far; 0 = off.
@@ -687,12 +698,13 @@ class ProbeConfig:
 STEP_NAME = re.compile(r"step_[0-9]+")
 
 
-def check_which(which: object, key: str) -> str:
-    """``latest``, ``best`` or ``step_N`` (ASCII digits), else a ConfigError naming ``key``."""
+def check_which(which: object, key: str, error: type[ValueError] = ConfigError) -> str:
+    """``latest``, ``best`` or ``step_N`` (ASCII digits), else ``error`` naming ``key``
+    (ConfigError for a config key or a flag, ValueError for a Python argument)."""
     if not isinstance(which, str) or not (
         which in ("latest", "best") or STEP_NAME.fullmatch(which)
     ):
-        raise ConfigError(f"{key}: expected latest, best or step_N, got {which!r}")
+        raise error(f"{key}: expected latest, best or step_N, got {which!r}")
     return str(which)
 
 

@@ -34,6 +34,7 @@ from iqtrain.errors import (
     DataError,
     RecordingsRefused,
     WindowTooLongError,
+    int_argument,
     one_line,
 )
 
@@ -50,6 +51,17 @@ __all__ = [
 FINGERPRINT_BLOCK = 4096
 FINGERPRINT_BLOCKS = 16
 CURSOR_VERSION = 1
+
+
+@contextlib.contextmanager
+def _argument_errors() -> Iterator[None]:
+    """The extension reports a bad argument or a call out of turn (a selection of no window, a
+    ring buffer of the wrong shape, a slot released twice) as a ConfigError: here it is the
+    ValueError a Python caller's mistake is (the same line, naming the argument)."""
+    try:
+        yield
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
 
 
 def shown_path(path: str | os.PathLike) -> str:
@@ -266,9 +278,10 @@ class IQDataset:
     one more window (sampled as often per epoch). :attr:`num_windows`, :meth:`window`,
     :meth:`windows`, :meth:`val_batches` and every :class:`TrainStream` over the dataset then
     see only the selected windows, with the same guarantees (seeded permutation, O(1) cursor,
-    exact resume). An empty selection is a ConfigError, an id that is negative or not below
+    exact resume). An empty selection is a ValueError, an id that is negative or not below
     :attr:`base_num_windows` an IndexError, any other type (a float or boolean array, a 2-D
-    array) a ConfigError. :attr:`fingerprint` then covers the selection too (so a cursor saved
+    array) a TypeError or ValueError. Every bad argument is a TypeError or ValueError naming
+    it. :attr:`fingerprint` then covers the selection too (so a cursor saved
     over one selection, or none, is refused by another); :attr:`base_fingerprint` is the
     fingerprint without it. ``skipped`` is still about recordings, whatever is selected.
     """
@@ -285,40 +298,32 @@ class IQDataset:
         channel: int | None = None,
         skip_invalid: bool = False,
     ) -> None:
-        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-            raise ConfigError(f"window: must be a positive integer, got {window!r}")
-        stride = window if stride is None else stride
-        if isinstance(stride, bool) or not isinstance(stride, int) or stride < 1:
-            raise ConfigError(f"stride: must be a positive integer, got {stride!r}")
-        if max_open_files is not None and (
-            isinstance(max_open_files, bool)
-            or not isinstance(max_open_files, int)
-            or max_open_files < 1
-        ):
-            raise ConfigError(f"max_open_files: must be a positive integer, got {max_open_files!r}")
-        if channel is not None and (
-            isinstance(channel, bool) or not isinstance(channel, int) or channel < 0
-        ):
-            raise ConfigError(f"channel: must be an integer >= 0, got {channel!r}")
+        window = int_argument("window", window, minimum=1)
+        stride = window if stride is None else int_argument("stride", stride, minimum=1)
+        if max_open_files is not None:
+            max_open_files = int_argument("max_open_files", max_open_files, minimum=1)
+        if channel is not None:
+            channel = int_argument("channel", channel, minimum=0)
         if isinstance(select, list | tuple) and any(isinstance(i, bool) for i in select):
             # True is an int to Python (and to the extension): a list of flags is no list of ids.
-            raise ConfigError("select: window ids, not flags (a bool in the sequence)")
+            raise TypeError("select: window ids, not flags (a bool in the sequence)")
         self.recordings, h = self._read(paths, channel, skip_invalid)
         self.stride = stride
         self._check_window(window)
         budget = _open_file_budget(len(self.recordings))
         if max_open_files is not None:
             budget = min(budget, max_open_files)
-        self._native = NativeDataset(
-            [os.fspath(r.data_path) for r in self.recordings],
-            [r.datatype for r in self.recordings],
-            window,
-            stride,
-            [r.layout() for r in self.recordings],
-            map_min_bytes,
-            budget,
-            select,
-        )
+        with _argument_errors():
+            self._native = NativeDataset(
+                [os.fspath(r.data_path) for r in self.recordings],
+                [r.datatype for r in self.recordings],
+                window,
+                stride,
+                [r.layout() for r in self.recordings],
+                map_min_bytes,
+                budget,
+                select,
+            )
         self.skipped: list[tuple[str, int]] = [
             (os.fspath(r.meta_path), r.num_samples)
             for r, n in zip(self.recordings, self._native.recording_windows, strict=True)
@@ -429,8 +434,7 @@ class IQDataset:
 
         Independent of any TrainStream: it touches no cursor and no RNG.
         """
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ConfigError(f"batch_size: must be a positive integer, got {batch_size!r}")
+        batch_size = int_argument("batch_size", batch_size, minimum=1)
         n = self.num_windows
         for start in range(0, n, batch_size):
             yield self.windows(np.arange(start, min(start + batch_size, n), dtype=np.uint64))
@@ -477,6 +481,9 @@ class TrainStream:
     ``[k*B, (k+1)*B)`` and rank ``r`` of ``W`` takes the slice ``[r*B/W, (r+1)*B/W)``, so the
     sequence of global batches does not depend on the world size. The cursor is a global sample
     count: restoring it is arithmetic, never replay.
+
+    A bad argument, or a call out of turn (a ring slot released twice, :meth:`next` after
+    :meth:`use_ring`), is a TypeError or ValueError naming the argument or the call.
     """
 
     def __init__(
@@ -489,30 +496,30 @@ class TrainStream:
         world_size: int = 1,
         prefetch: int = 2,
     ) -> None:
-        for name, value, low in (
-            ("batch_size", batch_size, 1),
-            ("seed", seed, 0),
-            ("rank", rank, 0),
-            ("world_size", world_size, 1),
-            ("prefetch", prefetch, 0),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ConfigError(f"{name}: must be an integer >= {low}, got {value!r}")
-        if seed >= 1 << 64:
-            raise ConfigError(f"seed: must be below 2**64, got {seed}")
+        batch_size = int_argument("batch_size", batch_size, minimum=1)
+        seed = int_argument("seed", seed, minimum=0, maximum=(1 << 64) - 1)
+        rank = int_argument("rank", rank, minimum=0)
+        world_size = int_argument("world_size", world_size, minimum=1)
+        prefetch = int_argument("prefetch", prefetch, minimum=0)
         self.dataset = dataset
         self.batch_size = batch_size
         self.seed = seed
         self.rank = rank
         self.world_size = world_size
         self.prefetch = prefetch
-        self._native = NativeStream(dataset._native, batch_size, seed, rank, world_size, prefetch)
+        with _argument_errors():
+            self._native = NativeStream(
+                dataset._native, batch_size, seed, rank, world_size, prefetch
+            )
 
     def __iter__(self) -> TrainStream:
         return self
 
     def __next__(self) -> np.ndarray:
-        return self._native.next()
+        try:
+            return self._native.next()
+        except ConfigError as exc:  # after use_ring: see _argument_errors
+            raise ValueError(str(exc)) from None
 
     next = __next__
 
@@ -528,23 +535,26 @@ class TrainStream:
         :meth:`release` of a slot and :meth:`next_slot` returning it again, the stream writes
         that buffer from another thread, so the caller must not touch it (nor resize or free
         its storage, e.g. ``Tensor.resize_``). Batches prefetched so far are dropped; the
-        cursor does not move. Afterwards :meth:`next` raises ConfigError. Calling it again
-        replaces the ring.
+        cursor does not move. Afterwards :meth:`next` raises ValueError. Calling it again
+        replaces the ring. A buffer that is not as above is a ValueError naming it.
         """
-        self._native.use_ring(list(buffers))
+        with _argument_errors():
+            self._native.use_ring(list(buffers))
 
     def next_slot(self) -> int:
         """Index into the :meth:`use_ring` buffers of the one now holding the next batch (the
         batch :meth:`next` would have returned; same cursor, ids and bytes). The caller holds it
-        until :meth:`release`. Raises ConfigError when every buffer is held (rather than wait
+        until :meth:`release`. Raises ValueError when every buffer is held (rather than wait
         forever) and DataError as :meth:`next` does, without consuming the batch.
         """
-        return self._native.next_slot()
+        with _argument_errors():
+            return self._native.next_slot()
 
     def release(self, slot: int) -> None:
         """Give buffer ``slot`` back to the stream for a later batch (any order). Releasing a
-        slot not held (twice, or never returned by :meth:`next_slot`) raises ConfigError."""
-        self._native.release(slot)
+        slot not held (twice, or never returned by :meth:`next_slot`) raises ValueError."""
+        with _argument_errors():
+            self._native.release(slot)
 
     def last_ids(self) -> np.ndarray:
         """Global window ids (uint64) of the rows last returned by :meth:`next` or

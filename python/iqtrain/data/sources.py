@@ -31,6 +31,7 @@ from iqtrain.errors import (
     RecordingsRefused,
     StorageError,
     WindowTooLongError,
+    as_config_error,
 )
 from iqtrain.storage import storage_error
 
@@ -119,6 +120,15 @@ def ensure_synthetic(s: SynthConfig) -> tuple[list[str], list[str]]:
     ]
 
 
+#: A labelled synthetic set's sizes that the config sets only in part (annotations, and bursts
+#: of PROBE_WINDOWS_PER_ANNOTATION windows), each refused by synthesize_labelled as its argument:
+#: said of the config key that asked for the set.
+SYNTH_LABELLED = {
+    "annotations": "annotations",
+    "burst_samples": f"bursts of {PROBE_WINDOWS_PER_ANNOTATION} windows (burst_samples)",
+}
+
+
 def ensure_synthetic_probe(s: SynthConfig, annotations: int, window: int) -> list[str]:
     """Generate (once) the synthetic labelled probe set of ``[probe] synthetic_annotations``
     (:func:`~iqtrain.data.synth.synthesize_labelled`: bursts of
@@ -134,13 +144,14 @@ def ensure_synthetic_probe(s: SynthConfig, annotations: int, window: int) -> lis
     if not (root / "COMPLETE").is_file():
 
         def write(tmp: Path) -> None:
-            synthesize_labelled(
-                tmp / "probe",
-                annotations=annotations,
-                burst_samples=burst,
-                datatype=s.datatype,
-                seed=seed,
-            )
+            with as_config_error(SYNTH_LABELLED, prefix="probe.synthetic_annotations: "):
+                synthesize_labelled(
+                    tmp / "probe",
+                    annotations=annotations,
+                    burst_samples=burst,
+                    datatype=s.datatype,
+                    seed=seed,
+                )
 
         _generate(root, key, write)
     return [os.path.join(glob.escape(os.fspath(root)), "probe", "*.sigmf-meta")]
@@ -172,13 +183,14 @@ def ensure_synthetic_labelled(s: SynthConfig, window: int) -> tuple[list[str], l
         if not (root / "COMPLETE").is_file():
 
             def write(tmp: Path, count: int = count, seed: int = seed, part: str = part) -> None:
-                synthesize_labelled(
-                    tmp / part,
-                    annotations=count,
-                    burst_samples=burst,
-                    datatype=s.datatype,
-                    seed=seed,
-                )
+                with as_config_error(SYNTH_LABELLED, prefix=f"data.synthetic ({part} set): "):
+                    synthesize_labelled(
+                        tmp / part,
+                        annotations=count,
+                        burst_samples=burst,
+                        datatype=s.datatype,
+                        seed=seed,
+                    )
 
             _generate(root, key, write)
         sets.append([os.path.join(glob.escape(os.fspath(root)), part, "*.sigmf-meta")])

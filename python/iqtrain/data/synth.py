@@ -44,10 +44,9 @@ from iqtrain.config.sections import (
     SYNTH_MAX_SAMPLES,
     SYNTH_MAX_SEED,
     SYNTH_MIN_SAMPLES,
-    require_int,
 )
 from iqtrain.data.sigmf_write import attach_data, extensions, write_recording
-from iqtrain.errors import ConfigError
+from iqtrain.errors import int_argument
 
 __all__ = [
     "CLASSES",
@@ -106,16 +105,16 @@ def _check_args(
     out_dir: object, recordings: object, samples: object, datatype: object, seed: object
 ) -> tuple[pathlib.Path, int, int, str, int]:
     if not isinstance(out_dir, str | os.PathLike):
-        raise ConfigError(f"out_dir: must be a path, got {out_dir!r}")
+        raise TypeError(f"out_dir: must be a path, got {out_dir!r}")
     out = pathlib.Path(out_dir)
     if out.exists() and not out.is_dir():
-        raise ConfigError(f"out_dir: {str(out)!r} exists and is not a directory")
-    # One integer rule with the config's (numpy integers in, bool out): require_int.
-    n_rec = require_int("recordings", recordings, minimum=1, maximum=SYNTH_MAX_RECORDINGS)
-    n = require_int("samples", samples, minimum=SYNTH_MIN_SAMPLES, maximum=SYNTH_MAX_SAMPLES)
+        raise ValueError(f"out_dir: {str(out)!r} exists and is not a directory")
+    # One integer rule with the config's (numpy integers in, bool out): int_argument.
+    n_rec = int_argument("recordings", recordings, minimum=1, maximum=SYNTH_MAX_RECORDINGS)
+    n = int_argument("samples", samples, minimum=SYNTH_MIN_SAMPLES, maximum=SYNTH_MAX_SAMPLES)
     if not isinstance(datatype, str) or datatype not in DATATYPES:
-        raise ConfigError(f"datatype: must be one of {', '.join(DATATYPES)}; got {datatype!r}")
-    s = require_int("seed", seed, minimum=0, maximum=SYNTH_MAX_SEED)
+        raise ValueError(f"datatype: must be one of {', '.join(DATATYPES)}; got {datatype!r}")
+    s = int_argument("seed", seed, minimum=0, maximum=SYNTH_MAX_SEED)
     return out, n_rec, n, datatype, s
 
 
@@ -416,7 +415,7 @@ def synthesize(
     Returns the sorted ``.sigmf-meta`` paths. Same arguments, byte-identical files.
     ``progress(done, total)`` is called after each recording when given (for a CLI bar).
 
-    Raises :class:`~iqtrain.errors.ConfigError` naming the argument when one is invalid.
+    A bad argument is a TypeError or ValueError naming it.
     """
     out, n_rec, n, dtype, seed_v = _check_args(out_dir, recordings, samples, datatype, seed)
     return _write_set(out, [(n, None)] * n_rec, dtype, seed_v, progress)
@@ -443,11 +442,11 @@ def synthesize_labelled(
     :data:`LABELLED_GAP` samples; one ``core:label`` / ``iqtrain:snr_db`` annotation per burst,
     every other burst parameter drawn as :func:`synthesize` draws it. For a linear probe whose
     accuracy is read over enough annotations to mean something. Same arguments,
-    byte-identical files; ConfigError naming a bad argument."""
-    count = require_int(
+    byte-identical files; a TypeError or ValueError naming a bad argument."""
+    count = int_argument(
         "annotations", annotations, minimum=len(CLASSES), maximum=SYNTH_MAX_RECORDINGS
     )
-    burst = require_int(
+    burst = int_argument(
         "burst_samples", burst_samples, minimum=2 * LABELLED_GAP, maximum=SYNTH_MAX_SAMPLES // 64
     )
     step = LABELLED_GAP + burst

@@ -34,10 +34,10 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, NoReturn
+from typing import Any, Literal, NamedTuple, NoReturn
 
 from iqtrain.config.schema import Config, config_to_dict, flatten
-from iqtrain.config.sections import TrainingConfig
+from iqtrain.config.sections import Device, TrainingConfig
 from iqtrain.console import SignalLatch
 from iqtrain.errors import ConfigError, IQTrainError, TrainingError, exit_code
 
@@ -100,7 +100,7 @@ class World:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
-    backend: str | None = None  # "gloo" or "nccl" once connected; None for one process
+    backend: Literal["gloo", "nccl"] | None = None  # once connected; None for one process
     # A CPU group whose barrier waits as long as rank 0 works alone (see wait_for_main).
     wait_group: Any = field(default=None, compare=False, repr=False)
 
@@ -114,7 +114,7 @@ class World:
 
     # ---------------------------------------------------------------- process group
 
-    def check_device(self, device: str) -> None:
+    def check_device(self, device: Device) -> None:
         """Several ranks with ``training.device = "cuda"``: this local rank needs a GPU of its
         own (ConfigError otherwise). Checked before the ranks join (:func:`join`), so a rank
         without one refuses with the others instead of joining a group it cannot serve. One
@@ -130,7 +130,7 @@ class World:
                 f"({visible} visible)"
             )
 
-    def connect(self, device: str, timeout_s: int, store: Any = None) -> World:
+    def connect(self, device: Device, timeout_s: int, store: Any = None) -> World:
         """Join the process group (NCCL on CUDA, one GPU per local rank; gloo on CPU); returns
         this world (its own class) with its backend. ``store``: the rendezvous store the ranks
         agreed through (:func:`join`; the group's keys go under it), else torchrun's
@@ -147,7 +147,7 @@ class World:
         import torch.distributed as dist
 
         self.check_device(device)
-        backend = "nccl" if device == "cuda" else "gloo"
+        backend: Literal["gloo", "nccl"] = "nccl" if device == "cuda" else "gloo"
         extra: dict[str, Any] = {}
         if device == "cuda":
             # "cuda" then means this rank's GPU everywhere (tensors, the model, DDP).

@@ -2,6 +2,10 @@
 (the one forward path of a trained model), the classical AMC features, and both side by side
 (docs/design.md "Linear probe", features). A window whose features are not finite is a DataError
 naming its recording and sample.
+
+Offers :func:`layer_features` and :func:`probe_features` (a model's), :func:`classical_matrix`
+(the classical features of a :class:`~iqtrain.data.windows.LabelledSet`) and
+:func:`combined_features` (both).
 """
 
 from __future__ import annotations

@@ -5,7 +5,9 @@ Folds group windows by annotation, so windows cut from one burst never sit on bo
 split (:class:`FoldPlan`); every accuracy comes with its standard error over annotations
 (:func:`cluster_se`). Fold assignment and the few-shot draws use local generators: nothing here
 draws from or reseeds torch's or numpy's global RNG. Errors name the option or config key the
-caller passes (``key``), never a flag of their own.
+caller passes (``key``), never a flag of their own. Offers :func:`cross_validate` (features,
+labels and groups to a :class:`ProbeScore`), :func:`assign_folds`, :class:`FoldPlan` and
+:func:`cluster_se`.
 """
 
 from __future__ import annotations

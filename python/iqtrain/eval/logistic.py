@@ -4,7 +4,8 @@ independent fits side by side (docs/design.md "Linear probe", classifier).
 Each fit standardises its training windows, starts from zeros and runs L-BFGS preconditioned by
 their second moments with a backtracking line search; the fits of one call run as one padded
 batch, every scalar per fit, so a fit's iterates depend on its own windows only.
-Deterministic; no RNG.
+Deterministic; no RNG. Offers :func:`fit_logistic` (one fit), :func:`fit_logistic_many` (a
+batch of them) and the fitted :class:`LogisticProbe`.
 """
 
 from __future__ import annotations

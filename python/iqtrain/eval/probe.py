@@ -325,10 +325,10 @@ def probe_attempt(
         o.names,
     )
     spec = _checked_options(folds, by, bins, names)
-    source_ref(attempt, from_, name=names.from_)  # a bad checkpoint name is named as such
+    source_ref(attempt, from_, names.from_, ConfigError)  # a bad checkpoint name, named as such
     pre = load_pretrained(attempt, which=from_, precision="fp32")
     config = pre.config
-    chosen = parse_layer(layer, config.model.layers, name=names.layer)
+    chosen = parse_layer(layer, config.model.layers, names.layer, ConfigError)
     labelled = _probe_set(pre, patterns, o)
     plan = FoldPlan.of(labelled, folds, config.run.seed, key=names.folds)  # refuse early
     binned = None

@@ -21,7 +21,7 @@ from iqtrain.checkpoint.files import (
 )
 from iqtrain.checkpoint.state import CheckpointState, read_json_object
 from iqtrain.config.schema import Config, build_config, config_to_dict, flatten
-from iqtrain.config.sections import STEP_NAME
+from iqtrain.config.sections import STEP_NAME, check_which
 from iqtrain.errors import CheckpointError, ConfigError
 from iqtrain.evidence.lock import attempt_status
 from iqtrain.evidence.manifest import checkpoint_problems
@@ -76,10 +76,14 @@ def resumable(key: str) -> bool:
 
 @dataclass(frozen=True)
 class ParentRef:
-    """The attempt to resume and which checkpoint: ``latest``, ``best`` or ``step_N``."""
+    """The attempt to resume and which checkpoint: ``latest``, ``best`` or ``step_N`` (a
+    ValueError naming ``checkpoint`` otherwise)."""
 
     attempt: Path
     checkpoint: str = "latest"
+
+    def __post_init__(self) -> None:
+        check_which(self.checkpoint, "checkpoint", ValueError)
 
 
 # Without ``skipped`` a checkpoint that does not verify raises: the result is never None.
@@ -134,7 +138,8 @@ def _resolve_checkpoint(
         if not path.is_dir():
             raise CheckpointError(f"{path}: no such checkpoint")
         return _checked(path) if manifest is None else path
-    raise ConfigError(f"--from: expected latest, best or step_N, got {which!r}")
+    # A ParentRef checks its checkpoint when it is made: nothing else reaches here.
+    raise ValueError(f"checkpoint: expected latest, best or step_N, got {which!r}")
 
 
 @dataclass

@@ -18,7 +18,10 @@ set a state the legacy one cannot represent.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from iqtrain.config.sections import Device, Precision
 
 __all__ = ["PEAK_TFLOPS", "achieved_tflops", "device_peak_tflops", "lookup_peak_tflops", "mfu"]
 
@@ -66,7 +69,9 @@ def _family(device_name: str) -> str | None:
     return None
 
 
-def lookup_peak_tflops(device_name: str, precision: str, *, tf32: bool = False) -> float | None:
+def lookup_peak_tflops(
+    device_name: str, precision: Precision, *, tf32: bool = False
+) -> float | None:
     """Dense peak TFLOP/s of GPU ``device_name`` for ``precision`` ("bf16" or "fp32").
 
     ``tf32``: whether fp32 matmuls may use TF32 tensor cores. None for a GPU not in the table.
@@ -80,7 +85,9 @@ def lookup_peak_tflops(device_name: str, precision: str, *, tf32: bool = False) 
     return PEAK_TFLOPS[family][key]
 
 
-def device_peak_tflops(device: str, precision: str, override: float | None = None) -> float | None:
+def device_peak_tflops(
+    device: Device, precision: Precision, override: float | None = None
+) -> float | None:
     """Peak TFLOP/s of this process's ``device`` ("cpu" or "cuda") at ``precision``.
 
     ``override`` (``training.peak_tflops``) wins when set; otherwise the table entry of the

@@ -13,15 +13,26 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Literal, get_args
 
 import torch
 
-__all__ = ["compiled_reference", "prepare_iq_input", "prepare_iq_input_reference"]
+from iqtrain.config.sections import NORMS, Norm
+
+__all__ = [
+    "BACKENDS",
+    "Backend",
+    "compiled_reference",
+    "prepare_iq_input",
+    "prepare_iq_input_reference",
+]
 
 _IN_DTYPES = (torch.int8, torch.int16, torch.float32)
 _OUT_DTYPES = (torch.float32, torch.bfloat16)
-_NORMS = ("window", "prefix")
-_BACKENDS = ("auto", "triton", "torch")
+#: ``prepare_iq_input(backend=...)``: the Triton kernel for CUDA tensors and the reference
+#: otherwise ("auto"), the kernel alone ("triton"), the reference alone ("torch").
+Backend = Literal["auto", "triton", "torch"]
+BACKENDS: tuple[Backend, ...] = get_args(Backend)
 # eps is added in fp32; anything below the smallest normal fp32 would flush towards zero and an
 # all-zero window would give 0/0 = NaN instead of zeros.
 _MIN_EPS = torch.finfo(torch.float32).tiny
@@ -53,7 +64,7 @@ def _check_args(
         raise ValueError(f"patch_len: expected an integer >= 1, got {patch_len!r}")
     if length % patch_len != 0:
         raise ValueError(f"patch_len: {patch_len} does not divide the window length L={length}")
-    if norm not in _NORMS:
+    if norm not in NORMS:
         raise ValueError(f"norm: expected 'window' or 'prefix', got {norm!r}")
     n_patches = length // patch_len
     if norm == "prefix" and (
@@ -81,7 +92,7 @@ def prepare_iq_input_reference(
     raw: torch.Tensor,
     patch_len: int,
     *,
-    norm: str = "window",
+    norm: Norm = "window",
     prefix_patches: int = 4,
     eps: float = 1e-12,
     out_dtype: torch.dtype = torch.float32,
@@ -137,7 +148,7 @@ def compiled_reference() -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
         raw: torch.Tensor,
         patch_len: int,
         *,
-        norm: str = "window",
+        norm: Norm = "window",
         prefix_patches: int = 4,
         eps: float = 1e-12,
         out_dtype: torch.dtype = torch.float32,
@@ -152,7 +163,7 @@ def compiled_reference() -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
 
 
 def _triton_launcher(
-    raw: torch.Tensor, backend: str
+    raw: torch.Tensor, backend: Backend
 ) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
     """Import the kernel; check it runs on ``raw``'s device (else ``ValueError`` naming backend)."""
     try:
@@ -175,11 +186,11 @@ def prepare_iq_input(
     raw: torch.Tensor,
     patch_len: int,
     *,
-    norm: str = "window",
+    norm: Norm = "window",
     prefix_patches: int = 4,
     eps: float = 1e-12,
     out_dtype: torch.dtype = torch.float32,
-    backend: str = "auto",
+    backend: Backend = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Turn a raw I/Q batch into normalised patches: ``(patches, scale)``.
 
@@ -204,7 +215,7 @@ def prepare_iq_input(
         ValueError: naming the argument (raw, patch_len, norm, prefix_patches, eps, out_dtype,
             backend) that is wrong.
     """
-    if backend not in _BACKENDS:
+    if backend not in BACKENDS:
         raise ValueError(f"backend: expected 'auto', 'triton' or 'torch', got {backend!r}")
     _check_args(raw, patch_len, norm, prefix_patches, eps, out_dtype)
     if backend == "torch" or (backend == "auto" and not raw.is_cuda):

@@ -99,7 +99,7 @@ def load_init(
     architecture key of ``model`` that differs from the source's."""
     if not init.from_:
         return None
-    ref = source_ref(init.from_, init.which, name="init.which")
+    ref = source_ref(init.from_, init.which, name="init.which", error=ConfigError)
     try:
         parent = load_parent(ref, optimizer=False)
     except CheckpointError as exc:

@@ -25,17 +25,17 @@ import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 import torch
 
 from iqtrain.checkpoint.files import listed_sha256
 from iqtrain.config.schema import Config, build_config
-from iqtrain.config.sections import STEP_NAME, DataConfig, ModelConfig, check_which
+from iqtrain.config.sections import STEP_NAME, DataConfig, ModelConfig, Precision, check_which
 from iqtrain.data.sources import format_rate
 from iqtrain.data.windows import FEATURE_BATCH
-from iqtrain.errors import CheckpointError, ConfigError, InputError
+from iqtrain.errors import CheckpointError, ConfigError, InputError, int_argument
 from iqtrain.evidence.lineage import Parent, ParentRef, load_parent
 from iqtrain.model.objectives import window_losses
 from iqtrain.model.prepare import prepare_iq_input
@@ -45,13 +45,17 @@ from iqtrain.pretrained.inputs import check_windows, loader_batches
 __all__ = [
     "POOLS",
     "PRECISIONS",
+    "EmbedPool",
+    "InferencePrecision",
     "Pretrained",
     "SampleRateWarning",
+    "check_precision",
     "load_pretrained",
     "load_weights",
     "nonfinite_rows",
     "parse_layer",
     "random_init_model",
+    "resolve_device",
     "source_config",
     "source_ref",
     "window_features",
@@ -59,8 +63,9 @@ __all__ = [
     "window_scores",
 ]
 
-#: ``embed(pool=...)``: the mean over patches, or every patch's state (None).
-POOLS = ("mean", None)
+#: ``embed(pool=...)``: the mean over patches ("mean"), or every patch's state (None).
+EmbedPool = Literal["mean"]
+POOLS: tuple[EmbedPool | None, ...] = (*get_args(EmbedPool), None)
 
 
 def random_init_model(config: ModelConfig, seed: int, classes: int = 0) -> NextPatchModel:
@@ -73,9 +78,15 @@ def random_init_model(config: ModelConfig, seed: int, classes: int = 0) -> NextP
         return NextPatchModel(config, classes)
 
 
-def parse_layer(text: str | int | None, layers: int, name: str = "--layer") -> int | str:
-    """A layer (``--layer``, ``layer=``): ``None`` (the final hidden states, ``layers``), an
-    integer in ``[0, layers]`` or ``"all"``; ConfigError naming ``name`` otherwise."""
+def parse_layer(
+    text: str | int | None,
+    layers: int,
+    name: str = "layer",
+    error: type[ValueError] = ValueError,
+) -> int | str:
+    """A layer (``layer=``, ``--layer``, ``probe.layer``): ``None`` (the final hidden states,
+    ``layers``), an integer in ``[0, layers]`` or ``"all"``; else ``error`` naming ``name``
+    (ValueError for a Python argument, ConfigError for a flag or a config key)."""
     if text is None:
         return layers
     if text == "all":
@@ -88,26 +99,32 @@ def parse_layer(text: str | int | None, layers: int, name: str = "--layer") -> i
     )
     n = int(text) if plain else -1
     if not 0 <= n <= layers:
-        raise ConfigError(
+        raise error(
             f"{name}: expected 'all' or an integer in [0, {layers}] (0 the patch embeddings, "
             f"{layers} the final hidden states of this {layers}-block model), got {text!r}"
         )
     return n
 
 
-def source_ref(source: str | os.PathLike, which: str | None, name: str = "which") -> ParentRef:
+def source_ref(
+    source: str | os.PathLike,
+    which: str | None,
+    name: str = "which",
+    error: type[ValueError] = ValueError,
+) -> ParentRef:
     """The checkpoint ``source`` names: an attempt directory and ``which`` (``latest``,
     ``best``, ``step_N``; None: ``best``), or a checkpoint directory
     (``<attempt>/checkpoints/step_N``, whose own name says which: a ``which`` naming another
-    is refused). ConfigError naming ``name`` for a bad ``which``."""
+    is refused). ``error`` naming ``name`` for a bad ``which`` (ValueError for a Python
+    argument, ConfigError for a flag or a config key)."""
     path = Path(source)
     if which is not None:
-        check_which(which, name)
+        check_which(which, name, error)
     if path.parent.name == "checkpoints" and STEP_NAME.fullmatch(path.name):
         if which is not None and not (
             STEP_NAME.fullmatch(which) and int(which[5:]) == int(path.name[5:])
         ):
-            raise ConfigError(f"{name}: {which!r}, but {path} is itself a checkpoint")
+            raise error(f"{name}: {which!r}, but {path} is itself a checkpoint")
         return ParentRef(path.parent.parent, path.name)
     return ParentRef(path, which or "best")
 
@@ -124,22 +141,28 @@ def load_weights(model: NextPatchModel, state: dict[str, torch.Tensor], where: P
         ) from None
 
 
-def _device(device: str | torch.device) -> torch.device:
+def resolve_device(
+    device: str | torch.device, name: str = "device", error: type[ValueError] = ValueError
+) -> torch.device:
+    """``device`` (``"cpu"``, ``"cuda"``, ``"cuda:N"`` or a torch.device) as a device of this
+    process: one CUDA is there for, with an index below the visible count. A TypeError naming
+    ``name`` for a value that is neither a str nor a torch.device, else ``error`` naming it
+    (ValueError for a Python argument, ConfigError for a flag)."""
+    if not isinstance(device, str | torch.device):
+        raise TypeError(f"{name}: expected 'cpu' or 'cuda[:N]', got {device!r}")
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError):
-        raise ConfigError(f"device: expected 'cpu' or 'cuda[:N]', got {device!r}") from None
+        raise error(f"{name}: expected 'cpu' or 'cuda[:N]', got {device!r}") from None
     if dev.type not in ("cpu", "cuda"):
-        raise ConfigError(f"device: expected 'cpu' or 'cuda[:N]', got {device!r}")
+        raise error(f"{name}: expected 'cpu' or 'cuda[:N]', got {device!r}")
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device: {device!r} requested but no CUDA device is available")
+        raise error(f"{name}: {str(device)!r} requested but no CUDA device is available")
     count = torch.cuda.device_count() if dev.type == "cuda" else 0
     if dev.type == "cuda" and dev.index is not None and dev.index >= count:
         # (moving the model there would be a CUDA traceback: invalid device ordinal)
         visible = "cuda:0" if count == 1 else f"cuda:0 .. cuda:{count - 1}"
-        raise ConfigError(
-            f"device: {str(dev)!r}, but {count} CUDA device(s) are visible ({visible})"
-        )
+        raise error(f"{name}: {str(dev)!r}, but {count} CUDA device(s) are visible ({visible})")
     return dev
 
 
@@ -149,34 +172,48 @@ class SampleRateWarning(RuntimeWarning):
 
 
 def _check_rate(given: Any) -> float | None:
-    """A ``sample_rate=`` argument: None, or a positive finite number of Hz (ConfigError naming
-    it otherwise)."""
+    """A ``sample_rate=`` argument: None, or a positive finite number of Hz (a TypeError naming
+    it for another type, a ValueError for another number)."""
     if given is None:
         return None
-    number = isinstance(given, numbers.Real) and not isinstance(given, bool | np.bool_)
+    if not isinstance(given, numbers.Real) or isinstance(given, bool | np.bool_):
+        raise TypeError(f"sample_rate: expected a positive rate in Hz or None, got {given!r:.100}")
     try:  # numpy's numbers too; an integer too large for a float is no rate
-        rate = float(given) if number else -1.0
+        rate = float(given)
     except OverflowError:
         rate = -1.0
     if not 0 < rate < math.inf:
-        raise ConfigError(
-            f"sample_rate: expected a positive rate in Hz or None, got {given!r:.100}"
-        )
+        raise ValueError(f"sample_rate: expected a positive rate in Hz or None, got {given!r:.100}")
     return rate
 
 
 #: ``precision=``: fp32 (the default: exactly the probe's features), bf16 (CUDA autocast), or
 #: auto (bf16 on CUDA where the model trained in bf16, else fp32).
-PRECISIONS = ("fp32", "bf16", "auto")
+InferencePrecision = Literal["fp32", "bf16", "auto"]
+PRECISIONS: tuple[InferencePrecision, ...] = get_args(InferencePrecision)
 
 
-def _precision(precision: str, trained: str, device: torch.device) -> str:
+def check_precision(
+    precision: object,
+    device: torch.device,
+    name: str = "precision",
+    error: type[ValueError] = ValueError,
+) -> InferencePrecision:
+    """``precision`` (one of :data:`PRECISIONS`; bf16 on a CUDA ``device`` only), else
+    ``error`` naming ``name`` (ValueError for a Python argument, ConfigError for a flag)."""
     if precision not in PRECISIONS:
-        raise ConfigError(f"precision: expected 'fp32', 'bf16' or 'auto', got {precision!r}")
+        raise error(f"{name}: expected 'fp32', 'bf16' or 'auto', got {precision!r}")
+    if precision == "bf16" and device.type != "cuda":
+        raise error(f"{name}: bf16 needs a CUDA device")
+    return precision
+
+
+def _precision(
+    precision: InferencePrecision, trained: Precision, device: torch.device
+) -> Precision:
+    """The precision ``precision`` (checked) resolves to for a model trained at ``trained``."""
     if precision == "auto":  # where the model was trained so: bf16 on CUDA
         return trained if device.type == "cuda" else "fp32"
-    if precision == "bf16" and device.type != "cuda":
-        raise ConfigError("precision: bf16 needs a CUDA device")
     return precision
 
 
@@ -203,7 +240,7 @@ class Pretrained:
     checkpoint: Path
     attempt: Path
     model_sha256: str
-    precision: str = "fp32"
+    precision: Precision = "fp32"
     classes: tuple[str, ...] | None = None
     sample_rate: float | None = None
 
@@ -237,7 +274,8 @@ class Pretrained:
     def warn_rate(self, sample_rate: float | None, stacklevel: int = 2) -> None:
         """A :class:`SampleRateWarning` naming both rates when ``sample_rate`` (Hz, of the
         samples given) is not the model's (both known; within one part in 10**9); nothing
-        otherwise. ConfigError for a ``sample_rate`` that is not a positive rate."""
+        otherwise. A TypeError or ValueError for a ``sample_rate`` that is not a positive
+        rate."""
         given = _check_rate(sample_rate)
         if given is None or self.sample_rate is None:
             return
@@ -257,7 +295,7 @@ class Pretrained:
         iq: Any,
         *,
         layer: int | None = None,
-        pool: str | None = "mean",
+        pool: EmbedPool | None = "mean",
         batch_size: int = FEATURE_BATCH,
         sample_rate: float | None = None,
     ) -> np.ndarray:
@@ -266,13 +304,14 @@ class Pretrained:
         over patches (``pool="mean"``: the probe's features) or ``[N, patches, dim]``
         (``pool=None``). ``layer`` numbers as ``probe --layer`` (0 the patch embeddings,
         ``model.layers``, the default, the final hidden states). ``sample_rate``: the samples'
-        rate in Hz (a :class:`SampleRateWarning` when it is not the model's)."""
+        rate in Hz (a :class:`SampleRateWarning` when it is not the model's). A bad argument is
+        a TypeError or ValueError naming it."""
         self.warn_rate(sample_rate)
         if pool not in POOLS:
-            raise ConfigError(f"pool: expected 'mean' or None, got {pool!r}")
+            raise ValueError(f"pool: expected 'mean' or None, got {pool!r}")
         k = parse_layer(layer, self.config.model.layers, name="layer")
         if k == "all":
-            raise ConfigError("layer: embed takes one layer (an integer), not 'all'")
+            raise ValueError("layer: embed takes one layer (an integer), not 'all'")
         batches = _batches(iq, self.window, batch_size)
         out = self.features(batches, [int(k)], pool=pool)[int(k)]
         bad = nonfinite_rows(out.numpy())
@@ -322,7 +361,11 @@ class Pretrained:
         return window_log_probs(self.model, self.config.data, batches, precision=self.precision)
 
     def features(
-        self, batches: Iterable[np.ndarray], layers: Sequence[int], *, pool: str | None = "mean"
+        self,
+        batches: Iterable[np.ndarray],
+        layers: Sequence[int],
+        *,
+        pool: EmbedPool | None = "mean",
     ) -> dict[int, torch.Tensor]:
         """:func:`window_features` of this model."""
         return window_features(
@@ -355,7 +398,7 @@ def _patches(raw: np.ndarray, data: DataConfig, device: torch.device) -> torch.T
     return patches
 
 
-def _evaluating(model: NextPatchModel, precision: str) -> contextlib.ExitStack:
+def _evaluating(model: NextPatchModel, precision: Precision) -> contextlib.ExitStack:
     """Eval mode (the model's own mode restored on exit), no_grad, and bf16 autocast only for
     ``precision = "bf16"`` (fp32 otherwise: autocast off, whatever the caller's state)."""
     stack = contextlib.ExitStack()
@@ -376,8 +419,8 @@ def window_features(
     batches: Iterable[np.ndarray],
     layers: Sequence[int],
     *,
-    pool: str | None = "mean",
-    precision: str = "fp32",
+    pool: EmbedPool | None = "mean",
+    precision: Precision = "fp32",
 ) -> dict[int, torch.Tensor]:
     """``{layer: features}`` (CPU fp32; ``[n, dim]`` mean-pooled over patches, or
     ``[n, patches, dim]`` with ``pool=None``) of every window of ``batches`` (``[b, window, 2]``
@@ -402,7 +445,7 @@ def window_scores(
     data: DataConfig,
     batches: Iterable[np.ndarray],
     *,
-    precision: str = "fp32",
+    precision: Precision = "fp32",
 ) -> np.ndarray:
     """``[n]`` float64: each window's mean next-patch loss under the model's objective
     (:func:`~iqtrain.model.objectives.window_losses`), from one forward per batch, in eval mode
@@ -419,7 +462,7 @@ def window_log_probs(
     data: DataConfig,
     batches: Iterable[np.ndarray],
     *,
-    precision: str = "fp32",
+    precision: Precision = "fp32",
 ) -> np.ndarray:
     """``[n, classes]`` float64: a "classify" model's log-softmax over its classes for every
     window of ``batches``, one forward per batch in eval mode under no_grad (non-finite rows
@@ -435,7 +478,7 @@ def _per_window(
     model: NextPatchModel,
     data: DataConfig,
     batches: Iterable[np.ndarray],
-    precision: str,
+    precision: Precision,
     per_batch: Callable[[torch.Tensor], torch.Tensor],
     empty: tuple[int, ...],
 ) -> np.ndarray:
@@ -457,9 +500,8 @@ def nonfinite_rows(values: np.ndarray) -> np.ndarray:
 
 
 def _batches(iq: Any, window: int, batch_size: int) -> Iterable[np.ndarray]:
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ConfigError(f"batch_size: must be a positive integer, got {batch_size!r}")
-    return loader_batches(check_windows(iq, window), batch_size)
+    size = int_argument("batch_size", batch_size, minimum=1)
+    return loader_batches(check_windows(iq, window), size)
 
 
 def source_config(parent: Parent, name: str = "") -> Config:
@@ -498,7 +540,7 @@ def load_pretrained(
     *,
     which: str | None = None,
     device: str | torch.device = "cpu",
-    precision: str = "fp32",
+    precision: InferencePrecision = "fp32",
 ) -> Pretrained:
     """Load a trained model, verified: ``source`` is an attempt directory (the checkpoint
     ``which`` names: ``latest``, ``best``, ``step_N``; None: ``best``) or a checkpoint
@@ -508,10 +550,11 @@ def load_pretrained(
     listed hash); a running attempt is refused. ``precision``: ``fp32`` (features exactly the
     probe's), ``bf16`` (bf16 autocast; CUDA only) or ``auto`` (bf16 on CUDA where the model
     trained in bf16, else fp32). A bad or missing file is a CheckpointError naming it; a bad
-    argument a ConfigError naming it.
+    argument a TypeError or ValueError naming it.
     """
     ref = source_ref(source, which)
-    dev = _device(device)
+    dev = resolve_device(device)
+    chosen = check_precision(precision, dev)
     parent = load_parent(ref, optimizer=False)
     model, config = _model_of(parent)
     return Pretrained(
@@ -521,7 +564,7 @@ def load_pretrained(
         checkpoint=parent.checkpoint,
         attempt=parent.attempt,
         model_sha256=listed_sha256(parent.checkpoint),
-        precision=_precision(precision, config.training.precision, dev),
+        precision=_precision(chosen, config.training.precision, dev),
         classes=None if parent.state.classes is None else tuple(parent.state.classes),
         sample_rate=parent.state.known_rate,
     )

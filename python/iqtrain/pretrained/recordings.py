@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, get_args
 
 import numpy as np
 
@@ -52,9 +52,12 @@ from iqtrain.storage import write_bytes_atomic
 
 __all__ = [
     "EMBED_PER",
+    "EmbedPer",
     "FORMAT",
     "PREDICT_PER",
+    "PredictPer",
     "SCORE_PER",
+    "ScorePer",
     "Embeddings",
     "PredictRow",
     "Prediction",
@@ -77,8 +80,11 @@ __all__ = [
     "write_embeddings",
 ]
 
-EMBED_PER = ("window", "annotation")
-SCORE_PER = ("recording", "annotation", "window")
+#: What one row of ``embed``, ``score`` and ``predict`` is (each command's ``--per``).
+EmbedPer = Literal["window", "annotation"]
+EMBED_PER: tuple[EmbedPer, ...] = get_args(EmbedPer)
+ScorePer = Literal["recording", "annotation", "window"]
+SCORE_PER: tuple[ScorePer, ...] = get_args(ScorePer)
 #: The safetensors metadata ``format`` of an embeddings file.
 FORMAT = "iqtrain-embeddings-1"
 #: Seconds between progress notes on long work.
@@ -277,7 +283,7 @@ def embed_recordings(
     pre: Pretrained,
     patterns: Sequence[str],
     *,
-    per: str = "window",
+    per: EmbedPer = "window",
     layer: Any = None,
     key: str = "core:label",
     read: ReadOptions | None = None,
@@ -294,7 +300,7 @@ def embed_recordings(
     if per not in EMBED_PER:
         raise ConfigError(f"--per: expected one of {', '.join(EMBED_PER)}, got {per!r}")
     check_label_key(key)
-    k = parse_layer(layer, pre.config.model.layers)
+    k = parse_layer(layer, pre.config.model.layers, name="--layer", error=ConfigError)
     if k == "all":
         raise ConfigError("--layer: embed writes one layer (an integer), not 'all'")
     layer_n = int(k)
@@ -430,7 +436,7 @@ def score_recordings(
     pre: Pretrained,
     patterns: Sequence[str],
     *,
-    per: str,
+    per: ScorePer,
     key: str = "core:label",
     read: ReadOptions | None = None,
     any_rate: bool = False,
@@ -471,7 +477,9 @@ def score_recordings(
     return ScoreTable(sorted(rows, key=lambda r: -r.score), given)
 
 
-def _grid_rows(grid: Any, scores: np.ndarray, recs: Sequence[Path], per: str) -> list[ScoreRow]:
+def _grid_rows(
+    grid: Any, scores: np.ndarray, recs: Sequence[Path], per: ScorePer
+) -> list[ScoreRow]:
     if per == "window":
         return [
             ScoreRow(
@@ -499,7 +507,8 @@ def unit_of(pre: Pretrained) -> str:
 
 # --------------------------------------------------------------------------- predictions
 
-PREDICT_PER = ("annotation", "window")
+PredictPer = Literal["annotation", "window"]
+PREDICT_PER: tuple[PredictPer, ...] = get_args(PredictPer)
 
 
 @dataclass(frozen=True)
@@ -549,7 +558,7 @@ class Prediction:
     with ``per="annotation"`` ``window_scores`` (each window's own prediction against its
     annotation's label: the validation record's accuracy, for its recordings and windows)."""
 
-    per: str
+    per: PredictPer
     classes: tuple[str, ...]
     rows: list[PredictRow]
     scores: Scores
@@ -636,7 +645,7 @@ def predict_recordings(
     pre: Pretrained,
     patterns: Sequence[str],
     *,
-    per: str = "annotation",
+    per: PredictPer = "annotation",
     stride: int | None = None,
     key: str | None = None,
     read: ReadOptions | None = None,

@@ -46,6 +46,7 @@ from typing import Any
 import torch
 import torch.utils.deterministic
 
+from iqtrain.config.sections import Device
 from iqtrain.errors import ConfigError
 
 __all__ = ["CUBLAS_DETERMINISTIC", "CUBLAS_WORKSPACE", "configure"]
@@ -111,7 +112,7 @@ _DETERMINISTIC = _Flags(
 _before: _Flags | None = None
 
 
-def configure(device: str, deterministic: bool) -> None:
+def configure(device: Device, deterministic: bool) -> None:
     """Make this process's CUDA steps bit-exact (``deterministic``) or give torch back its own
     settings; process-wide. Call it before the process's first CUDA matmul (module docstring).
 

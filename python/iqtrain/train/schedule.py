@@ -15,8 +15,8 @@ step at ``min_lr``). ``constant``: warmup, then ``lr``.
 The plan (S, W, D, kind, shape, lr, min_lr) is stored in every checkpoint; a resume keeps it, and
 changing S is an explicit decision allowed only before the new decay start (:meth:`Plan.extend`).
 
-:class:`ScheduleConfig` (the ``[schedule]`` table), :data:`KINDS` and :data:`SHAPES` are defined in
-:mod:`iqtrain.config.schema` and re-exported here.
+:class:`ScheduleConfig` (the ``[schedule]`` table) and its kinds and shapes (:data:`KINDS`,
+:data:`SHAPES`) live in :mod:`iqtrain.config.sections`. Offers :class:`Plan` and :func:`lr_at`.
 """
 
 from __future__ import annotations
@@ -24,9 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-# The [schedule] table and the names it accepts live in the torch-free config module;
-# they are re-exported here, where they have always been importable from.
-from iqtrain.config.sections import KINDS, SHAPES, ScheduleConfig
+from iqtrain.config.sections import KINDS, SHAPES, DecayShape, ScheduleConfig, ScheduleKind
 from iqtrain.errors import ConfigError
 
 __all__ = [
@@ -39,11 +37,11 @@ __all__ = [
 class Plan:
     """Everything that determines the learning rate of every step."""
 
-    kind: str
+    kind: ScheduleKind
     max_steps: int
     warmup_steps: int
     decay_steps: int
-    decay_shape: str
+    decay_shape: DecayShape
     lr: float
     min_lr: float
 

@@ -65,7 +65,14 @@ from torch import Tensor, nn
 
 # The [optimizer] table and the device/precision names live in the torch-free config module;
 # re-exported here.
-from iqtrain.config.sections import OptimizerConfig, TrainingConfig
+from iqtrain.config.sections import (
+    Device,
+    Norm,
+    OptimizerConfig,
+    Parallel,
+    Precision,
+    TrainingConfig,
+)
 from iqtrain.distributed.dcp import load_sharded, save_sharded
 from iqtrain.distributed.parallel import (
     full_model_state,
@@ -154,7 +161,7 @@ class _ForwardLoss(nn.Module):
     together (its forward must produce the loss). "classify": ``(patches, labels) -> (mean
     cross-entropy, summed, windows, each window's predicted class)``."""
 
-    def __init__(self, model: NextPatchModel, device_type: str, precision: str) -> None:
+    def __init__(self, model: NextPatchModel, device_type: str, precision: Precision) -> None:
         super().__init__()
         self.model = model
         self.model_config = model.config  # what the objective reads: its name and its bins
@@ -191,11 +198,11 @@ class TrainStep:
         model: NextPatchModel,
         opt_cfg: OptimizerConfig,
         *,
-        device: str,
-        precision: str,
+        device: Device,
+        precision: Precision,
         compile: bool,  # shadows the builtin on purpose: the config key is training.compile
         world: World | None = None,
-        parallel: str = "ddp",
+        parallel: Parallel = "ddp",
     ) -> None:
         if not isinstance(opt_cfg, OptimizerConfig):
             raise TypeError(f"opt_cfg must be an OptimizerConfig, got {type(opt_cfg).__name__}")
@@ -328,7 +335,7 @@ class TrainStep:
         raw: Any,
         patch_len: int,
         *,
-        norm: str = "window",
+        norm: Norm = "window",
         prefix_patches: int = 4,
     ) -> tuple[Tensor, Tensor]:
         """A loader batch ``raw [B, L, 2]`` (numpy array or tensor, int8/int16/float32) ->

@@ -11,7 +11,8 @@ import pytest
 from helpers import TESTS, rated_recordings
 
 from iqtrain.config.schema import build_config
-from iqtrain.data.sources import ensure_synthetic, open_datasets
+from iqtrain.config.sections import SynthConfig
+from iqtrain.data.sources import ensure_synthetic, ensure_synthetic_probe, open_datasets
 from iqtrain.errors import ConfigError, DataError
 
 SMALL = {"train_recordings": 2, "val_recordings": 1, "samples": 4096}
@@ -167,3 +168,13 @@ def test_labelled_sets_keep_their_sample_rate_too(tmp_path):
     sets = open_labelled(build_config(tables).data)
     train, val = sets
     assert train.classes == ("a", "b") and sets.sample_rate is None  # none recorded
+
+
+def test_a_synthetic_probe_set_the_generator_refuses_is_one_config_error_naming_the_key(tmp_path):
+    # synthesize_labelled's ValueError (an argument), said of the config key that asked for it.
+    synth = SynthConfig(cache_dir=str(tmp_path / "cache"))
+    with pytest.raises(ConfigError, match="^probe.synthetic_annotations: annotations: must be >="):
+        ensure_synthetic_probe(synth, 3, 64)
+    with pytest.raises(ConfigError, match=r"^probe.synthetic_annotations: bursts of 4 windows"):
+        ensure_synthetic_probe(synth, 7, 8)  # bursts of 32 samples: shorter than synth's least
+    assert not list((tmp_path / "cache").glob("*/COMPLETE"))

@@ -10,11 +10,11 @@ import warnings
 import numpy as np
 import pytest
 import sigmf
+from helpers import misuse, refused_in_one_line
 from sigmf import validate as sigmf_validate
 
 from iqtrain.config.sections import SYNTH_MAX_RECORDINGS
 from iqtrain.data.synth import CLASSES, DATATYPES, SNR_RANGE_DB, name_width, synthesize
-from iqtrain.errors import ConfigError
 
 # Small enough to keep the file fast, big enough for several bursts and gaps per recording.
 N = 1 << 14
@@ -270,7 +270,7 @@ def test_a_rerun_removes_recordings_numbered_to_another_width(tmp_path):
     ],
 )
 def test_bad_arguments_name_the_argument(tmp_path, kwargs, name):
-    with pytest.raises(ConfigError, match=rf"^{name}: "):
+    with misuse(rf"^{name}: ", (TypeError, ValueError)):
         synthesize(tmp_path / "out", **kwargs)
     assert not (tmp_path / "out").exists()  # nothing written on bad input
 
@@ -278,9 +278,9 @@ def test_bad_arguments_name_the_argument(tmp_path, kwargs, name):
 def test_out_dir_must_be_a_directory(tmp_path):
     f = tmp_path / "file"
     f.write_text("x")
-    with pytest.raises(ConfigError, match=r"^out_dir: "):
+    with misuse(r"^out_dir: .* exists and is not a directory"):
         synthesize(f)
-    with pytest.raises(ConfigError, match=r"^out_dir: "):
+    with misuse(r"^out_dir: must be a path", TypeError):
         synthesize(None)  # type: ignore[arg-type]
 
 
@@ -295,7 +295,7 @@ def test_datatypes_come_from_the_one_table():
     assert list(DATATYPES) == list(SYNTH_DATATYPES)
     assert {k: SIGMF_DATATYPES[k].full_scale for k in SYNTH_DATATYPES} == DATATYPES
     assert DATATYPES == {"ci16_le": 32767.0, "cf32_le": 1.0, "ci8": 127.0, "cu8": 127.0}
-    with pytest.raises(ConfigError, match="datatype"):
+    with misuse("^datatype: "):
         synthesize("unused", recordings=1, samples=1024, datatype="ci16_be")
 
 
@@ -335,9 +335,9 @@ def test_a_labelled_set_spreads_its_classes_evenly_over_whole_bursts(tmp_path):
     again = synthesize_labelled(tmp_path / "b", annotations=38, burst_samples=256, seed=3)
     for p, q in zip(paths, again, strict=True):
         assert _data(p).read_bytes() == _data(q).read_bytes()
-    with pytest.raises(ConfigError, match="annotations: must be >= 7"):
+    with misuse("^annotations: must be >= 7"):
         synthesize_labelled(tmp_path / "c", annotations=6)
-    with pytest.raises(ConfigError, match="burst_samples: must be >= 128"):
+    with misuse("^burst_samples: must be >= 128"):
         synthesize_labelled(tmp_path / "c", annotations=7, burst_samples=100)
 
 
@@ -351,3 +351,24 @@ def test_synth_annotations_from_the_command_line(tmp_path, capsys):
     assert "--annotations" in capsys.readouterr().err
     assert main(["synth", str(out), "--burst-samples", "512"]) == 2
     assert "--burst-samples: needs --annotations" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flags", "line"),
+    [
+        (["--recordings", "0"], "--recordings: must be >= 1, got 0"),
+        (["--samples", "16"], "--samples: must be >= 1024, got 16"),
+        (["--seed", "-1"], "--seed: must be >= 0, got -1"),
+        (["--annotations", "6"], "--annotations: must be >= 7, got 6"),
+        (["--annotations", "7", "--burst-samples", "100"], "--burst-samples: must be >= 128"),
+    ],
+)
+def test_a_bad_synth_flag_is_one_line_naming_it_and_exit_2(tmp_path, capsys, flags, line):
+    # synthesize's ValueError, said of the flag at the command line's boundary.
+    err = refused_in_one_line(capsys, ["synth", str(tmp_path / "out"), *flags], line)
+    assert "Traceback" not in err and not (tmp_path / "out").exists()
+
+
+def test_a_synth_out_dir_that_is_a_file_is_one_line_and_exit_2(tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    refused_in_one_line(capsys, ["synth", str(tmp_path / "file")], "out_dir:", "not a directory")

@@ -6,11 +6,11 @@ from __future__ import annotations
 import copy
 
 import pytest
-from helpers import tiny_tables
+from helpers import misuse, refused_in_one_line, tiny_tables
 
 from iqtrain.config.schema import build_config, config_to_dict
 from iqtrain.errors import CheckpointError, ConfigError
-from iqtrain.evidence.lineage import config_changes
+from iqtrain.evidence.lineage import ParentRef, config_changes
 
 
 @pytest.fixture
@@ -73,3 +73,16 @@ def test_the_refusal_names_the_sections_that_may_change(parent_tables):
     tables["optimizer"]["lr"] = 1.0
     with pytest.raises(ConfigError, match=r"training\.profile_steps, logging\.\* may change$"):
         config_changes(parent_tables, build_config(tables))
+
+
+def test_a_parent_ref_names_a_checkpoint_or_is_a_value_error(tmp_path):
+    for which in ("latest", "best", "step_3", "step_00000003"):
+        assert ParentRef(tmp_path, which).checkpoint == which
+    for bad in ("newest", "step_", "step_\u0661", ""):
+        with misuse("^checkpoint: expected latest, best or step_N"):
+            ParentRef(tmp_path, bad)
+
+
+def test_resume_from_a_bad_checkpoint_name_is_one_line_naming_the_flag(tmp_path, capsys):
+    argv = ["resume", "--attempt", str(tmp_path), "--from", "newest"]
+    refused_in_one_line(capsys, argv, "--from: expected latest, best or step_N, got 'newest'")

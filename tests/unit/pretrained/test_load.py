@@ -17,7 +17,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from helpers import cli_tables, refused_in_one_line
+from helpers import cli_tables, misuse, refused_in_one_line
 
 import iqtrain
 from iqtrain.config.schema import build_config
@@ -25,16 +25,16 @@ from iqtrain.data.dataset import IQDataset
 from iqtrain.data.sources import validation_patterns
 from iqtrain.data.synth import synthesize
 from iqtrain.data.windows import labelled_windows
-from iqtrain.errors import CheckpointError, ConfigError, InputError
+from iqtrain.errors import CheckpointError, InputError
 from iqtrain.eval.features import layer_features, probe_features
 from iqtrain.evidence.metrics import read_metrics
 from iqtrain.model.transformer import NextPatchModel
 from iqtrain.pretrained.load import (
     Pretrained,
     SampleRateWarning,
-    _device,
     load_pretrained,
     random_init_model,
+    resolve_device,
 )
 from iqtrain.train.attempt import run_pretraining_attempt
 
@@ -76,11 +76,13 @@ def test_the_public_call_loads_every_checkpoint_it_names(trained):
 
 def test_bad_arguments_and_tampered_files_raise_the_typed_error_naming_them(trained, tmp_path):
     attempt, _ = trained
-    with pytest.raises(ConfigError, match="which: expected latest, best or step_N"):
+    with misuse("^which: expected latest, best or step_N"):
         load_pretrained(attempt, which="newest")
-    with pytest.raises(ConfigError, match="device"):
+    with misuse("^device: expected 'cpu' or 'cuda"):
         load_pretrained(attempt, device="tpu")
-    with pytest.raises(ConfigError, match="precision: bf16 needs a CUDA device"):
+    with misuse("^device: ", TypeError):
+        load_pretrained(attempt, device=0)  # type: ignore[arg-type]
+    with misuse("^precision: bf16 needs a CUDA device"):
         load_pretrained(attempt, precision="bf16")
     with pytest.raises(CheckpointError, match="not an attempt directory"):
         load_pretrained(tmp_path)
@@ -100,29 +102,42 @@ def test_bad_arguments_and_tampered_files_raise_the_typed_error_naming_them(trai
         load_pretrained(copy / "checkpoints" / "step_00000004")
 
 
-def test_a_cuda_index_past_the_visible_gpus_is_one_config_error(trained, monkeypatch, capsys):
+def test_a_cuda_index_past_the_visible_gpus_is_one_line_naming_the_device(
+    trained, monkeypatch, capsys
+):
     attempt, data = trained
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    assert _device("cuda:0") == torch.device("cuda", 0)
-    assert _device("cuda") == torch.device("cuda")
+    assert resolve_device("cuda:0") == torch.device("cuda", 0)
+    assert resolve_device("cuda") == torch.device("cuda")
     message = "device: 'cuda:1', but 1 CUDA device(s) are visible (cuda:0)"
-    with pytest.raises(ConfigError) as info:
-        _device("cuda:1")
+    with misuse("cuda:1") as info:
+        resolve_device("cuda:1")
     assert str(info.value) == message
-    with pytest.raises(ConfigError) as info:
+    with misuse("cuda:1") as info:
         load_pretrained(attempt, device="cuda:1")
     assert str(info.value) == message
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    with pytest.raises(ConfigError, match=r"2 CUDA device\(s\) are visible \(cuda:0 \.\. cuda:1\)"):
-        _device(torch.device("cuda", 2))
+    with misuse(r"2 CUDA device\(s\) are visible \(cuda:0 \.\. cuda:1\)"):
+        resolve_device(torch.device("cuda", 2))
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    # The command line checks the flag at its boundary: one line naming --device, exit 2.
     refused_in_one_line(
         capsys,
         ["score", os.fspath(attempt), "--data", data, "--device", "cuda:1"],
-        "'cuda:1'",
+        "--device: 'cuda:1'",
         "1 CUDA device(s) are visible",
     )
+
+
+def test_bad_device_and_precision_flags_are_one_line_naming_the_flag(trained, capsys, tmp_path):
+    attempt, data = trained
+    out = tmp_path / "x.safetensors"
+    base = ["embed", os.fspath(attempt), "--data", data, "--out", os.fspath(out)]
+    refused_in_one_line(capsys, [*base, "--device", "tpu"], "--device: expected 'cpu'")
+    refused_in_one_line(capsys, [*base, "--precision", "bf16"], "--precision: bf16 needs a CUDA")
+    refused_in_one_line(capsys, [*base, "--layer", "9"], "--layer: expected 'all' or an integer")
+    assert not out.exists()
 
 
 def _as_complex(raw: np.ndarray) -> np.ndarray:
@@ -175,12 +190,16 @@ def test_embed_refuses_bad_layer_pool_and_non_finite_windows(trained):
     attempt, _ = trained
     pre = load_pretrained(attempt, which="latest")
     iq = np.ones((2, 64), np.complex64)
-    with pytest.raises(ConfigError, match="layer: expected"):
+    with misuse("^layer: expected"):
         pre.embed(iq, layer=2)
-    with pytest.raises(ConfigError, match="pool"):
-        pre.embed(iq, pool="max")
-    with pytest.raises(ConfigError, match="batch_size"):
+    with misuse("^layer: embed takes one layer"):
+        pre.embed(iq, layer="all")
+    with misuse("^pool: expected 'mean' or None, got 'max'"):
+        pre.embed(iq, pool="max")  # type: ignore[arg-type]
+    with misuse("^batch_size: must be >= 1"):
         pre.embed(iq, batch_size=0)
+    with misuse("^batch_size: must be an integer", TypeError):
+        pre.embed(iq, batch_size=2.0)  # type: ignore[arg-type]
     iq[1, 5] = np.nan
     with pytest.raises(InputError, match="window 1 gives non-finite features"):
         pre.embed(iq)
@@ -275,10 +294,10 @@ def test_precision_is_fp32_unless_asked(trained):
     attempt, _ = trained
     assert load_pretrained(attempt).precision == "fp32"
     assert load_pretrained(attempt, precision="auto").precision == "fp32"  # CPU
-    with pytest.raises(ConfigError, match="precision: expected"):
-        load_pretrained(attempt, precision="fp16")
+    with misuse("^precision: expected"):
+        load_pretrained(attempt, precision="fp16")  # type: ignore[arg-type]
     ckpt = attempt / "checkpoints" / "step_00000002"
-    with pytest.raises(ConfigError, match="which: 'latest', but .* is itself a checkpoint"):
+    with misuse("^which: 'latest', but .* is itself a checkpoint"):
         load_pretrained(ckpt, which="latest")
     assert load_pretrained(ckpt, which="step_2").step == 2
 
@@ -311,5 +330,5 @@ def test_samples_at_another_rate_than_the_models_are_one_warning_naming_both(tra
     with pytest.warns(SampleRateWarning, match="2 MHz"):
         classifier.predict(iq, sample_rate=2e6)
     for bad in (0, -1.0, True, "1e6", float("nan")):
-        with pytest.raises(ConfigError, match="sample_rate"):
+        with misuse("^sample_rate: ", (TypeError, ValueError)):
             p.embed(iq, sample_rate=bad)

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from iqtrain.errors import ConfigError, DataError
+from iqtrain.errors import DataError
 
 __all__ = [
     "MAX_ABS_SNR_DB",
@@ -73,7 +73,7 @@ def regular_file(value: object, key: str) -> tuple[Path, int]:
     a FIFO would block, a character device (``/dev/zero``) never end, a directory is a
     mistake."""
     if not isinstance(value, str | os.PathLike):
-        raise ConfigError(f"{key}: must be a path, got {value!r}")
+        raise TypeError(f"{key}: must be a path, got {value!r}")
     path = Path(value)
     try:
         st = path.stat()

@@ -35,7 +35,7 @@ def check_out_dir(out_dir: object) -> Path:
     renamed onto, whose temporary sibling (:func:`tmp_dir`) can be created: all of it checked
     before the source is read, so no conversion fails at its end for the want of a place."""
     if not isinstance(out_dir, str | os.PathLike):
-        raise ConfigError(f"out_dir: must be a path, got {out_dir!r}")
+        raise TypeError(f"out_dir: must be a path, got {out_dir!r}")
     out = Path(os.path.abspath(out_dir))
     try:
         st = os.lstat(out)
