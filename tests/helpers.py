@@ -224,6 +224,12 @@ RECORDS = [
 ]
 
 
+def report_lines(text: str) -> list[str]:
+    """``iqtrain report``'s lines with runs of spaces read as one and no indent: what a line
+    says, whatever its column widths."""
+    return [" ".join(line.split()) for line in text.splitlines()]
+
+
 def write_attempt(run_dir, number="0001", status="completed", records=RECORDS, tail=b"", **info):
     """``run_dir/attempts/<number>/`` with attempt.json (``info`` overrides) and metrics.jsonl,
     as the evidence readers see them (no config, checkpoints or manifest)."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-from helpers import tensorboard_scalars, train_record, write_attempt
+from helpers import report_lines, tensorboard_scalars, train_record, write_attempt
 
 from iqtrain.config.sections import LoggingConfig
 from iqtrain.report.live import TENSORBOARD_DIR, LiveLog
@@ -53,21 +53,21 @@ def _attempt(tmp_path, records=CLASSIFY):
 
 def test_report_shows_accuracy_the_majority_baseline_and_the_best_classes(tmp_path):
     text = report(_attempt(tmp_path))
-    lines = text.splitlines()
-    assert "  baselines: majority class 0.3750" in lines
-    assert "  val step       2: loss 1.20000, accuracy 0.5000  best" in lines
-    assert "  val step       3: loss 0.90000, accuracy 0.7500  best" in lines
-    assert "  val step       4: loss 0.80000, accuracy 0.7500" in lines  # a tie is not best
+    lines = report_lines(text)
+    assert "baselines: majority class 0.3750" in lines
+    assert "val step 2: loss 1.20000, accuracy 0.5000 best" in lines
+    assert "val step 3: loss 0.90000, accuracy 0.7500 best" in lines
+    assert "val step 4: loss 0.80000, accuracy 0.7500" in lines  # a tie is not best
     # Best follows accuracy (the first of the highest), not the lowest loss (step 4).
-    assert "  best val accuracy 0.7500 at step 3 (loss 0.90000)" in lines
-    assert "  class accuracy at step 3: am 0.5000, bpsk -, qpsk 1.0000" in lines
+    assert "best val accuracy 0.7500 at step 3 (loss 0.90000)" in lines
+    assert "class accuracy at step 3: am 0.5000, bpsk -, qpsk 1.0000" in lines
     assert "dB" not in text and "zero-prediction" not in text and "best val loss" not in text
 
 
 def test_report_of_classify_records_with_fields_missing(tmp_path):
     records = [train_record(1), {"kind": "val", "step": 1, "loss": 1.0, "accuracy": None}]
     text = report(_attempt(tmp_path, records))
-    assert "  val step       1: loss 1.00000, accuracy ?" in text.splitlines()
+    assert "val step 1: loss 1.00000, accuracy ?" in report_lines(text)
     assert "best val accuracy" not in text and "class accuracy" not in text
 
 

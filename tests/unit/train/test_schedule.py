@@ -99,9 +99,19 @@ def test_decay_steps_belongs_to_wsd_only(kind):
     assert ScheduleConfig(kind=kind, decay_steps=0).decay_steps == 0  # 0 is fine off wsd
 
 
-def test_schedule_names_live_in_the_torch_free_config():
+def test_every_schedule_name_the_config_accepts_is_one_the_schedule_runs():
     from iqtrain.config import sections
 
     assert sections.ScheduleConfig.__module__ == "iqtrain.config.sections"
-    assert sections.KINDS == ("wsd", "cosine", "constant")
-    assert sections.SHAPES == ("linear", "cosine", "sqrt")
+    for kind in sections.KINDS:
+        for shape in sections.SHAPES:
+            cfg = ScheduleConfig(kind=kind, warmup_steps=10, decay_steps=20, decay_shape=shape)
+            plan = Plan.from_config(cfg, max_steps=100, lr=1e-3, min_lr=1e-4)
+            assert lr_at(9, plan) == 1e-3, (kind, shape)
+            assert lr_at(99, plan) == pytest.approx(1e-3 if kind == "constant" else 1e-4)
+    # A name it does not run is refused in one line that lists the ones it does.
+    with pytest.raises(ConfigError, match=r"^schedule\.kind: must be one of wsd, cosine, constant"):
+        ScheduleConfig(kind="step")
+    shapes = r"^schedule\.decay_shape: must be one of linear, cosine, sqrt, got 'exp'$"
+    with pytest.raises(ConfigError, match=shapes):
+        ScheduleConfig(decay_shape="exp")
