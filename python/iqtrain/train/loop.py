@@ -301,7 +301,7 @@ class Trainer:
         )
         self.flops_per_window = self.stepper.model.train_flops_per_window(data.seq_patches)
         # The categorical loss is a negative log-likelihood: spikes are judged in nats
-        # (docs/design.md "Spikes").
+        # (spike_update).
         self.nll_loss = self.stepper.model.config.objective != "mse"
         # The records' TFLOP/s are the whole job's (the global batch), so MFU divides by the
         # peak of every rank's device together.

@@ -9,8 +9,10 @@ WSD (warmup-stable-decay) with warmup ``W``, decay ``D``, peak ``lr`` and floor 
   ``f = 1 - p`` (linear), ``(1 + cos(pi p)) / 2`` (cosine) or ``1 - sqrt(p)`` (sqrt), so the
   last step runs at exactly ``min_lr``.
 
-``cosine``: warmup, then a cosine from ``lr`` to ``min_lr`` over the remaining steps (the last
-step at ``min_lr``). ``constant``: warmup, then ``lr``.
+``cosine``: warmup, then ``p = (s - W + 1) / (S - W)``; ``min_lr + (lr - min_lr) * (1 + cos(pi
+p)) / 2``, from ``lr`` to exactly ``min_lr`` at the last step. ``constant``: warmup, then ``lr``.
+Warmup is the same for every kind. The decay start is ``S - D`` (wsd), ``W`` (cosine), ``S``
+(constant).
 
 The plan (S, W, D, kind, shape, lr, min_lr) is stored in every checkpoint; a resume keeps it, and
 changing S is an explicit decision allowed only before the new decay start (:meth:`Plan.extend`).
