@@ -39,6 +39,16 @@ def _load():
 gd = _load()
 
 
+def _without_caches(env) -> dict[str, str]:
+    """The environment without compile-cache locations: the script then puts the shared caches
+    under its output folder. (Inductor sets TORCHINDUCTOR_CACHE_DIR in its own process's
+    environment at its first compile, so a test process that compiled earlier would pass its
+    default cache on.)"""
+    return {
+        k: v for k, v in env.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+    }
+
+
 def _tiny(tmp_path, *args):
     summary = tmp_path / "summary.jsonl"
     summary.write_text('{"kind": "stage", "stage": "smoke"}\n')  # appended to, not replaced
@@ -46,7 +56,7 @@ def _tiny(tmp_path, *args):
         [sys.executable, SCRIPT, summary, "--tiny", *args],
         capture_output=True,
         text=True,
-        env={**os.environ, "PYTHONPATH": PYTHONPATH, "OMP_NUM_THREADS": "1"},
+        env={**_without_caches(os.environ), "PYTHONPATH": PYTHONPATH, "OMP_NUM_THREADS": "1"},
         timeout=600,
     )
     lines = summary.read_text().splitlines()
