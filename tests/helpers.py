@@ -462,3 +462,24 @@ def set_sample_rate(meta: Path, rate: float | None = 1e6) -> Path:
         doc["global"]["core:sample_rate"] = rate
     Path(meta).write_text(json.dumps(doc))
     return Path(meta)
+
+
+def fsdp_step(*, dim: int, layers: int):
+    """A one-process ``parallel = "fsdp"`` TrainStep (CPU, fp32, eager, lr 1e-3) of a tiny
+    model seeded with 0; not yet stepped."""
+    import torch
+
+    from iqtrain.config.sections import ModelConfig, OptimizerConfig
+    from iqtrain.model.transformer import NextPatchModel
+    from iqtrain.train.step import TrainStep
+
+    torch.manual_seed(0)
+    config = ModelConfig(dim=dim, layers=layers, heads=2, patch_len=4, max_patches=8)
+    return TrainStep(
+        NextPatchModel(config),
+        OptimizerConfig(lr=1e-3),
+        device="cpu",
+        precision="fp32",
+        compile=False,
+        parallel="fsdp",
+    )

@@ -18,9 +18,8 @@ import sys
 
 import pytest
 import torch
-from helpers import Forged
+from helpers import Forged, fsdp_step
 
-from iqtrain.config.sections import ModelConfig, OptimizerConfig
 from iqtrain.distributed.dcp import (
     _check_metadata,
     _MetadataUnpickler,
@@ -29,7 +28,6 @@ from iqtrain.distributed.dcp import (
 )
 from iqtrain.distributed.world import World
 from iqtrain.errors import CheckpointError, NonFiniteError
-from iqtrain.model.transformer import NextPatchModel
 from iqtrain.train.step import TrainStep
 
 
@@ -105,16 +103,7 @@ class FakeNccl:
 
 def _fsdp_step(nan: bool = False) -> TrainStep:
     """A one-process ``parallel = "fsdp"`` step that has stepped once."""
-    torch.manual_seed(0)
-    model = NextPatchModel(ModelConfig(dim=16, layers=1, heads=2, patch_len=4, max_patches=8))
-    s = TrainStep(
-        model,
-        OptimizerConfig(lr=1e-3),
-        device="cpu",
-        precision="fp32",
-        compile=False,
-        parallel="fsdp",
-    )
+    s = fsdp_step(dim=16, layers=1)
     s.train_step([torch.randn(2, 8, 8, generator=torch.Generator().manual_seed(1))], 1e-3)
     if nan:
         with torch.no_grad():

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import Forged
+from helpers import Forged, fsdp_step
 
 from iqtrain.config.sections import ModelConfig, OptimizerConfig
 from iqtrain.errors import CheckpointError, ConfigError, NonFiniteError
@@ -19,16 +19,7 @@ BATCHES = [torch.randn(2, 8, 8, generator=torch.Generator().manual_seed(i)) for 
 
 
 def _stepper(steps: int, *, dim: int = 32) -> TrainStep:
-    torch.manual_seed(0)
-    model = NextPatchModel(ModelConfig(dim=dim, layers=2, heads=2, patch_len=4, max_patches=8))
-    s = TrainStep(
-        model,
-        OptimizerConfig(lr=1e-3),
-        device="cpu",
-        precision="fp32",
-        compile=False,
-        parallel="fsdp",
-    )
+    s = fsdp_step(dim=dim, layers=2)
     for batch in BATCHES[:steps]:
         s.train_step([batch], 1e-3)
     return s
