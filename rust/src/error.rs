@@ -36,7 +36,8 @@ pub enum Error {
     /// A stream position or cursor does not belong to this dataset.
     #[error("{0}")]
     CursorMismatch(String),
-    /// An argument is missing, mistyped or out of range; `key` names it.
+    /// An argument is missing, mistyped or out of range, or a call comes out of turn; `key`
+    /// names it (a ValueError in Python).
     #[error("{key}: {msg}")]
     Config { key: String, msg: String },
     /// An index (window id, permutation position) is outside its range.

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use numpy::ndarray::ArrayView3;
 use numpy::{Element, PyArray1, PyArray3, PyArrayMethods, PyUntypedArrayMethods};
-use pyo3::exceptions::{PyIndexError, PyMemoryError};
+use pyo3::exceptions::{PyIndexError, PyMemoryError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
 
@@ -15,7 +15,6 @@ use crate::{
 };
 
 pyo3::import_exception!(iqtrain.errors, IQTrainError);
-pyo3::import_exception!(iqtrain.errors, ConfigError);
 pyo3::import_exception!(iqtrain.errors, DataError);
 pyo3::import_exception!(iqtrain.errors, CursorMismatchError);
 
@@ -28,7 +27,8 @@ impl From<Error> for PyErr {
             | Error::Replaced { .. }
             | Error::NoWindows { .. } => DataError::new_err(msg),
             Error::CursorMismatch(_) => CursorMismatchError::new_err(msg),
-            Error::Config { .. } => ConfigError::new_err(msg),
+            // A bad argument or a call out of turn: the Python caller's mistake.
+            Error::Config { .. } => PyValueError::new_err(msg),
             Error::Index { .. } => PyIndexError::new_err(msg),
             Error::Alloc { .. } => PyMemoryError::new_err(msg),
             Error::Thread(_) | Error::Internal(_) => IQTrainError::new_err(msg),
@@ -127,7 +127,7 @@ fn ids_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
 }
 
 /// A selection's base window ids: a 1-D numpy uint64 (or non-negative int64) array, or a
-/// sequence of non-negative ints. A negative id is an IndexError, any other type a ConfigError.
+/// sequence of non-negative ints. A negative id is an IndexError, any other type a ValueError.
 fn select_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
     let negative = |i: i128| {
         PyIndexError::new_err(format!("selected window id {i} is out of range (negative)"))
@@ -349,7 +349,7 @@ fn layout_uint(path: &str, field: &str, obj: &Bound<'_, PyAny>) -> Result<u64, E
 
 /// The `layouts` argument: None (every recording plain), or one entry per data path, each None
 /// (plain) or `(file_bytes, channels, channel, runs)` with `runs` a list of
-/// `(start, samples, byte)`. A malformed list or entry is a ConfigError naming it (`layouts`,
+/// `(start, samples, byte)`. A malformed list or entry is a ValueError naming it (`layouts`,
 /// `layouts[r]`, `layouts[r].runs`, `layouts[r].runs[i]`); a bad integer a DataError naming the
 /// recording's file and the field (`file_bytes`, `channels`, `channel`, `segment {i} start`,
 /// `segment {i} samples`, `segment {i} byte`).
@@ -453,7 +453,7 @@ impl NativeDataset {
     /// every recording with a window); the rest are opened again, by path, when read.
     /// `select`: base window ids (the numbering without it) the dataset is restricted to, in
     /// order (a 1-D numpy uint64 array or a sequence of ints): window `i` is then base window
-    /// `select[i]`. Empty is a ConfigError, an id out of range an IndexError.
+    /// `select[i]`. Empty is a ValueError, an id out of range an IndexError.
     #[new]
     // The Python constructor's keyword arguments, one per option.
     #[allow(clippy::too_many_arguments)]
@@ -730,7 +730,7 @@ impl NativeStream {
     }
 
     /// The ring slot holding this rank's rows of the next global batch, now held by the caller
-    /// until `release(slot)`. Raises ConfigError when every slot is held (instead of waiting).
+    /// until `release(slot)`. Raises ValueError when every slot is held (instead of waiting).
     fn next_slot(&self, py: Python<'_>) -> PyResult<usize> {
         Ok(py.detach(|| self.lock()?.next_slot())?)
     }
@@ -794,7 +794,7 @@ impl NativeStream {
 /// to the end of the file). `expected_lengths[i]`, when given, is the length `paths[i]` must
 /// have (what a dataset opened); any other length, or one that changes while being read, is a
 /// DataError naming the file, as is a file that cannot be read. A region outside the file is a
-/// ConfigError (`region`); a list of another length than `paths` a ConfigError naming it.
+/// ValueError (`region`); a list of another length than `paths` a ValueError naming it.
 #[pyfunction]
 #[pyo3(signature = (paths, expected_lengths = None, offsets = None, sizes = None))]
 fn digest_files(

@@ -29,7 +29,6 @@ from iqtrain._native import NativeDataset, NativeStream, digest_files
 from iqtrain.data.sigmf import Recording, Source, expand, read_recording
 from iqtrain.data.sigmf.regular import open_regular
 from iqtrain.errors import (
-    ConfigError,
     CursorMismatchError,
     DataError,
     RecordingsRefused,
@@ -51,17 +50,6 @@ __all__ = [
 FINGERPRINT_BLOCK = 4096
 FINGERPRINT_BLOCKS = 16
 CURSOR_VERSION = 1
-
-
-@contextlib.contextmanager
-def _argument_errors() -> Iterator[None]:
-    """The extension reports a bad argument or a call out of turn (a selection of no window, a
-    ring buffer of the wrong shape, a slot released twice) as a ConfigError: here it is the
-    ValueError a Python caller's mistake is (the same line, naming the argument)."""
-    try:
-        yield
-    except ConfigError as exc:
-        raise ValueError(str(exc)) from None
 
 
 def shown_path(path: str | os.PathLike) -> str:
@@ -313,17 +301,16 @@ class IQDataset:
         budget = _open_file_budget(len(self.recordings))
         if max_open_files is not None:
             budget = min(budget, max_open_files)
-        with _argument_errors():
-            self._native = NativeDataset(
-                [os.fspath(r.data_path) for r in self.recordings],
-                [r.datatype for r in self.recordings],
-                window,
-                stride,
-                [r.layout() for r in self.recordings],
-                map_min_bytes,
-                budget,
-                select,
-            )
+        self._native = NativeDataset(
+            [os.fspath(r.data_path) for r in self.recordings],
+            [r.datatype for r in self.recordings],
+            window,
+            stride,
+            [r.layout() for r in self.recordings],
+            map_min_bytes,
+            budget,
+            select,
+        )
         self.skipped: list[tuple[str, int]] = [
             (os.fspath(r.meta_path), r.num_samples)
             for r, n in zip(self.recordings, self._native.recording_windows, strict=True)
@@ -507,19 +494,13 @@ class TrainStream:
         self.rank = rank
         self.world_size = world_size
         self.prefetch = prefetch
-        with _argument_errors():
-            self._native = NativeStream(
-                dataset._native, batch_size, seed, rank, world_size, prefetch
-            )
+        self._native = NativeStream(dataset._native, batch_size, seed, rank, world_size, prefetch)
 
     def __iter__(self) -> TrainStream:
         return self
 
     def __next__(self) -> np.ndarray:
-        try:
-            return self._native.next()
-        except ConfigError as exc:  # after use_ring: see _argument_errors
-            raise ValueError(str(exc)) from None
+        return self._native.next()
 
     next = __next__
 
@@ -538,8 +519,7 @@ class TrainStream:
         cursor does not move. Afterwards :meth:`next` raises ValueError. Calling it again
         replaces the ring. A buffer that is not as above is a ValueError naming it.
         """
-        with _argument_errors():
-            self._native.use_ring(list(buffers))
+        self._native.use_ring(list(buffers))
 
     def next_slot(self) -> int:
         """Index into the :meth:`use_ring` buffers of the one now holding the next batch (the
@@ -547,14 +527,12 @@ class TrainStream:
         until :meth:`release`. Raises ValueError when every buffer is held (rather than wait
         forever) and DataError as :meth:`next` does, without consuming the batch.
         """
-        with _argument_errors():
-            return self._native.next_slot()
+        return self._native.next_slot()
 
     def release(self, slot: int) -> None:
         """Give buffer ``slot`` back to the stream for a later batch (any order). Releasing a
         slot not held (twice, or never returned by :meth:`next_slot`) raises ValueError."""
-        with _argument_errors():
-            self._native.release(slot)
+        self._native.release(slot)
 
     def last_ids(self) -> np.ndarray:
         """Global window ids (uint64) of the rows last returned by :meth:`next` or
