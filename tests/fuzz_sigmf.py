@@ -1171,7 +1171,7 @@ def kind_of(line: str) -> str:
     return "other: " + re.sub(r"\d+", "N", text)[:60]
 
 
-#: Refusals of more than one line the fuzzer found, each kept as an xfail regression test in
+#: Refusals of more than one line the fuzzer found, each kept as a regression test in
 #: test_fuzz.py (the name in the comment); counted, not failed, so the fuzzer looks further.
 KNOWN_MULTILINE = [
     # test_an_archive_member_name_with_a_newline_is_refused_in_one_line

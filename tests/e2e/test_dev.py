@@ -238,7 +238,7 @@ def scratch(tmp_path: Path) -> Path:
     for tool in TOOLS:
         found = shutil.which(tool)
         if found is None:
-            pytest.skip(f"needs {tool}")
+            pytest.skip(f"needs the standard tool {tool} on PATH (gpu-pack and gpu call it)")
         (tools / tool).symlink_to(found)
     return repo
 
