@@ -1,6 +1,6 @@
 """The whole compiled training loop against its peers, in one run (CPU, fp32, one thread).
 
-``run_pretraining_attempt`` trains a small model (dim 128, 4 layers, 4 heads, patch_len 8, 64
+``run_attempt`` trains a small model (dim 128, 4 layers, 4 heads, patch_len 8, 64
 patches, batch 16) on synthetic recordings with ``training.compile = true``, validating and
 checkpointing only at the end. Two peers run in the same process, interleaved with the loop:
 
@@ -12,7 +12,7 @@ checkpointing only at the end. Two peers run in the same process, interleaved wi
     is (numpy memmap batches at random offsets, a GPT with LayerNorm, learned positions, GELU
     MLP and ``is_causal`` SDPA, AdamW with decay groups, ``clip_grad_norm_``), of similar size.
     The architectures differ, so the comparison is per model FLOP: ours from
-    ``NextPatchModel.train_flops_per_patch``, the peer's counted independently with
+    ``IQTransformer.train_flops_per_patch``, the peer's counted independently with
     ``torch.utils.flop_counter`` on its forward (x3, the same convention). Target: >= 1.1x.
 
 How the loop is timed. Every ``MetricWriter.write`` of a train record is wrapped: the time
@@ -77,8 +77,8 @@ from torch import Tensor, nn
 import iqtrain.evidence.metrics
 from iqtrain.config.schema import build_config
 from iqtrain.data.sources import ensure_synthetic
-from iqtrain.model.transformer import NextPatchModel
-from iqtrain.train.attempt import run_pretraining_attempt
+from iqtrain.model.transformer import IQTransformer
+from iqtrain.train.attempt import run_attempt
 from iqtrain.train.step import TrainStep
 
 THREADS = 1
@@ -213,7 +213,7 @@ def _run(benchmark, bench_summary, tmp_path: Path) -> None:
     # reuses the graphs compiled here rather than compiling its own.
     torch.manual_seed(config.run.seed)
     bare = TrainStep(
-        NextPatchModel(config.model), config.optimizer, device="cpu", precision="fp32", compile=True
+        IQTransformer(config.model), config.optimizer, device="cpu", precision="fp32", compile=True
     )
     raw = np.random.default_rng(1).integers(-3000, 3000, (BATCH, WINDOW, 2), np.int16)
     bare_batch, _ = bare.prepare(raw, PATCH_LEN)
@@ -268,7 +268,7 @@ def _run(benchmark, bench_summary, tmp_path: Path) -> None:
     iqtrain.evidence.metrics.MetricWriter.write = write
     try:
         result = benchmark.pedantic(
-            run_pretraining_attempt, args=(config,), rounds=1, iterations=1, warmup_rounds=0
+            run_attempt, args=(config,), rounds=1, iterations=1, warmup_rounds=0
         )
     finally:
         TrainStep.train_step = orig_step

@@ -38,8 +38,8 @@ from torch import Tensor, nn
 
 from iqtrain.config.schema import load_config
 from iqtrain.config.sections import ModelConfig, OptimizerConfig
-from iqtrain.model.objectives import next_patch_loss
-from iqtrain.model.transformer import NextPatchModel, rope_tables
+from iqtrain.model.transformer import IQTransformer, rope_tables
+from iqtrain.objectives.next_patch import next_patch_loss
 from iqtrain.train.step import TrainStep
 
 QUICKSTART = ModelConfig(dim=128, layers=4, heads=4, patch_len=16, max_patches=64)
@@ -140,7 +140,7 @@ def summary(request):
 
 
 # --------------------------------------------------------------------------- the plain peer
-# The same architecture and parameter count as NextPatchModel, written the way a first
+# The same architecture and parameter count as IQTransformer, written the way a first
 # PyTorch implementation (nanoGPT's non-flash path) would: every piece from elementary ops.
 
 
@@ -241,7 +241,7 @@ def plain_loop(cfg: ModelConfig, x: Tensor):
 
 def quickstart_step(compile: bool, x: Tensor) -> tuple[TrainStep, int]:
     torch.manual_seed(0)
-    model = NextPatchModel(QUICKSTART)
+    model = IQTransformer(QUICKSTART)
     ts = TrainStep(model, OptimizerConfig(lr=LR), device="cpu", precision="fp32", compile=compile)
     return ts, model.param_counts()[0]
 
@@ -262,7 +262,7 @@ def test_cpu_matmul_ceiling(benchmark) -> None:
 def test_cpu_step_plain_peer(benchmark) -> None:
     x = unit_power_patches(CPU_BATCH, CPU_PATCHES, QUICKSTART.patch_len)
     step, params = plain_loop(QUICKSTART, x)
-    ours = NextPatchModel(QUICKSTART).param_counts()[0]
+    ours = IQTransformer(QUICKSTART).param_counts()[0]
     assert params == ours  # the peer is the same model, not a smaller one
     benchmark.pedantic(step, rounds=20, warmup_rounds=3)
     flops = model_flops_per_step(QUICKSTART, params, CPU_BATCH, CPU_PATCHES)
@@ -414,7 +414,7 @@ def test_cuda_study_step(benchmark, compiled: bool, deterministic: bool) -> None
     x = unit_power_patches(STUDY_BATCH, patches, cfg.model.patch_len, device="cuda")
     with determinism(deterministic):
         torch.manual_seed(0)
-        model = NextPatchModel(cfg.model, 0)
+        model = IQTransformer(cfg.model, 0)
         params = model.param_counts()[0]
         ts = TrainStep(model, cfg.optimizer, device="cuda", precision="bf16", compile=compiled)
         loss = _timed_step(benchmark, ts, x, rounds=30)
@@ -430,7 +430,7 @@ def test_cuda_study_step(benchmark, compiled: bool, deterministic: bool) -> None
 def test_cuda_bf16_train_step_50m(benchmark) -> None:
     x = unit_power_patches(CUDA_BATCH, CUDA_PATCHES, CUDA_MODEL.patch_len, device="cuda")
     torch.manual_seed(0)
-    model = NextPatchModel(CUDA_MODEL)
+    model = IQTransformer(CUDA_MODEL)
     params = model.param_counts()[0]
     ts = TrainStep(model, OptimizerConfig(lr=LR), device="cuda", precision="bf16", compile=False)
     benchmark.extra_info["params"] = params

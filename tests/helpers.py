@@ -470,13 +470,13 @@ def fsdp_step(*, dim: int, layers: int):
     import torch
 
     from iqtrain.config.sections import ModelConfig, OptimizerConfig
-    from iqtrain.model.transformer import NextPatchModel
+    from iqtrain.model.transformer import IQTransformer
     from iqtrain.train.step import TrainStep
 
     torch.manual_seed(0)
     config = ModelConfig(dim=dim, layers=layers, heads=2, patch_len=4, max_patches=8)
     return TrainStep(
-        NextPatchModel(config),
+        IQTransformer(config),
         OptimizerConfig(lr=1e-3),
         device="cpu",
         precision="fp32",

@@ -33,7 +33,7 @@ _EXPORTS: dict[str, str] = {
     "Pretrained": "iqtrain.pretrained.load",
     "SampleRateWarning": "iqtrain.pretrained.load",
     # an attempt: run, resume, verify
-    "run_pretraining_attempt": "iqtrain.train.attempt",
+    "run_attempt": "iqtrain.train.attempt",
     "ParentRef": "iqtrain.evidence.lineage",
     "AttemptResult": "iqtrain.train.attempt",
     "verify_attempt": "iqtrain.evidence.verify",
@@ -102,6 +102,6 @@ if _typing.TYPE_CHECKING:
     from iqtrain.pretrained.load import SampleRateWarning as SampleRateWarning
     from iqtrain.pretrained.load import load_pretrained as load_pretrained
     from iqtrain.train.attempt import AttemptResult as AttemptResult
-    from iqtrain.train.attempt import run_pretraining_attempt as run_pretraining_attempt
+    from iqtrain.train.attempt import run_attempt as run_attempt
 
     __version__: str

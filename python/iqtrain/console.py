@@ -20,7 +20,7 @@ barrier, a digest). What it does depends on the phase the attempt is in (docs/de
 - ``ending`` (the process has its exit code): signals are dropped, so torchrun's SIGTERM to the
   workers still running when one exits cannot turn a rank's own exit code into -15.
 
-Library use (``run_pretraining_attempt`` called from Python) installs no latch: the loop's
+Library use (``run_attempt`` called from Python) installs no latch: the loop's
 :class:`SignalGuard` then handles SIGINT/SIGTERM/SIGHUP with Python handlers while it runs.
 """
 

@@ -31,6 +31,7 @@ __all__ = [
     "RecordingsRefused",
     "WindowTooLongError",
     "InputError",
+    "ObjectiveError",
     "NonFiniteError",
     "CheckpointError",
     "TrainingError",
@@ -118,6 +119,14 @@ class NoLabelledWindowError(DataError):
 class InputError(DataError, ValueError):
     """An array given to a pretrained model has the wrong shape or dtype (names the window the
     model expects); a ValueError too, as a Python API's argument error."""
+
+
+class ObjectiveError(IQTrainError, ValueError):
+    """A model is asked for what its objective does not give (``score`` of a classifier,
+    ``predict`` of a pretraining model): names the model and the objectives that give it; a
+    ValueError too, as a Python API's misuse."""
+
+    exit_code = EXIT_BAD_INPUT
 
 
 class NonFiniteError(IQTrainError, ArithmeticError):

@@ -116,12 +116,12 @@ def _batches(config: Any, count: int) -> list[Any]:
 def _step(config: Any, compiled: bool) -> Any:
     import torch
 
-    from iqtrain.model.transformer import NextPatchModel
+    from iqtrain.model.transformer import IQTransformer
     from iqtrain.train.step import TrainStep
 
     torch.manual_seed(config.run.seed)
     t = config.training
-    model = NextPatchModel(config.model)
+    model = IQTransformer(config.model)
     return TrainStep(
         model, config.optimizer, device=t.device, precision=t.precision, compile=compiled
     )

@@ -17,7 +17,7 @@ from helpers import cli_tables, refused_in_one_line, set_sample_rate, write_anno
 from iqtrain import load_pretrained
 from iqtrain.cli.main import main
 from iqtrain.config.schema import dumps_toml
-from iqtrain.errors import ConfigError
+from iqtrain.errors import ObjectiveError
 from iqtrain.evidence.metrics import read_metrics
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -167,7 +167,8 @@ def test_bad_input_is_one_line_exit_2(attempts, tmp_path, capsys):
     proc = _iqtrain("predict", pretraining, "--data", val)  # a real process: no traceback
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr
-    assert os.fspath(pretraining) in lines[0] and "needs a 'classify'" in lines[0], lines
+    want = "predict needs a model trained with model.objective = 'classify'"
+    assert os.fspath(pretraining) in lines[0] and want in lines[0], lines
     assert proc.stdout == ""
     refused_in_one_line(
         capsys, ["predict", os.fspath(tmp_path / "none"), "--data", val], "not an attempt"
@@ -192,8 +193,8 @@ def test_bad_input_is_one_line_exit_2(attempts, tmp_path, capsys):
     for bad in (["--stride", "0"], ["--per", "window", "--stride", "8"]):
         refused_in_one_line(capsys, ["predict", a, "--data", val, *bad], "--stride")
     # A classifier scores no next patch: score refuses it, as predict refuses a pretraining one.
-    refused_in_one_line(capsys, ["score", a, "--data", val], "scores no next patch")
-    with pytest.raises(ConfigError, match="scores no next patch"):
+    refused_in_one_line(capsys, ["score", a, "--data", val], "which gives no score")
+    with pytest.raises(ObjectiveError, match="'classify', which gives no score"):
         load_pretrained(attempt).score(np.zeros((1, 64), np.complex64))
     iq = rng.standard_normal((256, 2)).astype(np.float32)
     iq[140, 0] = np.nan

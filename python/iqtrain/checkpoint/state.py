@@ -11,7 +11,7 @@ The components' own states (``cursor``: the training stream, ``loop``: the loop'
 ``load_state_dict``; the keys and JSON types of ``loop`` are spelled here once
 (:data:`LOOP_FIELDS`, :func:`loop_field_problem`), for the loop's ``LoopState`` and for the
 readers. The few fields of the components that torch-free readers need (the best checkpoint,
-the stale-validation count, the best validation accuracy of a "classify" lineage, the world
+the stale-validation count, the best validation accuracy of a classifier's lineage, the world
 size that wrote the shards) have typed accessors below, checked when they are read. Format:
 docs/design.md "state.json". Imports no torch.
 
@@ -63,8 +63,8 @@ COMPONENTS = ("cursor", "loop", "rng")
 _OPTIONAL = (type(None),)
 #: ``loop``: the loop's counters (``LoopState``, every field but ``step``, which is the
 #: top-level ``step``) and their JSON types. Every key is required, but ``best_val_accuracy``
-#: (absent in states written before "classify" existed: read as None, what every other
-#: objective keeps there).
+#: (absent in states written before the classifier existed: read as None, what every
+#: objective but a labelled one keeps there).
 LOOP_FIELDS: dict[str, tuple[type, ...]] = {
     "best_val_loss": (float, *_OPTIONAL),
     "best_val_accuracy": (float, *_OPTIONAL),
@@ -153,7 +153,7 @@ def sort_classes(names: Iterable[str]) -> list[str]:
 
 
 def classes_problem(classes: Any) -> str | None:
-    """What is wrong with a ``classes`` record of a ``model.objective = "classify"`` attempt
+    """What is wrong with a ``classes`` record of a labelled objective's attempt
     (None: nothing): a non-empty list of distinct non-empty strings in :func:`sort_classes`
     order (or sorted as strings, as integer classes were before), the same list in
     attempt.json and in every checkpoint's state.json."""
@@ -199,7 +199,7 @@ class CheckpointState:
     optimizer: dict[str, Any] | None = None
     #: Where the lineage's first weights came from (``[init] from``); None: random init.
     init: dict[str, Any] | None = None
-    #: ``model.objective = "classify"``: the sorted class names, the head's output order;
+    #: A labelled objective: the sorted class names, the head's output order;
     #: None for the other objectives.
     classes: list[str] | None = None
     #: The sample rate (Hz) of the recordings the lineage trains on (``data.sample_rate``'s
@@ -225,7 +225,7 @@ class CheckpointState:
             obj["optimizer"] = self.optimizer
         if self.init is not None:  # only then: a state without one is what it always was
             obj["init"] = self.init
-        if self.classes is not None:  # "classify" only: other states are what they always were
+        if self.classes is not None:  # a labelled objective only
             obj["classes"] = self.classes
         if self.sample_rate is not RATE_UNKNOWN:  # null is written: it says something
             obj["sample_rate"] = self.sample_rate
@@ -314,12 +314,12 @@ class CheckpointState:
     @property
     def early_stop(self) -> tuple[float | None, int]:
         """Early stopping's (reference value, validations since it was beaten): the value is
-        the monitored field of the best validation (loss; accuracy for "classify")."""
+        the monitored field of the best validation (loss; a classifier's accuracy)."""
         return self._loop("early_stop_ref"), self.stale_validations
 
     @property
     def best_val_accuracy(self) -> float | None:
-        """The accuracy of the best validation of a "classify" lineage; None for the other
+        """The accuracy of the best validation of a classifier's lineage; None for the other
         objectives, before the first validation, and in states written before the key was."""
         return self._loop("best_val_accuracy")
 

@@ -371,9 +371,9 @@ def add_predict_parser(sub: Any) -> None:
     """Add ``predict`` to ``sub`` (the subparsers of ``iqtrain``)."""
     sp = sub.add_parser(
         "predict",
-        help="classify SigMF recordings with a fine-tuned (model.objective = 'classify') "
-        "checkpoint: per annotation or window, with accuracy and a confusion matrix",
-        description="The class a 'classify' checkpoint predicts for every annotation (labelled "
+        help="classify SigMF recordings with a fine-tuned (classifier) checkpoint: "
+        "per annotation or window, with accuracy and a confusion matrix",
+        description="The class a fine-tuned checkpoint predicts for every annotation (labelled "
         "or not; the class maximising the mean of its windows' log-probabilities, with the "
         "softmax of that mean as its probability) or every window (--per window: the grid of "
         "one window from each capture segment's start). A row's label is the value of the "

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import math
 import os
 import signal
 import sys
@@ -59,19 +58,19 @@ SYNTH_BURST_SAMPLES = 2048
 def cmd_run(args: argparse.Namespace) -> int:
     from iqtrain.config.schema import load_config
     from iqtrain.distributed.world import join
-    from iqtrain.train.attempt import run_pretraining_attempt
+    from iqtrain.train.attempt import run_attempt
 
     world, config = join(lambda: load_config(args.config, args.set))
-    return _finish(run_pretraining_attempt(config, world=world))
+    return _finish(run_attempt(config, world=world))
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
     from iqtrain.distributed.world import join
     from iqtrain.evidence.lineage import ParentRef
-    from iqtrain.train.attempt import run_pretraining_attempt
+    from iqtrain.train.attempt import run_attempt
 
     world, config = join(lambda: _resumed_config(Path(args.attempt), args.set, args.from_))
-    return _finish(run_pretraining_attempt(config, ParentRef(args.attempt, args.from_), world))
+    return _finish(run_attempt(config, ParentRef(args.attempt, args.from_), world))
 
 
 def _resumed_config(attempt: Path, overrides: list[str], from_: str):
@@ -88,36 +87,15 @@ def _resumed_config(attempt: Path, overrides: list[str], from_: str):
 
 
 def _finish(result) -> int:
+    from iqtrain import objectives
+
     if result.rank != 0:  # several ranks: rank 0 reports for the job
         return EXIT_OK
-
-    def fmt(x):
-        return "n/a" if x is None else f"{x:.5f} ({-10 * math.log10(x):.2f} dB)"
-
     print(f"attempt {result.attempt}: {result.final_step} steps")
     if result.stopped_early is not None:
         print(f"  stopped early at step {result.final_step}: {result.stopped_early['reason']}")
-    if result.objective == "classify":  # a cross-entropy over the classes; best by accuracy
-        final, best = (
-            "n/a" if x is None else f"{x:.4f}"
-            for x in (
-                getattr(result, "final_val_accuracy", None),
-                getattr(result, "best_val_accuracy", None),
-            )
-        )
-        loss = "n/a" if result.final_val_loss is None else f"{result.final_val_loss:.5f}"
-        print(f"  final val accuracy {final} (loss {loss} nats per window), best {best}")
-    elif result.objective == "mse":
-        print(f"  final val loss {fmt(result.final_val_loss)}, best {fmt(result.best_val_loss)}")
-    else:  # the loss is a cross-entropy in nats: its dB means nothing; the NMSE's does
-        loss, best = (
-            f"{x:.5f}" if x is not None else "n/a"
-            for x in (result.final_val_loss, result.best_val_loss)
-        )
-        print(
-            f"  final val loss {loss} nats per sample ({result.objective}), best {best}; "
-            f"predicted-mean NMSE {fmt(result.final_val_nmse)}"
-        )
+    for line in objectives.get(result.objective).summary_lines(result):
+        print(line)
     if result.probe is not None:
         from iqtrain.report.summary import probe_summary
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from iqtrain import objectives
 from iqtrain.config.sections import (
     DataConfig,
     InitConfig,
@@ -88,12 +89,15 @@ class Config:
                 f"model.max_patches: must be >= data.seq_patches ({self.data.seq_patches}), "
                 f"got {self.model.max_patches}"
             )
-        if self.model.objective == "classify" and self.probe.every:
+        # The keys only some objectives read (the probe judges a pretraining model's features;
+        # a fine-tune's head, its trunk's lr and its labels), refused where they would do nothing.
+        for section in ("data", "optimizer", "probe"):
+            objectives.check_keys(self.model.task, section, getattr(self, section))
+        if self.optimizer.trunk_lr_scale != 1.0 and self.model.freeze_trunk:
             raise ConfigError(
-                "probe.every: the probe judges a pretraining model's features; a "
-                "'classify' run's validation records its accuracy itself (set probe.every = 0)"
+                "optimizer.trunk_lr_scale: model.freeze_trunk = true trains no trunk weight "
+                "(leave the scale at 1.0)"
             )
-        self._check_classify_keys()
         s = self.schedule
         steps = self.training.max_steps
         # decay_steps belongs to wsd only: cosine and constant ignore it (and its default).
@@ -110,25 +114,6 @@ class Config:
             raise ConfigError(
                 f"schedule.warmup_steps: the cosine schedule needs steps after warmup "
                 f"({s.warmup_steps} >= training.max_steps {steps})"
-            )
-
-    def _check_classify_keys(self) -> None:
-        """The keys only a fine-tune ("classify") reads, refused where they would do nothing."""
-        objective = self.model.objective
-        if self.optimizer.trunk_lr_scale != 1.0 and objective != "classify":
-            raise ConfigError(
-                "optimizer.trunk_lr_scale: only for model.objective = 'classify' (a "
-                f"{objective!r} model is all trunk)"
-            )
-        if self.optimizer.trunk_lr_scale != 1.0 and self.model.freeze_trunk:
-            raise ConfigError(
-                "optimizer.trunk_lr_scale: model.freeze_trunk = true trains no trunk weight "
-                "(leave the scale at 1.0)"
-            )
-        if self.data.label_key != "core:label" and objective != "classify":
-            raise ConfigError(
-                f"data.label_key: only for model.objective = 'classify' (a {objective!r} run "
-                "reads no label)"
             )
 
     def check_world_size(self, world_size: int) -> None:

@@ -15,14 +15,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, get_args
 
+from iqtrain import objectives
 from iqtrain.errors import ConfigError, as_config_error, int_argument
+from iqtrain.objectives import Objective
 
 __all__ = [
     "DEVICES",
     "KINDS",
     "MAX_BINS",
     "NORMS",
-    "OBJECTIVES",
     "PARALLEL",
     "PRECISIONS",
     "SAMPLE_RATE_RULES",
@@ -52,7 +53,6 @@ __all__ = [
     "POOLS",
     "check_which",
     "default_mlp_hidden",
-    "monitored",
     "require_float",
     "require_int",
 ]
@@ -79,12 +79,6 @@ SHAPES: tuple[DecayShape, ...] = get_args(DecayShape)
 #: ``data.norm``: each window normalised by its own power, or by its first ``prefix_patches``.
 Norm = Literal["window", "prefix"]
 NORMS: tuple[Norm, ...] = get_args(Norm)
-#: ``model.objective``: what the head predicts (docs/design.md "Objectives"). Pretraining, for each
-#: next-patch value: "mse" the value itself (squared error), "categorical" a distribution over
-#: ``model.bins`` quantised bins of it (cross-entropy). Fine-tuning: "classify" the class of a
-#: labelled window (cross-entropy over the training set's classes; its head: docs/design.md
-#: "Architecture").
-OBJECTIVES = ("mse", "categorical", "classify")
 #: ``data.sample_rate`` as a rule rather than a rate (docs/design.md "Recordings, capture segments,
 #: windows", sample rates).
 SAMPLE_RATE_RULES = ("same", "any")
@@ -93,13 +87,10 @@ Pool = Literal["mean", "attention"]
 POOLS: tuple[Pool, ...] = get_args(Pool)
 
 
-def monitored(objective: str) -> tuple[str, bool]:
-    """The validation record field the best checkpoint and early stopping follow, and whether
-    higher is better: ``("accuracy", True)`` for "classify", ``("loss", False)`` otherwise."""
-    return ("accuracy", True) if objective == "classify" else ("loss", False)
-
-
-#: ``model.bins``: bins per I/Q value of the categorical objective (its head is 2P x bins wide).
+#: ``model.objective``: what the model is trained to do, one of :func:`iqtrain.objectives.names`
+#: (docs/design.md "Objectives"); ``ModelConfig.task`` is its
+#: :class:`~iqtrain.objectives.Objective`. ``model.bins``: bins per I/Q value of the categorical
+#: objective (its head is 2P x bins wide).
 MAX_BINS = 4096
 
 
@@ -412,9 +403,10 @@ class ModelConfig:
     # mistyped value is an error whatever the objective.
     bins: int = 64
     bin_range: float = 4.0
-    # "classify" only (read for every objective, so a typo is an error whatever it is): how
-    # the patches' states become one vector ("mean"; "attention": one learned query), and
-    # whether the trunk is frozen (the head alone trains: the linear probe by training).
+    # A labelled objective's (iqtrain.objectives.classify; read for every objective, so a typo
+    # is an error whatever it is): how the patches' states become one vector ("mean";
+    # "attention": one learned query), and whether the trunk is frozen (the head alone trains:
+    # the linear probe by training).
     pool: Pool = "mean"
     freeze_trunk: bool = False
 
@@ -441,19 +433,10 @@ class ModelConfig:
         self.patch_len = require_int("model.patch_len", self.patch_len, minimum=1)
         # One patch has no successor to predict, so a usable window has at least two.
         self.max_patches = require_int("model.max_patches", self.max_patches, minimum=2)
-        require_str("model.objective", self.objective, OBJECTIVES)
+        require_str("model.objective", self.objective, objectives.names())
         require_str("model.pool", self.pool, POOLS)
         require_bool("model.freeze_trunk", self.freeze_trunk)
-        if self.freeze_trunk and self.objective != "classify":
-            raise ConfigError(
-                "model.freeze_trunk: only for model.objective = 'classify' (a frozen trunk "
-                f"with the {self.objective!r} objective would train its output head alone)"
-            )
-        if self.pool != "mean" and self.objective != "classify":
-            raise ConfigError(
-                f"model.pool: only for model.objective = 'classify' (a {self.objective!r} "
-                "model pools nothing)"
-            )
+        objectives.check_keys(self.task, "model", self)
         self.bins = require_int("model.bins", self.bins, minimum=2, maximum=MAX_BINS)
         # fp32 grid: beyond 1e4 window-normalised units (80 dB above the window's power) or
         # below bins 1e-6 wide, the centres stop being distinct finite numbers.
@@ -465,9 +448,16 @@ class ModelConfig:
             )
 
     @property
+    def task(self) -> Objective:
+        """``model.objective`` as its type: what the head, the loss, the monitored validation
+        field and the uses of the trained model are (:mod:`iqtrain.objectives`)."""
+        return objectives.get(self.objective)
+
+    @property
     def outputs_per_value(self) -> int:
-        """Head outputs per predicted I/Q value: 1 (the value) or ``bins`` (its logits)."""
-        return self.bins if self.objective == "categorical" else 1
+        """Head outputs per predicted I/Q value of a next-patch head: 1 (the value) or
+        ``bins`` (its logits)."""
+        return self.task.outputs_per_value(self)
 
     @property
     def head_dim(self) -> int:

@@ -158,7 +158,7 @@ def ensure_synthetic_probe(s: SynthConfig, annotations: int, window: int) -> lis
 
 
 def ensure_synthetic_labelled(s: SynthConfig, window: int) -> tuple[list[str], list[str]]:
-    """Generate (once) the synthetic labelled train/val sets a "classify" run uses when
+    """Generate (once) the synthetic labelled train/val sets a fine-tune uses when
     data.train is empty: bursts of :data:`PROBE_WINDOWS_PER_ANNOTATION` windows, classes spread
     evenly, as many samples in bursts as the next-patch set holds (``samples *
     train_recordings``, ``samples * val_recordings``), each set with a seed of its own (neither
@@ -198,7 +198,7 @@ def ensure_synthetic_labelled(s: SynthConfig, window: int) -> tuple[list[str], l
 
 
 def open_labelled(d: DataConfig) -> TrainVal[LabelledSet]:
-    """A fine-tune's data (``model.objective = "classify"``): the windows of ``data.window``
+    """A fine-tune's data (a labelled objective's): the windows of ``data.window``
     samples inside the annotations carrying ``data.label_key``, on a grid of ``data.stride``
     from each annotation's start (docs/design.md "Labelled windows for fine-tuning"). The training
     set's selected as a stream's dataset; the validation set's as well (every one once, in order),

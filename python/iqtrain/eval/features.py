@@ -17,7 +17,7 @@ import torch
 from iqtrain.config.sections import DataConfig
 from iqtrain.data.windows import FEATURE_BATCH, LabelledSet
 from iqtrain.errors import DataError
-from iqtrain.model.transformer import NextPatchModel
+from iqtrain.model.transformer import IQTransformer
 from iqtrain.pretrained.load import nonfinite_rows, window_features
 
 __all__ = [
@@ -30,7 +30,7 @@ __all__ = [
 
 
 def probe_features(
-    model: NextPatchModel,
+    model: IQTransformer,
     labelled: LabelledSet,
     data: DataConfig,
     *,
@@ -43,7 +43,7 @@ def probe_features(
 
 
 def layer_features(
-    model: NextPatchModel,
+    model: IQTransformer,
     labelled: LabelledSet,
     data: DataConfig,
     layers: Sequence[int],

@@ -42,7 +42,7 @@ from iqtrain.eval.features import (
     probe_features,
 )
 from iqtrain.eval.folds import FoldPlan, ProbeScore, Shots, check_folds
-from iqtrain.model.transformer import NextPatchModel
+from iqtrain.model.transformer import IQTransformer
 from iqtrain.pretrained.load import Pretrained, load_pretrained, parse_layer, source_ref
 from iqtrain.pretrained.recordings import (
     check_label_key,
@@ -131,7 +131,7 @@ def note_probe_set(
 
 
 def probe_model(
-    model: NextPatchModel, labelled: LabelledSet, data: DataConfig, folds: int, seed: int
+    model: IQTransformer, labelled: LabelledSet, data: DataConfig, folds: int, seed: int
 ) -> ProbeScore:
     """Features of ``model`` on ``labelled``, scored by grouped cross-validation: the part a
     training run can call (it needs no attempt and touches no global RNG)."""

@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from iqtrain import objectives
 from iqtrain.checkpoint.files import (
     checkpoint_name,
     checkpoint_step,
@@ -28,11 +29,11 @@ from iqtrain.checkpoint.state import (
     recorded_classes,
     recorded_step,
 )
-from iqtrain.config.sections import monitored
 from iqtrain.errors import CheckpointError
 from iqtrain.evidence.attempts import utc_now
 from iqtrain.evidence.data_record import data_binding, manifest_data_problems
 from iqtrain.evidence.metrics import MetricCursor, read_metrics, verify_prefix
+from iqtrain.objectives import Objective
 from iqtrain.storage import file_digest, write_json_atomic
 
 __all__ = [
@@ -211,8 +212,8 @@ def _check_checkpoints(attempt: Path, manifest: dict, problems: list[str]) -> in
 def _check_against_records(
     attempt: Path, manifest: dict, latest_step: int, problems: list[str]
 ) -> None:
-    """latest is the last train step; best is the first minimum of the validation records'
-    loss (the first maximum of their accuracy for "classify", whose best also records it)."""
+    """latest is the last train step; best is the first of the best validation records by the
+    objective's monitored field (:meth:`~iqtrain.objectives.Objective.best_record`)."""
 
     try:
         recs = read_metrics(attempt / "metrics.jsonl")
@@ -227,42 +228,29 @@ def _check_against_records(
             f"{train[-1].get('step')}"
         )
     objective = _objective(attempt)
-    if objective == "classify":
-        want = _best_by_accuracy(attempt, val)
-    else:
-        want = _best_by_loss(attempt, val)
+    try:
+        want = (objective or objectives.get("mse")).best_record(val)
+    except ValueError as exc:
+        raise ManifestError(f"{attempt / 'metrics.jsonl'}: {exc}") from None
     _check_best(attempt, manifest.get("best"), want, objective, problems)
 
 
-def _best_by_loss(attempt: Path, val: list[dict]) -> dict | None:
-    """The best validation record of a next-patch attempt: the first of the lowest loss."""
-    want = None
-    try:
-        for r in val:
-            if want is None or r["loss"] < want["loss"]:
-                want = r
-    except (KeyError, TypeError) as exc:
-        raise ManifestError(
-            f"{attempt / 'metrics.jsonl'}: a val record lacks its loss: {exc}"
-        ) from None
-    return want
-
-
 def _check_best(
-    attempt: Path, best: Any, want: dict | None, objective: str | None, problems: list[str]
+    attempt: Path, best: Any, want: Any, objective: Objective | None, problems: list[str]
 ) -> None:
     """The manifest's ``best`` against the best validation record ``want``: its step and loss,
-    and for "classify" its accuracy (which no other objective records)."""
-    if isinstance(best, dict) and objective not in (None, "classify") and "val_accuracy" in best:
+    and a labelled objective's accuracy (which no other objective records)."""
+    labelled = objective is not None and objective.labelled
+    if isinstance(best, dict) and objective is not None and not labelled and "val_accuracy" in best:
         problems.append(
             f"manifest.json best: records val_accuracy, but config.toml model.objective is "
-            f"{objective!r}"
+            f"{objective.name!r}"
         )
     if want is None and best is not None:
         problems.append("manifest.json best: set, but no validation record exists")
     elif want is not None and best is None:
         problems.append(f"manifest.json best: missing; validation step {want['step']} is best")
-    elif want is not None and best is not None and objective == "classify":
+    elif want is not None and best is not None and labelled:
         _, best_step = _ckpt_ref(attempt, best, "best")
         got = (best_step, best.get("val_accuracy"), best.get("val_loss"))
         if got != (want["step"], want["accuracy"], want.get("loss")):
@@ -281,41 +269,22 @@ def _check_best(
             )
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _best_by_accuracy(attempt: Path, val: list[dict]) -> dict | None:
-    """The best validation record of a "classify" attempt: the first of the highest accuracy
-    (a later one must be strictly higher); None without validation records."""
-    want = None
-    for r in val:
-        if not _is_number(r.get("accuracy")):
-            raise ManifestError(
-                f"{attempt / 'metrics.jsonl'}: a val record lacks its accuracy: "
-                f"step {r.get('step')!r}, accuracy {r.get('accuracy')!r}"
-            )
-        if want is None or r["accuracy"] > want["accuracy"]:
-            want = r
-    return want
-
-
-def _objective(attempt: Path) -> str | None:
-    """``model.objective`` of the attempt's config.toml (bound by its hash; "mse" when it names
-    none); None when it cannot be read (the config checks report that, and the checks that
-    depend on the objective keep to what they check for "mse")."""
+def _objective(attempt: Path) -> Objective | None:
+    """The objective of the attempt's config.toml ``model.objective`` (bound by its hash; "mse"
+    when it names none); None when it cannot be read or names none iqtrain knows (the config
+    checks report that, and the checks that depend on the objective keep to what they check
+    for "mse")."""
     import tomllib
 
     try:
         model = tomllib.loads((attempt / "config.toml").read_text()).get("model", {})
-        objective = model.get("objective", "mse")
+        return objectives.get(model.get("objective", "mse"))
     except (OSError, ValueError, AttributeError):
         return None
-    return objective if isinstance(objective, str) else None
 
 
 def classes_problems(attempt: Path, info: dict) -> list[str]:
-    """The class names of a ``model.objective = "classify"`` attempt: attempt.json ``classes``
+    """The class names of a labelled objective's attempt: attempt.json ``classes``
     is well formed (:func:`~iqtrain.checkpoint.state.classes_problem`) and equal to the
     ``classes`` of every checkpoint of the attempt (their state.json, bound by checkpoint.json
     and the manifest); any other objective records none in either. Nothing is checked when
@@ -325,14 +294,17 @@ def classes_problems(attempt: Path, info: dict) -> list[str]:
         return []
     problems: list[str] = []
     wanted = info.get("classes")
-    if objective != "classify":
+    if not objective.labelled:
         if "classes" in info:
             problems.append(
-                f"attempt.json classes: recorded, but config.toml model.objective is {objective!r}"
+                "attempt.json classes: recorded, but config.toml model.objective is "
+                f"{objective.name!r}"
             )
         wanted = None
     elif wanted is None:
-        return ["attempt.json classes: missing, but config.toml model.objective is 'classify'"]
+        return [
+            f"attempt.json classes: missing, but config.toml model.objective is {objective.name!r}"
+        ]
     elif (problem := classes_problem(wanted)) is not None:
         return [f"attempt.json {problem}"]
     for ckpt in list_checkpoints(attempt / "checkpoints"):
@@ -588,14 +560,14 @@ def _stopped_early_settings(attempt: Path, latest_step: int) -> str | None:
 
 
 def _stopped_early_counts(attempt: Path, manifest: dict, info: dict) -> str | None:
-    """Early stopping ends an attempt when ``early_stop_patience`` validations in a row did not
-    beat the reference by more than ``early_stop_min_delta`` (a lower loss; a higher accuracy
-    for "classify"): the latest checkpoint's loop state must count that many, and so must the
-    validation records this attempt wrote, replayed from the count its parent's checkpoint
-    carried."""
+    """Early stopping ends an attempt when ``early_stop_patience`` validations in a row did not beat
+    the reference by more than ``early_stop_min_delta`` (a lower loss; a higher accuracy for a
+    labelled objective): the latest checkpoint's loop state must count that many, and so must the
+    validation records this attempt wrote, replayed from the count its parent's checkpoint carried
+    (:meth:`~iqtrain.objectives.Objective.beats`)."""
 
     patience, _, min_delta = _early_stop_settings(attempt)
-    field, higher = monitored(_objective(attempt) or "mse")
+    objective = _objective(attempt) or objectives.get("mse")
     try:
         state = CheckpointState.read(attempt / manifest["latest"]["path"])
         stale = state.stale_validations
@@ -618,15 +590,10 @@ def _stopped_early_counts(attempt: Path, manifest: dict, info: dict) -> str | No
     for record in records:
         if record.get("kind") != "val":
             continue
-        value = record.get(field)
-        # A loss is a float, as always; an accuracy may be any number.
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, (int, float))
-            or (not isinstance(value, float) and not higher)
-        ):
-            return f"a validation record has no {field}: {record!r}"
-        if ref is None or (value > ref + min_delta if higher else value < ref - min_delta):
+        value = objective.value_of(record)
+        if value is None:
+            return f"a validation record has no {objective.monitor}: {record!r}"
+        if objective.beats(value, ref, min_delta):
             ref, count = value, 0
         else:
             count += 1
@@ -663,11 +630,11 @@ def publish_manifest(
     stopped_early: dict | None = None,
 ) -> None:
     """Freeze the evidence and bind it: config, metric stream, every checkpoint, latest, best
-    (``(checkpoint, validation loss[, validation accuracy])``: the accuracy of a "classify"
-    attempt, written as ``val_accuracy`` when it is not None), why the attempt ended before its
-    max_steps when early stopping ended it, and, as ``record`` (attempt.json) states them, the
-    parent a resume continues, the source of the lineage's first weights (``init``) and, by
-    hash, the data record (``data``: the sample rate and the inputs read past,
+    (``(checkpoint, validation loss[, validation accuracy])``: the accuracy of a labelled
+    objective's attempt, written as ``val_accuracy`` when it is not None), why the attempt ended
+    before its max_steps when early stopping ended it, and, as ``record`` (attempt.json) states
+    them, the parent a resume continues, the source of the lineage's first weights (``init``) and,
+    by hash, the data record (``data``: the sample rate and the inputs read past,
     :func:`~iqtrain.evidence.data_record.data_binding`)."""
     metrics_path = attempt / "metrics.jsonl"
     config_path = attempt / "config.toml"

@@ -1,6 +1,6 @@
 """Achieved model FLOP/s and model FLOPs utilisation (MFU) for the train records.
 
-The model states its FLOPs (``NextPatchModel.train_flops_per_patch``: every matmul, forward plus
+The model states its FLOPs (``IQTransformer.train_flops_per_patch``: every matmul, forward plus
 backward = 3x forward, full attention matrix); this module turns them into TFLOP/s and a
 fraction of the device's dense peak. Pure functions plus one table; torch is imported only
 inside :func:`device_peak_tflops`, so the module imports without it.

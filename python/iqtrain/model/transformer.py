@@ -1,5 +1,5 @@
-"""The next-patch-prediction transformer and its loss (docs/design.md "Architecture"), and its
-fine-tuned form, the window classifier (``model.objective = "classify"``, the same heading).
+"""The transformer every objective trains (docs/design.md "Architecture"): a causal trunk and the
+head its objective (:mod:`iqtrain.objectives`) sizes.
 
 A window of complex baseband samples arrives as patches ``[B, N, 2P]`` (``prepare_iq_input``:
 patch j holds samples ``[jP, (j+1)P)`` interleaved ``I0, Q0, I1, Q1, ...``, divided by one real
@@ -7,7 +7,7 @@ scale per window). The model embeds each patch with ``Linear(2P, dim)``, runs pr
 transformer blocks (RMSNorm, rotary attention through ``scaled_dot_product_attention``, SwiGLU MLP)
 and maps back with ``Linear(dim, 2P x outputs_per_value)``: the output at position t is the
 prediction of patch t+1, either its values (``model.objective = "mse"``) or ``model.bins`` logits
-per value ("categorical"; :mod:`iqtrain.model.objectives`). "classify" keeps the same trunk (the
+per value ("categorical"). A labelled objective (a classifier) keeps the same trunk (the
 embedding, the blocks, the final norm) and replaces the head: the final states are pooled over
 patches (their mean, or ``model.pool = "attention"``: softmax weights from one learned query)
 and ``Linear(dim, classes)`` gives one logit per class and window.
@@ -15,7 +15,7 @@ and ``Linear(dim, classes)`` gives one logit per class and window.
 Precision. Parameters are fp32. Under bf16 autocast (``training.precision = "bf16"``) the
 Linear layers and attention run in bf16, while the residual stream (the patch embeddings and
 every block's sum), the norms, RoPE and the attention pool stay fp32: every state
-:meth:`NextPatchModel.layer_states` returns is fp32, and only the head's output is bf16.
+:meth:`IQTransformer.layer_states` returns is fp32, and only the head's output is bf16.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from torch import Tensor, nn
 # The [model] table lives in the torch-free config module.
 from iqtrain.config.sections import ModelConfig
 
-__all__ = ["NextPatchModel"]
+__all__ = ["IQTransformer"]
 
 
 # --------------------------------------------------------------------------- building blocks
@@ -139,14 +139,14 @@ class AttentionPool(nn.Module):
         return (weights.unsqueeze(-1) * xf).sum(dim=1).to(x.dtype)
 
 
-#: Parameter name prefixes of the "classify" head: what is not the trunk.
+#: Parameter name prefixes of a labelled objective's head: what is not the trunk.
 HEAD_PREFIXES = ("head.", "pool.")
 
 
-class NextPatchModel(nn.Module):
+class IQTransformer(nn.Module):
     """``forward(patches [B, N, 2P]) -> [B, N, 2P x outputs_per_value]``; output t predicts
-    patch t+1 (its values, or per value ``model.bins`` logits). With ``model.objective =
-    "classify"`` (``classes`` >= 2 required): ``forward(patches) -> [B, classes]`` logits."""
+    patch t+1 (its values, or per value ``model.bins`` logits). With a labelled objective
+    (``classes`` >= 2 required): ``forward(patches) -> [B, classes]`` logits."""
 
     # Modules whose weights are embeddings: AdamW does not decay them (see step.py). The patch
     # embedding is a matrix, but decaying it shrinks the input representation, not capacity.
@@ -158,14 +158,11 @@ class NextPatchModel(nn.Module):
     def __init__(self, config: ModelConfig, classes: int = 0) -> None:
         super().__init__()
         if not isinstance(config, ModelConfig):
-            raise TypeError(f"NextPatchModel needs a ModelConfig, got {type(config).__name__}")
-        classify = config.objective == "classify"
-        if classify and (isinstance(classes, bool) or not isinstance(classes, int) or classes < 2):
-            raise ValueError(f"a 'classify' model needs classes >= 2, got {classes!r}")
-        if not classify and classes:
-            raise ValueError(f"classes is for model.objective 'classify', not {config.objective!r}")
+            raise TypeError(f"IQTransformer needs a ModelConfig, got {type(config).__name__}")
+        #: What the model is trained to do: its head's width and its loss (iqtrain.objectives).
+        self.objective = config.task
+        self.classes = self.objective.check_classes(classes)
         self.config = config
-        self.classes = classes
         width = 2 * config.patch_len
         # Biases on the input and output maps only: they absorb a DC offset in I/Q; inside the
         # blocks the norms make biases redundant.
@@ -173,9 +170,10 @@ class NextPatchModel(nn.Module):
         self.embed_dropout = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.layers))
         self.norm = RMSNorm(config.dim)
-        self.pool = AttentionPool(config.dim) if classify and config.pool == "attention" else None
-        out = classes if classify else width * config.outputs_per_value
-        self.head = nn.Linear(config.dim, out)
+        # A labelled objective's head pools the window (its outputs are the window's classes).
+        pooled = self.objective.labelled and config.pool == "attention"
+        self.pool = AttentionPool(config.dim) if pooled else None
+        self.head = nn.Linear(config.dim, self.objective.head_width(config, self.classes))
         cos, sin = rope_tables(config.max_patches, config.head_dim, config.rope_theta)
         # Non-persistent: derived from the config, so checkpoints neither store nor need them.
         self.register_buffer("rope_cos", cos, persistent=False)
@@ -200,20 +198,20 @@ class NextPatchModel(nn.Module):
 
     def forward(self, patches: Tensor) -> Tensor:
         states = self.hidden_states(patches)
-        if self.classes:
+        if self.objective.labelled:
             pooled = states.mean(dim=1) if self.pool is None else self.pool(states)
             return self.head(pooled)
         return self.head(states)
 
     def is_head(self, name: str) -> bool:
-        """Whether parameter ``name`` belongs to the "classify" head (pool and linear head):
+        """Whether parameter ``name`` belongs to a labelled objective's head (pool and linear):
         what ``model.freeze_trunk`` leaves trainable and ``optimizer.trunk_lr_scale`` does not
         scale. For the next-patch objectives there is no such split: False."""
-        return bool(self.classes) and name.startswith(HEAD_PREFIXES)
+        return self.objective.labelled and name.startswith(HEAD_PREFIXES)
 
     def trunk_state(self, state: dict[str, Tensor]) -> dict[str, Tensor]:
         """``state`` without the head's tensors (its pool's and its linear map's): the
-        weights a "classify" model takes from a pretrained one."""
+        weights a fine-tuned model takes from a pretrained one."""
         return {k: v for k, v in state.items() if not k.startswith(HEAD_PREFIXES)}
 
     def hidden_states(self, patches: Tensor) -> Tensor:
@@ -291,8 +289,8 @@ class NextPatchModel(nn.Module):
         d, w, n = cfg.dim, 2 * cfg.patch_len, seq_patches
         assert cfg.mlp_hidden is not None  # resolved by ModelConfig.__post_init__
         h = cfg.mlp_hidden
-        if self.classes:  # the window's head, spread over its patches
-            return self._trunk_flops(n) + self._classify_head_flops(n) // n
+        if self.objective.labelled:  # the window's head, spread over its patches
+            return self._trunk_flops(n) + self._window_head_flops(n) // n
         embed_and_head = 2 * w * d * (1 + cfg.outputs_per_value)
         attention = 2 * d * 3 * d + 2 * (2 * n * d) + 2 * d * d
         mlp = 2 * d * 2 * h + 2 * h * d
@@ -307,8 +305,8 @@ class NextPatchModel(nn.Module):
         attention = 2 * d * 3 * d + 2 * (2 * n * d) + 2 * d * d
         return 2 * w * d + cfg.layers * (attention + 2 * d * 2 * h + 2 * h * d)
 
-    def _classify_head_flops(self, n: int) -> int:
-        """Forward FLOPs per window of the "classify" head: the attention pool's scores and
+    def _window_head_flops(self, n: int) -> int:
+        """Forward FLOPs per window of a labelled objective's head: the attention pool's scores and
         weighted sum (``2nd`` each; the mean pool's sum is elementwise work, not counted) and
         ``Linear(dim, classes)``: ``2 * dim * classes``."""
         d = self.config.dim
@@ -316,16 +314,16 @@ class NextPatchModel(nn.Module):
         return pool + 2 * d * self.classes
 
     def train_flops_per_window(self, seq_patches: int) -> int:
-        """Model FLOPs of one training step per window of ``seq_patches`` patches: 3x the
-        forward (:meth:`train_flops_per_patch` x ``seq_patches``), except for a "classify"
-        model with ``model.freeze_trunk``: the trunk runs forward only (nothing in it needs a
-        gradient, so autograd stops at the head), the head forward and backward."""
+        """Model FLOPs of one training step per window of ``seq_patches`` patches: 3x the forward
+        (:meth:`train_flops_per_patch` x ``seq_patches``), except for a labelled objective's model
+        with ``model.freeze_trunk``: the trunk runs forward only (nothing in it needs a gradient, so
+        autograd stops at the head), the head forward and backward."""
         if isinstance(seq_patches, bool) or not isinstance(seq_patches, int) or seq_patches < 1:
             raise ValueError(f"seq_patches: expected an integer >= 1, got {seq_patches!r}")
         n = seq_patches
-        if self.classes:
+        if self.objective.labelled:
             trunk = self._trunk_flops(n) * n
-            head = self._classify_head_flops(n)
+            head = self._window_head_flops(n)
             if self.config.freeze_trunk:
                 return trunk + 3 * head
             return 3 * (trunk + head)

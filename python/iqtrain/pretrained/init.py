@@ -4,9 +4,9 @@
 The source is resolved and verified as a resume verifies its parent (its optimizer tensors are
 not read: optimizer, schedule, stream and step start fresh). Every architecture key of
 ``[model]`` must match the source's (:data:`ARCHITECTURE_KEYS`): the first that differs is one
-ConfigError line naming it, before anything is created. A "classify" attempt (a fine-tune)
-takes the trunk (:data:`TRUNK_KEYS` must match) and a new head, unless its source is a
-"classify" model with the same classes and ``model.pool``: then every weight. The record an
+ConfigError line naming it, before anything is created. A labelled objective's attempt (a
+fine-tune) takes the trunk (:data:`TRUNK_KEYS` must match) and a new head, unless its source
+has the same objective, classes and ``model.pool``: then every weight. The record an
 attempt keeps of its source (:class:`InitSource.record`) is what ``attempt.json`` and the
 manifest hold as ``init``.
 """
@@ -24,7 +24,7 @@ from iqtrain.checkpoint.files import listed_sha256
 from iqtrain.config.sections import InitConfig, ModelConfig
 from iqtrain.errors import CheckpointError, ConfigError
 from iqtrain.evidence.lineage import load_parent
-from iqtrain.model.transformer import NextPatchModel
+from iqtrain.model.transformer import IQTransformer
 from iqtrain.pretrained.load import load_weights, source_config, source_ref
 
 __all__ = ["ARCHITECTURE_KEYS", "TRUNK_KEYS", "InitSource", "first_difference", "load_init"]
@@ -66,7 +66,7 @@ class InitSource:
         """The source checkpoint's directory."""
         return Path(self.record["attempt"], "checkpoints", self.record["checkpoint"])
 
-    def load_into(self, model: NextPatchModel) -> None:
+    def load_into(self, model: IQTransformer) -> None:
         """Every weight of ``model`` from the source (strict: the architectures matched), or
         with ``trunk_only`` every weight but the head's (the head keeps its initialisation)."""
         path = self.checkpoint
@@ -105,7 +105,7 @@ def load_init(
     except CheckpointError as exc:
         raise CheckpointError(f"init.from: {exc}") from None
     source = source_config(parent, name="init.from: ").model
-    fine_tune = model.objective == "classify"
+    fine_tune = model.task.labelled
     keys = TRUNK_KEYS if fine_tune else ARCHITECTURE_KEYS
     key = first_difference(model, source, keys)
     if key is not None:
@@ -117,7 +117,7 @@ def load_init(
         )
     # A classifier continues its own head only over the same classes, pooled the same way.
     trunk_only = fine_tune and not (
-        source.objective == "classify"
+        source.objective == model.objective
         and source.pool == model.pool
         and parent.state.classes == list(classes or ())
     )

@@ -37,9 +37,9 @@ from iqtrain.data.sources import format_rate
 from iqtrain.data.windows import FEATURE_BATCH
 from iqtrain.errors import CheckpointError, ConfigError, InputError, int_argument
 from iqtrain.evidence.lineage import Parent, ParentRef, load_parent
-from iqtrain.model.objectives import window_losses
 from iqtrain.model.prepare import prepare_iq_input
-from iqtrain.model.transformer import NextPatchModel
+from iqtrain.model.transformer import IQTransformer
+from iqtrain.objectives import Objective
 from iqtrain.pretrained.inputs import check_windows, loader_batches
 
 __all__ = [
@@ -68,14 +68,14 @@ EmbedPool = Literal["mean"]
 POOLS: tuple[EmbedPool | None, ...] = (*get_args(EmbedPool), None)
 
 
-def random_init_model(config: ModelConfig, seed: int, classes: int = 0) -> NextPatchModel:
-    """The model training starts from (``classes``: a "classify" model's): the weights of
-    ``torch.manual_seed(seed)`` then ``NextPatchModel``, built on the CPU from the CPU generator
+def random_init_model(config: ModelConfig, seed: int, classes: int = 0) -> IQTransformer:
+    """The model training starts from (``classes``: a labelled objective's model's): the weights of
+    ``torch.manual_seed(seed)`` then ``IQTransformer``, built on the CPU from the CPU generator
     alone, seeded under ``fork_rng``: every global generator of the caller, the CUDA ones
     included, is left as it was."""
     with torch.random.fork_rng(devices=[]):
         torch.default_generator.manual_seed(seed)  # not torch.manual_seed: it reseeds CUDA too
-        return NextPatchModel(config, classes)
+        return IQTransformer(config, classes)
 
 
 def parse_layer(
@@ -129,7 +129,7 @@ def source_ref(
     return ParentRef(path, which or "best")
 
 
-def load_weights(model: NextPatchModel, state: dict[str, torch.Tensor], where: Path) -> None:
+def load_weights(model: IQTransformer, state: dict[str, torch.Tensor], where: Path) -> None:
     """Every weight of ``model`` from ``state``, strictly: a missing, extra or misshapen tensor
     is a CheckpointError naming ``where``."""
     try:
@@ -225,7 +225,7 @@ class Pretrained:
     ``step``, ``checkpoint`` (the directory), ``attempt`` (the attempt that wrote it),
     ``model_sha256`` (of its ``model.safetensors``), ``precision`` (``bf16``: forwards under
     bf16 autocast on CUDA; features and losses are returned in fp32 either way), ``classes``
-    (a "classify" model's class names, in the order of its outputs; None for a pretraining
+    (a labelled objective's class names, in the order of its outputs; None for a pretraining
     model), ``sample_rate`` (Hz: the one rate of the recordings it was trained on, its
     state.json's; None when they had none, or several under ``data.sample_rate = "any"``, or
     the checkpoint predates the record).
@@ -234,7 +234,7 @@ class Pretrained:
     given, the model's is known and they differ, a :class:`SampleRateWarning` names both.
     """
 
-    model: NextPatchModel
+    model: IQTransformer
     config: Config
     step: int
     checkpoint: Path
@@ -248,6 +248,12 @@ class Pretrained:
     def window(self) -> int:
         """Samples per window (``data.seq_patches * data.patch_len``)."""
         return self.config.data.window
+
+    @property
+    def objective(self) -> Objective:
+        """What the model was trained to do (:mod:`iqtrain.objectives`): its ``uses`` are the
+        methods of this model that answer (``embed``, ``score``, ``predict``)."""
+        return self.model.objective
 
     @property
     def device(self) -> torch.device:
@@ -328,7 +334,7 @@ class Pretrained:
         """``[N]`` float64: each window's mean next-patch loss under the model's objective, in
         the units validation records (categorical: nats per complex sample; mse: NMSE). A
         likelihood-based novelty score: the higher, the more surprising to the model. A
-        "classify" model predicts no next patch: ConfigError (use :meth:`predict`).
+        classifier predicts no next patch: ObjectiveError, a ValueError (use :meth:`predict`).
         ``sample_rate``: as :meth:`embed`'s."""
         self.warn_rate(sample_rate)
         return self.losses(_batches(iq, self.window, batch_size))
@@ -336,16 +342,12 @@ class Pretrained:
     def predict(
         self, iq: Any, *, batch_size: int = FEATURE_BATCH, sample_rate: float | None = None
     ) -> np.ndarray:
-        """``[N, classes]`` float64: each window's log-probability of each class (a "classify"
+        """``[N, classes]`` float64: each window's log-probability of each class (a fine-tuned
         model; columns in :attr:`classes` order), from the forward training validates with.
-        ``self.classes[p.argmax(axis=1)]`` names the predicted classes. A pretraining model
-        (no classes) is a ConfigError; a window with non-finite samples an InputError.
+        ``self.classes[p.argmax(axis=1)]`` names the predicted classes. A pretraining model (no
+        classes) is an ObjectiveError, a ValueError; a window with non-finite samples an InputError.
         ``sample_rate``: as :meth:`embed`'s."""
-        if self.classes is None:
-            raise ConfigError(
-                f"{self.attempt}: model.objective is {self.config.model.objective!r}: predict "
-                "needs a 'classify' (fine-tuned) attempt"
-            )
+        self.objective.require("predict", self.attempt)
         self.warn_rate(sample_rate)
         out = self.log_probs(_batches(iq, self.window, batch_size))
         bad = nonfinite_rows(out)
@@ -373,13 +375,9 @@ class Pretrained:
         )
 
     def losses(self, batches: Iterable[np.ndarray]) -> np.ndarray:
-        """:func:`window_scores` of this model (a pretraining model's: ConfigError naming the
-        attempt for a "classify" one, which predicts no next patch)."""
-        if self.classes is not None:
-            raise ConfigError(
-                f"{self.attempt}: a 'classify' model scores no next patch; score needs a "
-                "pretraining attempt (predict classifies)"
-            )
+        """:func:`window_scores` of this model (ObjectiveError naming the attempt for a model
+        whose objective gives no score, a classifier's)."""
+        self.objective.require("score", self.attempt)
         return window_scores(self.model, self.config.data, batches, precision=self.precision)
 
 
@@ -398,7 +396,7 @@ def _patches(raw: np.ndarray, data: DataConfig, device: torch.device) -> torch.T
     return patches
 
 
-def _evaluating(model: NextPatchModel, precision: Precision) -> contextlib.ExitStack:
+def _evaluating(model: IQTransformer, precision: Precision) -> contextlib.ExitStack:
     """Eval mode (the model's own mode restored on exit), no_grad, and bf16 autocast only for
     ``precision = "bf16"`` (fp32 otherwise: autocast off, whatever the caller's state)."""
     stack = contextlib.ExitStack()
@@ -414,7 +412,7 @@ def _evaluating(model: NextPatchModel, precision: Precision) -> contextlib.ExitS
 
 
 def window_features(
-    model: NextPatchModel,
+    model: IQTransformer,
     data: DataConfig,
     batches: Iterable[np.ndarray],
     layers: Sequence[int],
@@ -425,7 +423,7 @@ def window_features(
     """``{layer: features}`` (CPU fp32; ``[n, dim]`` mean-pooled over patches, or
     ``[n, patches, dim]`` with ``pool=None``) of every window of ``batches`` (``[b, window, 2]``
     in a loader dtype), from one forward per batch on the model's device, in eval mode under
-    no_grad. ``layers`` number as :meth:`NextPatchModel.layer_states` (0 the patch embeddings,
+    no_grad. ``layers`` number as :meth:`IQTransformer.layer_states` (0 the patch embeddings,
     ``model.layers`` the final hidden states). Non-finite features are returned as they are
     (the caller names the window)."""
     device = next(model.parameters()).device
@@ -441,30 +439,30 @@ def window_features(
 
 
 def window_scores(
-    model: NextPatchModel,
+    model: IQTransformer,
     data: DataConfig,
     batches: Iterable[np.ndarray],
     *,
     precision: Precision = "fp32",
 ) -> np.ndarray:
     """``[n]`` float64: each window's mean next-patch loss under the model's objective
-    (:func:`~iqtrain.model.objectives.window_losses`), from one forward per batch, in eval mode
-    under no_grad. A window with non-finite samples scores NaN."""
+    (:meth:`~iqtrain.objectives.Objective.window_losses`), from one forward per batch, in eval
+    mode under no_grad. A window with non-finite samples scores NaN."""
 
     def losses(patches: torch.Tensor) -> torch.Tensor:
-        return window_losses(model(patches), patches, model.config)
+        return model.objective.window_losses(model(patches), patches, model.config)
 
     return _per_window(model, data, batches, precision, losses, empty=(0,))
 
 
 def window_log_probs(
-    model: NextPatchModel,
+    model: IQTransformer,
     data: DataConfig,
     batches: Iterable[np.ndarray],
     *,
     precision: Precision = "fp32",
 ) -> np.ndarray:
-    """``[n, classes]`` float64: a "classify" model's log-softmax over its classes for every
+    """``[n, classes]`` float64: a fine-tuned model's log-softmax over its classes for every
     window of ``batches``, one forward per batch in eval mode under no_grad (non-finite rows
     as they come: the caller names the window)."""
 
@@ -475,7 +473,7 @@ def window_log_probs(
 
 
 def _per_window(
-    model: NextPatchModel,
+    model: IQTransformer,
     data: DataConfig,
     batches: Iterable[np.ndarray],
     precision: Precision,
@@ -519,10 +517,10 @@ def source_config(parent: Parent, name: str = "") -> Config:
         raise CheckpointError(f"{name}{parent.attempt / 'config.toml'}: {exc}") from None
 
 
-def _model_of(parent: Parent) -> tuple[NextPatchModel, Config]:
+def _model_of(parent: Parent) -> tuple[IQTransformer, Config]:
     config = source_config(parent)
     classes = parent.state.classes
-    if (config.model.objective == "classify") != (classes is not None) or (
+    if config.model.task.labelled != (classes is not None) or (
         classes is not None and len(classes) < 2
     ):
         raise CheckpointError(

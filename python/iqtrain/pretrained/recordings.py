@@ -500,9 +500,7 @@ def _grid_rows(
 
 def unit_of(pre: Pretrained) -> str:
     """What a score counts, in the units validation records."""
-    if pre.config.model.objective == "mse":
-        return "NMSE"
-    return "nats per complex sample"
+    return pre.objective.loss_unit
 
 
 # --------------------------------------------------------------------------- predictions
@@ -651,7 +649,7 @@ def predict_recordings(
     read: ReadOptions | None = None,
     any_rate: bool = False,
 ) -> Prediction:
-    """A "classify" model's predictions over ``patterns`` (docs/design.md "A trained model as a
+    """A fine-tuned model's predictions over ``patterns`` (docs/design.md "A trained model as a
     product"), read with
     ``read`` (channel, skip_invalid).
 
@@ -676,11 +674,8 @@ def predict_recordings(
     if per not in PREDICT_PER:
         raise ConfigError(f"--per: expected one of {', '.join(PREDICT_PER)}, got {per!r}")
     check_label_key(key)
-    if pre.classes is None:
-        raise ConfigError(
-            f"{pre.attempt}: model.objective is {pre.config.model.objective!r}, a pretraining "
-            "attempt: predict needs a 'classify' (fine-tuned) attempt"
-        )
+    pre.objective.require("predict", pre.attempt)
+    assert pre.classes is not None  # a model that predicts has classes
     classes = tuple(pre.classes)
     key = pre.config.data.label_key if key is None else key
     if per == "annotation":

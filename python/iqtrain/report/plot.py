@@ -7,8 +7,8 @@ first validation record, spikes; log scale, SNR in dB on the right), learning ra
 annotations per class when the last such record has them). A resumed attempt's stream already
 holds its whole lineage (each child starts with its parent's records up to the checkpoint it
 resumed from); every resume point of that lineage is a dashed vertical line labelled
-``resumed from attempt N``. A ``model.objective = "classify"`` attempt (validation records with
-``accuracy``) has a cross-entropy loss panel (train and validation loss, no baselines or SNR)
+``resumed from attempt N``. A labelled objective's attempt (a classifier: validation records
+with ``accuracy``) has a cross-entropy loss panel (train and validation loss, no baselines or SNR)
 and below it a validation accuracy panel: accuracy with its best point (the first of the
 highest), each class's accuracy as a faint line, and the majority-class baseline.
 
@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from iqtrain.errors import ConfigError
+from iqtrain.objectives import Objective
 from iqtrain.report.summary import (
     AttemptView,
     Lineage,
-    best_by_accuracy,
-    is_classify,
+    best_of,
     load_attempt,
     number,
     resume_points,
@@ -114,20 +114,19 @@ def _train_loss(ax: Axes, train: list[dict[str, Any]]) -> bool:
     return True
 
 
-def _val_loss(ax: Axes, val: list[dict[str, Any]]) -> bool:
+def _val_loss(ax: Axes, val: list[dict[str, Any]], objective: Objective) -> bool:
     """Validation loss and its best point, then the first validation's baselines; False if
-    there is no validation loss. ("classify": the loss alone; its best follows accuracy.)"""
+    there is no validation loss. (An objective that monitors another field: the loss alone.)"""
     steps, loss = _series(val, "loss")
-    if steps and is_classify(val):
-        ax.plot(steps, loss, color=VAL, marker="o", ms=3.5, lw=1.4, label="val loss")
-        return True
     if steps:
         ax.plot(steps, loss, color=VAL, marker="o", ms=3.5, lw=1.4, label="val loss")
-        i = min(range(len(loss)), key=loss.__getitem__)
+    if steps and objective.monitor != "loss":
+        return True
+    best_record = best_of(objective, val)
+    b_step, b_loss = number(best_record or {}, "step"), number(best_record or {}, "loss")
+    if b_step is not None and b_loss is not None:
         best: dict[str, Any] = dict(ls="none", marker="*", ms=12, color=VAL, mec="k", mew=0.6)
-        ax.plot(
-            [steps[i]], [loss[i]], label=f"best val {loss[i]:.4g} (step {steps[i]:.0f})", **best
-        )
+        ax.plot([b_step], [b_loss], label=f"best val {b_loss:.4g} (step {b_step:.0f})", **best)
     if _objective_loss_differs(val):  # the predicted mean's NMSE, beside the baselines
         n_steps, nmse = _series(val, "nmse")
         ax.plot(n_steps, nmse, color=VAL, ls="--", marker=".", lw=1.0, label="val NMSE of mean")
@@ -150,7 +149,7 @@ def _objective_loss_differs(val: list[dict[str, Any]]) -> bool:
 
 def _loss_panel(ax: Axes, view: AttemptView) -> None:
     drawn = _train_loss(ax, view.records("train"))
-    drawn = _val_loss(ax, view.records("val")) or drawn
+    drawn = _val_loss(ax, view.records("val"), view.objective) or drawn
     if not drawn:
         ax.text(0.5, 0.5, "no loss records", ha="center", va="center", transform=ax.transAxes)
         return
@@ -158,8 +157,8 @@ def _loss_panel(ax: Axes, view: AttemptView) -> None:
     ax.legend(loc="upper right", fontsize=8, framealpha=0.85)
 
 
-def _accuracy_panel(ax: Axes, val: list[dict[str, Any]]) -> None:
-    """A "classify" attempt's validation accuracy: the accuracy with its best point (the first
+def _accuracy_panel(ax: Axes, val: list[dict[str, Any]], objective: Objective) -> None:
+    """A labelled objective's validation accuracy: the accuracy with its best point (the first
     of the highest: the best checkpoint's), each class's accuracy as a faint line (a class
     without validation windows has none), and the first validation's majority-class
     baseline."""
@@ -184,7 +183,7 @@ def _accuracy_panel(ax: Axes, val: list[dict[str, Any]]) -> None:
         drawn += 1
     if steps:
         ax.plot(steps, acc, color=VAL, marker="o", ms=3.5, lw=1.4, label="val accuracy")
-        best = best_by_accuracy(val) or {}
+        best = best_of(objective, val) or {}
         b_step, b_acc = number(best, "step"), number(best, "accuracy")
         if b_step is not None and b_acc is not None:
             star: dict[str, Any] = dict(ls="none", marker="*", ms=12, color=VAL, mec="k", mew=0.6)
@@ -418,7 +417,7 @@ def build_figure(attempt: Path) -> Figure:
     """The figure of attempt directory ``attempt`` (not saved; see :func:`write_plot`).
 
     Axes, top to bottom, each with its ``get_label()``: ``loss``, ``val_accuracy`` (only for
-    a "classify" attempt: validation records with ``accuracy``), ``lr``, ``grad_norm`` and,
+    a labelled objective's attempt), ``lr``, ``grad_norm`` and,
     only when the stream has probe records, ``probe``, then ``probe_by`` (a probe record with
     ``by``) and ``probe_shots`` (a probe record with ``shots``). ``ConfigError`` without
     matplotlib; ``CheckpointError`` if ``attempt`` is not an attempt directory.
@@ -439,10 +438,11 @@ def build_figure(attempt: Path) -> Figure:
         for record in [_last_with(probes, key)]
         if record is not None
     ]
-    classify = is_classify(view.records("val"))
-    names = ["loss", *(["val_accuracy"] if classify else []), "lr", "grad_norm"]
+    objective = view.objective
+    labelled = objective.labelled
+    names = ["loss", *(["val_accuracy"] if labelled else []), "lr", "grad_norm"]
     names += ["probe"] if probes else []
-    ratios = [3.0, *([2.2] if classify else []), 1.1, 1.3] + ([1.4] if probes else [])
+    ratios = [3.0, *([2.2] if labelled else []), 1.1, 1.3] + ([1.4] if probes else [])
     ratios += [1.6] * len(extra)
     fig = Figure(figsize=(11, 2.0 + 1.9 * sum(ratios)), dpi=110, layout="constrained")
     FigureCanvasAgg(fig)
@@ -457,7 +457,7 @@ def build_figure(attempt: Path) -> Figure:
         "grad_norm": "grad norm",
         "probe": "probe accuracy",
     }
-    if classify:  # a cross-entropy in nats: no NMSE, no SNR axis
+    if labelled:  # a cross-entropy in nats: no NMSE, no SNR axis
         ylabels["loss"] = "loss (cross-entropy, nats)"
     elif _objective_loss_differs(view.records("val")):
         ylabels["loss"] = "loss (objective; NMSE dashed)"
@@ -467,8 +467,8 @@ def build_figure(attempt: Path) -> Figure:
         ax.set_ylabel(ylabels[name])
         ax.grid(True, which="major", alpha=0.3)
     _loss_panel(panel["loss"], view)
-    if classify:
-        _accuracy_panel(panel["val_accuracy"], view.records("val"))
+    if labelled:
+        _accuracy_panel(panel["val_accuracy"], view.records("val"), objective)
     else:
         _snr_axis(panel["loss"])
     _lr_panel(panel["lr"], view)

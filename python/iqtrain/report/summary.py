@@ -16,22 +16,24 @@ from __future__ import annotations
 
 import math
 import os
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from iqtrain import objectives
 from iqtrain.checkpoint.files import list_checkpoints
 from iqtrain.console import resume_command
 from iqtrain.errors import CheckpointError
 from iqtrain.evidence.lock import attempt_status, read_attempt_info
 from iqtrain.evidence.metrics import MetricStream, read_metric_stream
+from iqtrain.objectives import Objective
 
 __all__ = [
     "AttemptView",
     "Lineage",
     "ResumePoint",
-    "best_by_accuracy",
-    "is_classify",
+    "best_of",
     "load_attempt",
     "number",
     "report",
@@ -204,19 +206,13 @@ def _train_lines(train: list[dict[str, Any]]) -> list[str]:
     return [line]
 
 
-def is_classify(val: list[dict[str, Any]]) -> bool:
-    """Whether validation records are a "classify" attempt's (they have ``accuracy``; the
-    next-patch objectives' have ``nmse``)."""
-    return any("accuracy" in r for r in val)
-
-
-def best_by_accuracy(val: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The best validation record of a "classify" attempt: the first of the highest accuracy
-    (the record ``best`` marks); None when no record has one."""
-    scored = [(v, r) for r in val if (v := number(r, "accuracy")) is not None]
-    if not scored:
-        return None
-    return max(scored, key=lambda pair: pair[0])[1]  # ties: the first
+def best_of(objective: Objective, val: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The best of the validation records that carry the objective's monitored value, by its
+    rule (the first of the best: the record ``best`` marks, the one verify checks); None when
+    no record has one."""
+    usable = [r for r in val if (v := objective.value_of(r)) is not None and not math.isnan(v)]
+    best = objective.best_record(usable)
+    return None if best is None else dict(best)
 
 
 def _class_accuracy(record: dict[str, Any]) -> str:
@@ -230,9 +226,10 @@ def _class_accuracy(record: dict[str, Any]) -> str:
     )
 
 
-def _classify_lines(val: list[dict[str, Any]]) -> list[str]:
-    """The validations of a "classify" attempt: accuracy and loss (cross-entropy, nats per
-    window), the majority-class baseline, the best (highest accuracy) and its classes."""
+def _labelled_lines(objective: Objective, val: list[dict[str, Any]]) -> list[str]:
+    """The validations of a labelled objective's attempt: accuracy and loss (cross-entropy,
+    nats per window), the majority-class baseline, the best (highest accuracy) and its
+    classes."""
     lines = []
     base = next((r for r in val if "baseline_majority_accuracy" in r), None)
     if base:
@@ -244,7 +241,7 @@ def _classify_lines(val: list[dict[str, Any]]) -> list[str]:
             f"accuracy {_fmt(number(r, 'accuracy'), '.4f')}"
             + ("  best" if r.get("best") is True else "")
         )
-    best = best_by_accuracy(val)
+    best = best_of(objective, val)
     if best is not None:
         step = best.get("step", "?")
         lines.append(
@@ -256,9 +253,9 @@ def _classify_lines(val: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def _val_lines(val: list[dict[str, Any]]) -> list[str]:
-    if is_classify(val):
-        return _classify_lines(val)
+def _val_lines(objective: Objective, val: list[dict[str, Any]]) -> list[str]:
+    if objective.labelled:
+        return _labelled_lines(objective, val)
     lines = []
     base = next((r for r in val if "baseline_zero_loss" in r), None)
     if base:
@@ -278,10 +275,9 @@ def _val_lines(val: list[dict[str, Any]]) -> list[str]:
             + ("" if snr is None else f" ({snr:.2f} dB)")
             + ("  best" if r.get("best") is True else "")
         )
-    scored = [(v, r) for r in val if (v := number(r, "loss")) is not None]
-    if scored:
-        loss, best = min(scored, key=lambda pair: pair[0])  # ties: the first (verify's rule)
-        nmse = number(best, "nmse")
+    best = best_of(objective, val)
+    if best is not None:
+        loss, nmse = best["loss"], number(best, "nmse")
         db = _db(loss if nmse is None else nmse)
         lines.append(f"  best val loss {loss:.5f} at step {best.get('step', '?')} ({db})")
     return lines
@@ -305,6 +301,17 @@ class AttemptView:
     def records(self, kind: str) -> list[dict[str, Any]]:
         """The complete records of ``kind`` (``train``, ``val``, ``probe``, …), in order."""
         return [r for r in self.stream.records if r.get("kind") == kind] if self.stream else []
+
+    @property
+    def objective(self) -> Objective:
+        """The attempt's objective: config.toml's ``model.objective``; when that cannot be
+        read, the one its validation records fit (a labelled objective's hold an accuracy)."""
+        try:
+            with open(self.path / "config.toml", "rb") as f:
+                return objectives.get(tomllib.load(f).get("model", {}).get("objective", "mse"))
+        except (OSError, ValueError, AttributeError):
+            labelled = any("accuracy" in r for r in self.records("val"))
+            return next(o for o in objectives.REGISTRY.values() if o.labelled == labelled)
 
 
 def load_attempt(attempt: Path) -> AttemptView:
@@ -397,7 +404,7 @@ def report(attempt: Path) -> str:
     if not stream.records:
         lines.append("  no metric records")
     lines += _train_lines(train)
-    lines += _val_lines(val)
+    lines += _val_lines(view.objective, val)
     probes = view.records("probe")
     if probes:  # the last: the one a run ends on
         lines.append(f"  probe at step {probes[-1].get('step')}: {probe_summary(probes[-1])}")

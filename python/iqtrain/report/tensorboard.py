@@ -3,15 +3,15 @@
 Every finite number of every record becomes the scalar ``<kind>/<field>`` at the record's step
 (``train/loss``, ``train/lr``, ``train/grad_norm``, ``train/samples_per_s``, ``train/tflops``,
 ``train/mfu`` where recorded, ``val/loss``, ``val/pred_snr_db``, ``probe/accuracy``, …), except
-``step`` and the constant counters ``samples`` and ``patches``; booleans are left out. A
-"classify" validation adds ``val/accuracy`` and one ``val/class_accuracy/<class>`` per class
-that has validation windows. The baselines of the first validation record
-(``val/baseline_zero_loss``, ``val/baseline_copy_last_loss``, or "classify"'s
-``val/baseline_majority_accuracy``: model-independent, on the same fixed validation set) are
-written at every validation step, so TensorBoard draws them as lines. Wall times are
-reconstructed: the attempt's start plus the step and validation time of the records before,
-so TensorBoard's "relative" axis shows compute time. A resumed attempt's stream holds its
-whole lineage (the parent's records up to the checkpoint it resumed from), so it exports whole.
+``step`` and the constant counters ``samples`` and ``patches``; booleans are left out. A labelled
+objective's validation adds ``val/accuracy`` and one ``val/class_accuracy/<class>`` per class that
+has validation windows. The baselines of the first validation record (``val/baseline_zero_loss``,
+``val/baseline_copy_last_loss``, or a classifier's ``val/baseline_majority_accuracy``:
+model-independent, on the same fixed validation set) are written at every validation step, so
+TensorBoard draws them as lines. Wall times are reconstructed: the attempt's start plus the step and
+validation time of the records before, so TensorBoard's "relative" axis shows compute time. A
+resumed attempt's stream holds its whole lineage (the parent's records up to the checkpoint it
+resumed from), so it exports whole.
 
 Events go to ``DIR/<run name>/<attempt id>/`` (one TensorBoard run per attempt; attempts of
 different runs do not collide). Exporting again replaces that directory: the new events are
@@ -57,10 +57,10 @@ TB_EXTRA = "needs tensorboard: pip install 'iqtrain[tensorboard]'"
 EVENT_PREFIX = "events.out.tfevents."
 SKIPPED = frozenset({"kind", "step", "samples", "patches"})
 #: The first validation's model-independent baselines: the next-patch objectives' two, or
-#: "classify"'s majority-class accuracy.
+#: a classifier's majority-class accuracy.
 BASELINES = ("baseline_zero_loss", "baseline_copy_last_loss", "baseline_majority_accuracy")
 #: A record field holding ``{name: number or null}``, written as ``<kind>/<field>/<name>``
-#: (a "classify" validation's accuracy per class; null: no window of the class).
+#: (a classifier's validation accuracy per class; null: no window of the class).
 PER_CLASS = ("class_accuracy",)
 TIME_FIELDS = ("step_time_s", "time_s")
 

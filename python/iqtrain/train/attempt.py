@@ -1,6 +1,6 @@
 """One pretraining attempt: check everything, claim the attempt, train, publish the evidence.
 
-``run_pretraining_attempt(config, parent=None)`` is the whole application. Everything a user
+``run_attempt(config, parent=None)`` is the whole application. Everything a user
 can get wrong (config, data, a tampered or mismatched parent, a missing GPU) is checked before
 the attempt directory exists (:func:`_preflight`), so a bad input leaves nothing behind and is
 exit 2. After the directory exists every failure is a training failure (exit 1): the loop
@@ -64,7 +64,7 @@ from iqtrain.evidence.lineage import Parent, ParentRef, config_changes, load_par
 from iqtrain.evidence.lock import AttemptLock
 from iqtrain.evidence.manifest import publish_manifest
 from iqtrain.evidence.metrics import MetricCursor, MetricWriter
-from iqtrain.model.transformer import NextPatchModel
+from iqtrain.model.transformer import IQTransformer
 from iqtrain.pretrained.init import InitSource, load_init
 from iqtrain.report.live import WANDB_RUN_ID, LiveLog, check_live, wandb_run_id
 from iqtrain.storage import creatable_dir, file_digest
@@ -78,7 +78,7 @@ from iqtrain.train.step import TrainStep
 
 __all__ = [
     "AttemptResult",
-    "run_pretraining_attempt",
+    "run_attempt",
 ]
 
 
@@ -95,7 +95,7 @@ class AttemptResult:
     final_val_nmse: float | None = None
     objective: str = "mse"
     probe: dict[str, Any] | None = None  # the last probe record (rank 0)
-    # "classify": the last validation's accuracy and the best one's.
+    # A labelled objective: the last validation's accuracy and the best one's.
     final_val_accuracy: float | None = None
     best_val_accuracy: float | None = None
 
@@ -179,7 +179,7 @@ class _Opened:
     train: IQDataset
     val: IQDataset
     init: dict[str, Any] | None = None
-    #: "classify": the labelled windows (their datasets are ``train`` and ``val``).
+    #: A labelled objective: the labelled windows (their datasets are ``train`` and ``val``).
     labelled: tuple[LabelledSet, LabelledSet] | None = None
     #: a resume's digest plan, built once: this rank's share reads it, rank 0 merges by it.
     digest_plan: DigestPlan | None = None
@@ -205,7 +205,7 @@ def _preflight(config: Config, ref: ParentRef | None, world: World) -> _Opened:
     parent = load_parent(ref) if ref is not None else None
     changes = config_changes(parent.config_tables, config) if parent is not None else {}
     labelled, classes = None, None
-    if config.model.objective == "classify":  # the classes size the head: data first
+    if config.model.task.labelled:  # the classes size the head: data first
         if world.is_main and ref is None:
             _check_run_dir(Path(config.run.dir))
         labelled = open_labelled(config.data)
@@ -218,7 +218,7 @@ def _preflight(config: Config, ref: ParentRef | None, world: World) -> _Opened:
     # A resume continues its parent's weights; only a new lineage starts from [init].
     source = load_init(config.init, config.model, classes) if parent is None else None
     torch.manual_seed(config.run.seed)  # the same initial weights on every rank
-    model = NextPatchModel(config.model, 0 if labelled is None else len(labelled[0].classes))
+    model = IQTransformer(config.model, 0 if labelled is None else len(labelled[0].classes))
     if source is not None:
         source.load_into(model)
     stepper = TrainStep(
@@ -378,7 +378,7 @@ def _attempt_info(config: Config, run_dir: Path, ready: _Ready, world: World) ->
         "init": ready.init,
         "data": ready.data,
     }
-    if ready.parts.classes is not None:  # "classify": the classes the head's outputs mean
+    if ready.parts.classes is not None:  # a labelled objective: what the head's outputs mean
         info["classes"] = list(ready.parts.classes)
     p = ready.parent
     if p is not None:
@@ -400,7 +400,7 @@ def _attempt_info(config: Config, run_dir: Path, ready: _Ready, world: World) ->
     return info
 
 
-def run_pretraining_attempt(
+def run_attempt(
     config: Config, parent: ParentRef | None = None, world: World | None = None
 ) -> AttemptResult:
     """Run (or resume) one attempt of ``config``; creates exactly one attempt directory.

@@ -3,8 +3,8 @@
 The checks worth doing before tuning anything: where the batch comes from and its shape and
 dtype at each stage, how many parameters require gradients, how many samples, patches and
 predicted patches one optimizer step consumes, and the loss of the untrained model next to the
-zero-prediction baseline (~1.0 on window-normalised data). A classifier ("classify"): its
-labelled windows and classes, the batch's labels, and the untrained loss next to ``ln C``.
+zero-prediction baseline (~1.0 on window-normalised data). A labelled objective (a classifier):
+its labelled windows and classes, the batch's labels, and the untrained loss next to ``ln C``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from iqtrain.console import note
 from iqtrain.data.dataset import IQDataset, TrainStream
 from iqtrain.data.sources import open_datasets, open_labelled, report_dataset
 from iqtrain.data.windows import LabelledSet, show_class
-from iqtrain.model.transformer import NextPatchModel
+from iqtrain.model.transformer import IQTransformer
 from iqtrain.train.schedule import Plan, lr_at
 from iqtrain.train.step import TrainStep
 from iqtrain.train.validation import prepare_batch
@@ -67,8 +67,8 @@ def inspect_config(path: str | os.PathLike, overrides: list[str] | None = None) 
     emit = lines.append
     config = load_config(path, overrides)
     d, t = config.data, config.training
-    classify = config.model.objective == "classify"
-    labelled = open_labelled(config.data) if classify else None
+    objective = config.model.task
+    labelled = open_labelled(config.data) if objective.labelled else None
     train, val = (labelled[0].dataset, labelled[1].dataset) if labelled else open_datasets(d)
     _note_data(train, val, labelled, d.window)
     emit(
@@ -89,7 +89,7 @@ def inspect_config(path: str | os.PathLike, overrides: list[str] | None = None) 
         emit(f"  labels {labels[:8].tolist()}… (indices into the classes)")
     torch.manual_seed(config.run.seed)
     stepper = TrainStep(
-        NextPatchModel(config.model, 0 if labelled is None else len(labelled[0].classes)),
+        IQTransformer(config.model, 0 if labelled is None else len(labelled[0].classes)),
         config.optimizer,
         device=t.device,
         precision=t.precision,
@@ -115,26 +115,16 @@ def inspect_config(path: str | os.PathLike, overrides: list[str] | None = None) 
         f"none on {len(stepper.no_decay_param_names)}"
     )
     loss_t, count, squared_t = stepper.eval_sums(patches, labels)
-    if labels is not None:
-        emit(
-            f"5 untrained loss {float(loss_t) / count:.4f} nats per window (uniform "
-            f"ln {pred.shape[1]} = {math.log(pred.shape[1]):.4f}; windows per batch: {count})"
+    # A labelled objective's targets are windows: no predicted mean, no zero prediction.
+    squared, zero = 0.0, 0.0
+    if not objective.labelled:
+        squared = float(squared_t)
+        zero = patches.float()[:, 1:].square().sum().item() / count
+    emit(
+        objective.untrained_line(
+            float(loss_t), squared, count, zero, config.model, stepper.model.classes
         )
-        return _plan_lines(lines, config, train.num_windows)
-    loss_sum, squared = float(loss_t), float(squared_t)
-    zero = patches.float()[:, 1:].square().sum().item() / count
-    objective = config.model.objective
-    if objective == "mse":
-        emit(
-            f"5 untrained loss {loss_sum / count:.4f} vs zero-prediction {zero:.4f} "
-            f"(targets per batch: {count:,} complex samples)"
-        )
-    else:  # nats per complex sample: the uniform distribution's is 2 ln(bins)
-        emit(
-            f"5 untrained loss {loss_sum / count:.4f} nats per sample ({objective}; uniform "
-            f"{2 * math.log(config.model.bins):.4f}), predicted-mean NMSE {squared / count:.4f} "
-            f"vs zero-prediction {zero:.4f} (targets per batch: {count:,} complex samples)"
-        )
+    )
     return _plan_lines(lines, config, train.num_windows)
 
 
@@ -148,7 +138,7 @@ def _plan_lines(lines: list[str], config: Config, windows: int) -> str:
         f"{per_step * d.seq_patches:,} input patches, "
         + (
             f"{per_step} classified"
-            if config.model.objective == "classify"
+            if config.model.task.labelled
             else f"{per_step * (d.seq_patches - 1):,} predicted"
         )
     )

@@ -50,6 +50,7 @@ from iqtrain.errors import CheckpointError, IQTrainError
 from iqtrain.evidence.lineage import Parent
 from iqtrain.evidence.metrics import MetricWriter
 from iqtrain.model.flops import achieved_tflops, device_peak_tflops, mfu
+from iqtrain.objectives import Objective
 from iqtrain.report.summary import probe_summary
 from iqtrain.train.probe import TrainingProbe, probe_due
 from iqtrain.train.profile import PROFILE_DIR, StepProfiler
@@ -78,10 +79,12 @@ class LoopState:
     and early stopping's bookkeeping (the reference an improvement must beat by
     ``training.early_stop_min_delta``, and the validations since one did).
 
-    What "best" and "improvement" follow is the monitored value
-    (:func:`~iqtrain.config.sections.monitored`): the validation loss, lower is better; for
-    "classify" the accuracy, higher is better (``best_val_accuracy``; ``best_val_loss`` is then
-    the best validation's loss, and ``early_stop_ref`` an accuracy)."""
+    What "best" and "improvement" follow is the objective's monitored value
+    (:attr:`~iqtrain.objectives.Objective.monitor`, its rules
+    :meth:`~iqtrain.objectives.Objective.improves` and ``beats``): the validation loss, lower
+    is better, or a labelled objective's accuracy, higher is better (``best_val_accuracy``;
+    ``best_val_loss`` is then the best validation's loss, and ``early_stop_ref`` an
+    accuracy)."""
 
     step: int = 0
     best_val_loss: float | None = None
@@ -100,30 +103,30 @@ class LoopState:
         return spike
 
     def record_validation(
-        self, loss: float, attempt: Path, min_delta: float = 0.0, accuracy: float | None = None
+        self,
+        record: dict[str, Any],
+        attempt: Path,
+        objective: Objective,
+        min_delta: float = 0.0,
     ) -> bool:
-        """Count a validation; True (and remember it as best) if it improved strictly: a lower
-        ``loss``, or with ``accuracy`` ("classify") a higher accuracy.
+        """Count a validation ``record``; True (and remember it as best) if its monitored value
+        improved strictly on the best.
 
         For early stopping an improvement counts only when it beats the reference by more than
         ``min_delta`` (then the reference moves to it, as in Keras and Lightning); any other
         validation is one more without improvement."""
-        if accuracy is None:
-            improved = self.best_val_loss is None or loss < self.best_val_loss
-            value, ref = -loss, None if self.early_stop_ref is None else -self.early_stop_ref
-        else:
-            improved = self.best_val_accuracy is None or accuracy > self.best_val_accuracy
-            value, ref = accuracy, self.early_stop_ref
+        value = objective.value_of(record)
+        if value is None:
+            raise ValueError(f"a validation record without its {objective.monitor}: {record!r}")
+        # best_val_loss or best_val_accuracy: the monitored field's best (state.json's keys)
+        improved = objective.improves(value, getattr(self, f"best_val_{objective.monitor}"))
         if improved:
-            self.best_val_loss, self.best_val_accuracy = loss, accuracy
+            self.best_val_loss, self.best_val_accuracy = record["loss"], record.get("accuracy")
             self.best_step = self.step
             name = checkpoint_name(self.step)
             self.best_checkpoint = f"attempts/{attempt.name}/checkpoints/{name}"
-        if ref is None or value > ref + min_delta:
-            self.early_stop_ref, self.stale_validations = (
-                (loss if accuracy is None else accuracy),
-                0,
-            )
+        if objective.beats(value, self.early_stop_ref, min_delta):
+            self.early_stop_ref, self.stale_validations = value, 0
         else:
             self.stale_validations += 1
         self.validations += 1
@@ -201,10 +204,10 @@ def _ring(stream: TrainStream, device: torch.device, microbatches: int) -> list[
 
 
 def _label_ring(stream: TrainStream, device: torch.device, slots: int) -> list[torch.Tensor]:
-    """ "classify": one ``[rows]`` int64 label buffer per batch ring slot, pinned on CUDA (a
-    non-blocking copy from pageable memory is staged through a synchronous one). Buffer ``i``
-    holds the labels of the batch in slot ``i`` and is held and released with it: the step's
-    host sync (``train_step``) has finished its copy before the slot is released."""
+    """A labelled objective: one ``[rows]`` int64 label buffer per batch ring slot, pinned on CUDA
+    (a non-blocking copy from pageable memory is staged through a synchronous one). Buffer ``i``
+    holds the labels of the batch in slot ``i`` and is held and released with it: the step's host
+    sync (``train_step``) has finished its copy before the slot is released."""
     rows = stream.batch_size // stream.world_size
     pinned = device.type == "cuda"
     return [torch.empty(rows, dtype=torch.int64, pin_memory=pinned) for _ in range(slots)]
@@ -248,7 +251,7 @@ class LoopParts:
     #: Where the lineage's first weights came from (``[init] from``): every checkpoint's
     #: state.json binds it (docs/design.md "A new attempt from existing weights").
     init: dict[str, Any] | None = None
-    #: "classify": the class of each training and validation window (indices into
+    #: A labelled objective: the class of each training and validation window (indices into
     #: ``classes``, the training set's sorted class names; every state.json records them).
     train_labels: np.ndarray | None = None
     val_labels: np.ndarray | None = None
@@ -259,7 +262,7 @@ class LoopParts:
 
 
 class Trainer:
-    """One attempt's loop over its components (built by ``run_pretraining_attempt``)."""
+    """One attempt's loop over its components (built by ``run_attempt``)."""
 
     def __init__(
         self,
@@ -300,9 +303,7 @@ class Trainer:
             else _label_ring(self.stream, self.stepper.device, len(self.ring))
         )
         self.flops_per_window = self.stepper.model.train_flops_per_window(data.seq_patches)
-        # The categorical loss is a negative log-likelihood: spikes are judged in nats
-        # (spike_update).
-        self.nll_loss = self.stepper.model.config.objective != "mse"
+        self.objective = self.stepper.model.objective
         # The records' TFLOP/s are the whole job's (the global batch), so MFU divides by the
         # peak of every rank's device together.
         peak = device_peak_tflops(t.device, t.precision, t.peak_tflops or None)
@@ -381,7 +382,7 @@ class Trainer:
             lr = lr_at(s, self.plan)
             ids_all = np.concatenate(ids)
             labels = None
-            if self.train_labels is not None:  # "classify": each window's class travels with it
+            if self.train_labels is not None:  # each window's class travels with it
                 labels = [self._labels(slot, i) for slot, i in zip(slots, ids, strict=True)]
             result = self.stepper.train_step(
                 micro, lr, step=s + 1, window_ids=ids_all, stop=stop, labels=labels
@@ -396,7 +397,7 @@ class Trainer:
         return result
 
     def _labels(self, slot: int, ids: np.ndarray) -> torch.Tensor:
-        """ "classify": the classes of windows ``ids`` (the batch in ring slot ``slot``),
+        """A labelled objective: the classes of windows ``ids`` (the batch in ring slot ``slot``),
         written into that slot's label buffer, which the step copies to the device."""
         assert self.train_labels is not None
         buf = self.label_ring[slot]
@@ -406,7 +407,7 @@ class Trainer:
     def _record(self, result: StepResult, dt: float, progress: Progress) -> None:
         d = self.data
         samples = d.batch_size * self.training.grad_accum
-        spike = self.loop.record_loss(result.loss, nats=self.nll_loss)
+        spike = self.loop.record_loss(result.loss, nats=self.objective.nll)
         # Every position is computed (the last one predicts nothing, but costs the same).
         tflops = achieved_tflops(self.flops_per_window, samples, dt)
         record = {
@@ -423,7 +424,7 @@ class Trainer:
             "tflops": tflops,
             "spike": spike,
         }
-        if self.classes is not None:  # "classify": its targets are windows, not patches
+        if self.objective.labelled:  # its targets are windows, not patches
             del record["patches"]
         utilisation = mfu(tflops, self.peak_tflops)
         if utilisation is not None:
@@ -444,25 +445,19 @@ class Trainer:
         """Full validation, its record, and whether it improved on the best."""
         v0 = time.perf_counter()
         step, first = self.loop.step, self.loop.validations == 0
-        if self.val_labels is not None:
-            assert self.classes is not None
+        if self.objective.labelled:
+            assert self.classes is not None and self.val_labels is not None
             rec = validate_classify(
                 self.stepper, self.val, self.val_labels, self.classes, self.data, step, first
             )
         else:
             rec = validate(self.stepper, self.val, self.data, step, first)
         min_delta = self.training.early_stop_min_delta
-        improved = self.loop.record_validation(
-            rec["loss"], self.attempt, min_delta, rec.get("accuracy")
-        )
+        improved = self.loop.record_validation(rec, self.attempt, self.objective, min_delta)
         rec = {"kind": "val", "step": step, **rec, "best": improved}
         rec["time_s"] = time.perf_counter() - v0
         self._write(rec)
-        if "accuracy" in rec:
-            what = f"loss {rec['loss']:.5f}, accuracy {rec['accuracy']:.4f}"
-        else:
-            nmse = "" if rec["nmse"] == rec["loss"] else f", nmse {rec['nmse']:.5f}"
-            what = f"loss {rec['loss']:.5f}{nmse} ({rec['pred_snr_db']:.2f} dB)"
+        what = self.objective.validation_note(rec)
         progress.note(f"val step {step}: {what}{'  best' if improved else ''}")
         return improved
 

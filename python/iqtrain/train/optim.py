@@ -52,7 +52,7 @@ def build_adamw(
     """Fused AdamW over the weight-decay group and the one without (each only when it has
     parameters), with a tensor lr per group.
 
-    ``head`` (a "classify" model: the ids of its head's parameters): four groups instead, the
+    ``head`` (a fine-tuned model: the ids of its head's parameters): four groups instead, the
     trunk's decay and no-decay groups with ``lr_scale = optimizer.trunk_lr_scale`` and the
     head's with ``lr_scale = 1.0`` (empty ones dropped), in that order; the step sets each
     group's lr to the schedule's times its ``lr_scale``."""

@@ -32,7 +32,7 @@ from iqtrain.eval.bins import accuracy_by, bin_windows
 from iqtrain.eval.features import classical_matrix, combined_features, probe_features
 from iqtrain.eval.folds import FoldPlan, ProbeScore, Shots, merge_shots
 from iqtrain.eval.probe import note_probe_set, open_probe_set
-from iqtrain.model.transformer import NextPatchModel
+from iqtrain.model.transformer import IQTransformer
 from iqtrain.pretrained.load import random_init_model
 from iqtrain.pretrained.recordings import check_rate
 
@@ -170,7 +170,7 @@ class TrainingProbe:
         self.plan.check_shots(self.shots.ks if self.shots else (), "probe.shots")
         self._baselines: _Baselines | None = None
 
-    def record(self, model: NextPatchModel | Mapping[str, Tensor], step: int) -> dict[str, Any]:
+    def record(self, model: IQTransformer | Mapping[str, Tensor], step: int) -> dict[str, Any]:
         """The ``probe`` record of ``model`` (a module, or a whole model's state dict) at
         ``step`` (without its ``time_s``)."""
         if isinstance(model, Mapping):

@@ -84,9 +84,8 @@ from iqtrain.distributed.parallel import (
 )
 from iqtrain.distributed.world import World
 from iqtrain.errors import ConfigError, NonFiniteError
-from iqtrain.model.objectives import classify_loss, objective_loss
 from iqtrain.model.prepare import compiled_reference, prepare_iq_input, prepare_iq_input_reference
-from iqtrain.model.transformer import NextPatchModel
+from iqtrain.model.transformer import IQTransformer
 from iqtrain.train.optim import build_adamw, split_parameters
 
 if TYPE_CHECKING:
@@ -130,14 +129,14 @@ def _check_step_inputs(
     microbatches: Sequence[Tensor],
     lr: float,
     labels: Sequence[Tensor] | None = None,
-    classify: bool = False,
+    labelled: bool = False,
 ) -> list[Tensor]:
     mbs = list(microbatches)
     if not mbs:
         raise ValueError("train_step needs at least one microbatch")
-    if classify != (labels is not None) or (labels is not None and len(labels) != len(mbs)):
+    if labelled != (labels is not None) or (labels is not None and len(labels) != len(mbs)):
         raise ValueError(
-            "train_step: labels, one tensor per microbatch, for a 'classify' model only"
+            "train_step: labels, one tensor per microbatch, for a labelled objective's model only"
         )
     shape = mbs[0].shape
     for mb in mbs[1:]:
@@ -158,13 +157,14 @@ def _check_step_inputs(
 class _ForwardLoss(nn.Module):
     """``patches -> (mean loss, summed loss, target count, summed squared error of the
     predicted mean)``: the model and its objective's loss as one module, so DDP can wrap them
-    together (its forward must produce the loss). "classify": ``(patches, labels) -> (mean
-    cross-entropy, summed, windows, each window's predicted class)``."""
+    together (its forward must produce the loss). A labelled objective: ``(patches, labels) ->
+    (mean cross-entropy, summed, windows, each window's predicted class)``."""
 
-    def __init__(self, model: NextPatchModel, device_type: str, precision: Precision) -> None:
+    def __init__(self, model: IQTransformer, device_type: str, precision: Precision) -> None:
         super().__init__()
         self.model = model
-        self.model_config = model.config  # what the objective reads: its name and its bins
+        self.model_config = model.config  # what the objective reads (the categorical's bins)
+        self.objective = model.objective
         self.device_type = device_type
         self.bf16 = precision == "bf16"
 
@@ -174,12 +174,8 @@ class _ForwardLoss(nn.Module):
         # Autocast is entered inside the compiled function so dynamo traces it into the graph.
         with torch.autocast(device_type=self.device_type, dtype=torch.bfloat16, enabled=self.bf16):
             out = self.model(patches)
-        if self.model_config.objective == "classify":
-            if labels is None:
-                raise ValueError("model.objective 'classify' needs each window's label")
-            return classify_loss(out, labels)
         # Training uses the mean loss only: the predicted mean's error is evaluation's.
-        return objective_loss(out, patches, self.model_config, squared_error)
+        return self.objective.loss(out, patches, labels, self.model_config, squared_error)
 
 
 class TrainStep:
@@ -195,7 +191,7 @@ class TrainStep:
 
     def __init__(
         self,
-        model: NextPatchModel,
+        model: IQTransformer,
         opt_cfg: OptimizerConfig,
         *,
         device: Device,
@@ -215,15 +211,16 @@ class TrainStep:
 
         # A module someone already compiled would put _orig_mod. into every key: unwrap it.
         model = getattr(model, "_orig_mod", model)
-        self.model: NextPatchModel = model.to(device=device, dtype=torch.float32)
+        self.model: IQTransformer = model.to(device=device, dtype=torch.float32)
         self.device = torch.device(device)
         self.precision = precision
         self.compiled = compile
         self.config = opt_cfg
-        # "classify": model.freeze_trunk trains the head alone (the trunk needs no gradient,
-        # so autograd stops at the head); the trunk's lr is scaled (optimizer.trunk_lr_scale).
-        self.classify = bool(self.model.classes)
-        if self.classify and self.model.config.freeze_trunk:
+        # A labelled objective: model.freeze_trunk trains the head alone (the trunk needs no
+        # gradient, so autograd stops at the head); the trunk's lr is scaled
+        # (optimizer.trunk_lr_scale).
+        self.labelled = self.model.objective.labelled
+        if self.labelled and self.model.config.freeze_trunk:
             for name, p in self.model.named_parameters():
                 p.requires_grad_(self.model.is_head(name))
 
@@ -273,8 +270,8 @@ class TrainStep:
         self.input_dtype = torch.float32
 
     def _head_ids(self) -> set[int] | None:
-        """ "classify": the ids of the head's parameters (their own optimizer groups)."""
-        if not self.classify:
+        """A labelled objective: the ids of the head's parameters (their own optimizer groups)."""
+        if not self.labelled:
             return None
         return {id(p) for n, p in self.model.named_parameters() if self.model.is_head(n)}
 
@@ -385,11 +382,10 @@ class TrainStep:
         ``step``, the values and ``window_ids`` (parameters and optimizer state untouched);
         clip to ``grad_clip`` when it is > 0 (``clipped`` is norm > grad_clip); set ``lr`` on
         every group; ``optimizer.step()``. The reported ``grad_norm`` is the pre-clip norm.
-        Gradients stay on the parameters until the next step zeroes them.
-
-        "classify": ``labels``, one ``[b]`` int64 tensor of classes per microbatch, pinned on CUDA.
+        Gradients stay on the parameters until the next step zeroes them. A labelled
+        objective: ``labels``, one ``[b]`` int64 tensor of classes per microbatch, pinned on CUDA.
         """
-        mbs = _check_step_inputs(microbatches, lr, labels, self.classify)
+        mbs = _check_step_inputs(microbatches, lr, labels, self.labelled)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         accum = len(mbs)
@@ -473,7 +469,8 @@ class TrainStep:
         Compiled, the batch dimension is marked dynamic, so the training batch size, the
         validation batch size and a partial last batch share one evaluation graph.
 
-        "classify" (``labels [b]``): ``(summed cross-entropy, windows, predicted classes [b])``.
+        A labelled objective (``labels [b]``): ``(summed cross-entropy, windows, predicted
+        classes [b])``.
         """
         was_training = self.model.training
         self.model.eval()
@@ -550,7 +547,7 @@ class TrainStep:
 
     def _set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
-            value = lr * group.get("lr_scale", 1.0)  # "classify": the trunk's scale
+            value = lr * group.get("lr_scale", 1.0)  # a fine-tune: the trunk's scale
             current = group["lr"]
             if isinstance(current, Tensor):
                 current.fill_(value)

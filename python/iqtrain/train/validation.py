@@ -131,8 +131,8 @@ def _classify_sums(
 ) -> torch.Tensor:
     """``[batches, 3 + 2 * classes]`` float64: summed cross-entropy, windows, correct windows,
     then windows and correct windows per class, of every batch this rank evaluates (zeros in
-    the other ranks' rows), all-reduced: the table :func:`_batch_sums` builds, for
-    "classify".
+    the other ranks' rows), all-reduced: the table :func:`_batch_sums` builds, for a labelled
+    objective.
 
     No host synchronisation: the labels are copied once, asynchronously, and the counts per
     class are sums over a one-hot ``[b, classes]`` mask of fixed shape (``bincount`` and
@@ -173,12 +173,12 @@ def validate_classify(
     step: int,
     baselines: bool,
 ) -> dict[str, Any]:
-    """ "classify": mean cross-entropy (nats per window), accuracy and per-class accuracy over
-    every labelled validation window (``labels``: each window's class index), the same on
-    every rank, exact at every world size as :func:`validate` is. ``class_accuracy`` holds
-    None for a class no validation window has; ``baselines`` (the first validation): the
-    majority class's share, what always predicting it scores. A non-finite batch loss raises
-    NonFiniteError naming the step and the batch's windows."""
+    """A labelled objective: mean cross-entropy (nats per window), accuracy and per-class accuracy
+    over every labelled validation window (``labels``: each window's class index), the same on every
+    rank, exact at every world size as :func:`validate` is. ``class_accuracy`` holds None for a
+    class no validation window has; ``baselines`` (the first validation): the majority class's
+    share, what always predicting it scores. A non-finite batch loss raises NonFiniteError naming
+    the step and the batch's windows."""
     c = len(classes)
     rows = _classify_sums(stepper, val, labels, c, d).tolist()  # the one sync of a pass
     bs = d.val_batch_size

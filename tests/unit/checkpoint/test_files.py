@@ -27,7 +27,7 @@ from iqtrain.checkpoint.files import (
 )
 from iqtrain.config.sections import ModelConfig, OptimizerConfig
 from iqtrain.errors import CheckpointError, NonFiniteError, StorageError
-from iqtrain.model.transformer import NextPatchModel
+from iqtrain.model.transformer import IQTransformer
 from iqtrain.storage import file_digest, write_json_atomic
 from iqtrain.train.step import TrainStep
 
@@ -36,7 +36,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 def _stepper(steps=2):
     torch.manual_seed(0)
-    model = NextPatchModel(ModelConfig(dim=32, layers=1, heads=2, patch_len=4, max_patches=8))
+    model = IQTransformer(ModelConfig(dim=32, layers=1, heads=2, patch_len=4, max_patches=8))
     s = TrainStep(model, OptimizerConfig(lr=1e-3), device="cpu", precision="fp32", compile=False)
     for _ in range(steps):
         s.train_step([torch.randn(2, 8, 8)], 1e-3)

@@ -147,7 +147,7 @@ import torch.distributed as dist
 from iqtrain.config.sections import ModelConfig, OptimizerConfig
 from iqtrain.distributed.world import World
 from iqtrain.errors import NonFiniteError
-from iqtrain.model.transformer import NextPatchModel
+from iqtrain.model.transformer import IQTransformer
 from iqtrain.train.step import TrainStep
 
 
@@ -168,7 +168,7 @@ world = OneRank(0, 1, 0, "nccl")
 
 def step():
     torch.manual_seed(0)
-    model = NextPatchModel(ModelConfig(dim=32, layers=2, heads=2, patch_len=4, max_patches=8))
+    model = IQTransformer(ModelConfig(dim=32, layers=2, heads=2, patch_len=4, max_patches=8))
     s = TrainStep(model, OptimizerConfig(lr=1e-3), device="cuda", precision="fp32",
                   compile=False, world=world, parallel="fsdp")
     s.data_parallel()

@@ -66,11 +66,11 @@ def _step(world: World, device: str, parallel: str) -> Any:
     import torch
 
     from iqtrain.config.sections import ModelConfig, OptimizerConfig
-    from iqtrain.model.transformer import NextPatchModel
+    from iqtrain.model.transformer import IQTransformer
     from iqtrain.train.step import TrainStep
 
     torch.manual_seed(0)
-    model = NextPatchModel(ModelConfig(dim=32, layers=2, heads=2, patch_len=4, max_patches=8))
+    model = IQTransformer(ModelConfig(dim=32, layers=2, heads=2, patch_len=4, max_patches=8))
     s = TrainStep(
         model,
         OptimizerConfig(lr=1e-3),

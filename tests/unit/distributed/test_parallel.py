@@ -10,7 +10,7 @@ from helpers import Forged, fsdp_step
 
 from iqtrain.config.sections import ModelConfig, OptimizerConfig
 from iqtrain.errors import CheckpointError, ConfigError, NonFiniteError
-from iqtrain.model.transformer import NextPatchModel
+from iqtrain.model.transformer import IQTransformer
 from iqtrain.train.step import TrainStep
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -62,7 +62,7 @@ def test_a_non_finite_tensor_is_refused_before_anything_is_written(tmp_path):
 
 
 def test_parallel_is_checked():
-    model = NextPatchModel(ModelConfig(dim=32, layers=1, heads=2, patch_len=4, max_patches=8))
+    model = IQTransformer(ModelConfig(dim=32, layers=1, heads=2, patch_len=4, max_patches=8))
     with pytest.raises(ConfigError, match="training.parallel"):
         TrainStep(
             model,

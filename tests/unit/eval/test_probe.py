@@ -32,9 +32,9 @@ from iqtrain.errors import ConfigError, DataError
 from iqtrain.eval.features import probe_features
 from iqtrain.eval.folds import assign_folds, cross_validate
 from iqtrain.eval.probe import probe_model, run_probe
-from iqtrain.model.transformer import NextPatchModel
+from iqtrain.model.transformer import IQTransformer
 from iqtrain.pretrained.load import random_init_model
-from iqtrain.train.attempt import run_pretraining_attempt
+from iqtrain.train.attempt import run_attempt
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -98,7 +98,7 @@ def test_hidden_states_feed_the_head():
 def test_random_init_is_trainings_step_0_and_leaves_the_global_rng_alone():
     cfg = ModelConfig(patch_len=4, max_patches=8, dim=16, layers=2, heads=2)
     torch.manual_seed(11)
-    expected = NextPatchModel(cfg).state_dict()
+    expected = IQTransformer(cfg).state_dict()
     torch.manual_seed(123)
     before = torch.get_rng_state()
     got = random_init_model(cfg, 11).state_dict()
@@ -114,7 +114,7 @@ def test_random_init_reseeds_no_cuda_generator(monkeypatch):
     would part the two runs."""
     cfg = ModelConfig(patch_len=4, max_patches=8, dim=16, layers=2, heads=2)
     torch.manual_seed(11)
-    expected = NextPatchModel(cfg).state_dict()
+    expected = IQTransformer(cfg).state_dict()
 
     def reseed(*args):
         raise AssertionError("random_init_model reseeded the CUDA generators")
@@ -186,7 +186,7 @@ def attempt(tmp_path_factory):
     root = tmp_path_factory.mktemp("probe")
     tables = cli_tables(root / "run", root / "cache")
     tables["run"]["seed"] = 3
-    result = run_pretraining_attempt(build_config(tables))
+    result = run_attempt(build_config(tables))
     synthesize(root / "labelled", recordings=2, samples=16384, datatype="ci16_le", seed=9)
     return result.attempt, os.fspath(root / "labelled" / "*.sigmf-meta")
 
@@ -265,7 +265,7 @@ def test_probe_by_snr_per_layer_and_classical_in_table_and_json(attempt, capsys)
 
 def test_layer_states_number_embeddings_blocks_and_the_final_norm():
     torch.manual_seed(0)
-    model = NextPatchModel(ModelConfig(dim=16, layers=3, heads=2, patch_len=4, max_patches=8))
+    model = IQTransformer(ModelConfig(dim=16, layers=3, heads=2, patch_len=4, max_patches=8))
     x = torch.randn(2, 5, 8)
     states = model.layer_states(x)
     assert len(states) == 4

@@ -17,7 +17,7 @@ from iqtrain.errors import CheckpointError
 from iqtrain.evidence.lineage import ParentRef
 from iqtrain.evidence.lock import AttemptLock, attempt_status
 from iqtrain.evidence.verify import check_attempt, verify_attempt
-from iqtrain.train.attempt import run_pretraining_attempt
+from iqtrain.train.attempt import run_attempt
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -29,7 +29,7 @@ def completed(tmp_path_factory) -> Path:
     """One completed attempt (12 steps, validations at 4, 8, 12), copied by each test."""
     root = tmp_path_factory.mktemp("lineage")
     cfg = build_config(tiny_tables(root / "run", root / "cache", **TRAINING))
-    return run_pretraining_attempt(cfg).attempt
+    return run_attempt(cfg).attempt
 
 
 def _copy(completed: Path, tmp_path: Path) -> Path:
@@ -109,7 +109,7 @@ def test_an_edited_manifest_fails_verify_and_refuses_resume(completed, tmp_path,
     assert "MISMATCH" in proc.stdout and "Traceback" not in proc.stderr + proc.stdout
     cfg = _config(completed, tmp_path)
     with pytest.raises(CheckpointError, match="parent failed verification"):
-        run_pretraining_attempt(cfg, ParentRef(attempt))
+        run_attempt(cfg, ParentRef(attempt))
     assert sorted(p.name for p in attempt.parent.iterdir()) == [attempt.name]
 
 
@@ -191,7 +191,7 @@ def test_a_killed_attempt_reads_as_crashed(completed, tmp_path):
         assert attempt_status(attempt) == "running"
         cfg = _config(completed, tmp_path)
         with pytest.raises(CheckpointError, match="still running"):
-            run_pretraining_attempt(cfg, ParentRef(attempt))
+            run_attempt(cfg, ParentRef(attempt))
     finally:
         lock.release()
     assert attempt_status(attempt) == "crashed"
@@ -210,7 +210,7 @@ def test_resume_says_which_checkpoint_it_skipped_and_why(completed, tmp_path, ca
     data[len(data) // 2] ^= 0x40
     bad.write_bytes(bytes(data))
     cfg = _config(completed, tmp_path)
-    child = run_pretraining_attempt(cfg, ParentRef(attempt)).attempt
+    child = run_attempt(cfg, ParentRef(attempt)).attempt
     err = capfd.readouterr().err
     lines = [line for line in err.splitlines() if "skipped checkpoint" in line]
     assert len(lines) == 1 and "step_00000012" in lines[0] and "model.safetensors" in lines[0]
@@ -370,7 +370,7 @@ def test_an_attempt_written_before_the_data_record_verifies_loads_and_resumes(co
     assert check_attempt(attempt).problems == []
     assert load_pretrained(attempt).sample_rate is None
     assert "data:" not in report(attempt)
-    child = run_pretraining_attempt(_config(completed, tmp_path), ParentRef(attempt, "step_9"))
+    child = run_attempt(_config(completed, tmp_path), ParentRef(attempt, "step_9"))
     child_info = json.loads((child.attempt / "attempt.json").read_text())
     assert child_info["data"]["sample_rate"] == 1e6  # the child knows its data's rate
     assert check_attempt(child.attempt).problems == []

@@ -24,7 +24,7 @@ from iqtrain.config.schema import build_config
 from iqtrain.evidence.manifest import publish_manifest
 from iqtrain.evidence.verify import check_attempt
 from iqtrain.storage import file_digest
-from iqtrain.train.attempt import run_pretraining_attempt
+from iqtrain.train.attempt import run_attempt
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -38,7 +38,7 @@ CLASSES = ["am", "bpsk", "qpsk"]
 def completed(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("classify")
     cfg = build_config(tiny_tables(root / "run", root / "cache", **TRAINING))
-    return run_pretraining_attempt(cfg).attempt
+    return run_attempt(cfg).attempt
 
 
 def _copy(completed: Path, tmp_path: Path) -> Path:

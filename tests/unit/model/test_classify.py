@@ -8,8 +8,8 @@ import torch
 
 from iqtrain.config.sections import ModelConfig
 from iqtrain.errors import ConfigError
-from iqtrain.model.objectives import classify_loss
-from iqtrain.model.transformer import NextPatchModel
+from iqtrain.model.transformer import IQTransformer
+from iqtrain.objectives.classify import classify_loss
 
 
 def _config(**kw) -> ModelConfig:
@@ -19,11 +19,11 @@ def _config(**kw) -> ModelConfig:
 @pytest.mark.parametrize("pool", ["mean", "attention"])
 def test_a_classifier_gives_one_logit_per_class_and_shares_the_trunk(pool):
     torch.manual_seed(0)
-    clf = NextPatchModel(_config(objective="classify", pool=pool), classes=5)
+    clf = IQTransformer(_config(objective="classify", pool=pool), classes=5)
     x = torch.randn(3, 8, 8)
     assert clf(x).shape == (3, 5)
     # The trunk is the pretraining model's: its weights load into the pretraining model.
-    pre = NextPatchModel(_config(objective="categorical"))
+    pre = IQTransformer(_config(objective="categorical"))
     trunk = clf.trunk_state(clf.state_dict())
     missing, unexpected = pre.load_state_dict(trunk, strict=False)
     assert unexpected == [] and sorted(missing) == ["head.bias", "head.weight"]
@@ -36,7 +36,7 @@ def test_a_classifier_gives_one_logit_per_class_and_shares_the_trunk(pool):
 
 def test_the_attention_pool_starts_as_the_mean_and_pools_by_softmax_weights():
     torch.manual_seed(0)
-    clf = NextPatchModel(_config(objective="classify", pool="attention"), classes=3)
+    clf = IQTransformer(_config(objective="classify", pool="attention"), classes=3)
     states = torch.randn(2, 8, 16)
     torch.testing.assert_close(clf.pool(states), states.mean(dim=1))
     with torch.no_grad():
@@ -47,9 +47,9 @@ def test_the_attention_pool_starts_as_the_mean_and_pools_by_softmax_weights():
 
 def test_classes_must_fit_the_objective():
     with pytest.raises(ValueError, match="classes >= 2"):
-        NextPatchModel(_config(objective="classify"), classes=1)
-    with pytest.raises(ValueError, match="'classify'"):
-        NextPatchModel(_config(objective="mse"), classes=3)
+        IQTransformer(_config(objective="classify"), classes=1)
+    with pytest.raises(ValueError, match="'mse' model has no classes"):
+        IQTransformer(_config(objective="mse"), classes=3)
     with pytest.raises(ConfigError, match="model.pool"):
         _config(objective="classify", pool="max")
     with pytest.raises(ConfigError, match="model.freeze_trunk"):
@@ -73,10 +73,10 @@ def test_the_classify_loss_is_cross_entropy_per_window_with_predictions():
 
 def test_the_classifiers_flops_count_its_head_per_window_and_a_frozen_trunk_once():
     d, n, c = 16, 8, 5
-    pre = NextPatchModel(_config(objective="mse"))
-    clf = NextPatchModel(_config(objective="classify"), classes=c)
-    frozen = NextPatchModel(_config(objective="classify", freeze_trunk=True), classes=c)
-    att = NextPatchModel(_config(objective="classify", pool="attention"), classes=c)
+    pre = IQTransformer(_config(objective="mse"))
+    clf = IQTransformer(_config(objective="classify"), classes=c)
+    frozen = IQTransformer(_config(objective="classify", freeze_trunk=True), classes=c)
+    att = IQTransformer(_config(objective="classify", pool="attention"), classes=c)
     w = 8
     trunk = pre.forward_flops_per_patch(n) - 2 * w * d  # without the mse head
     assert pre.train_flops_per_window(n) == pre.train_flops_per_patch(n) * n
@@ -89,9 +89,9 @@ def test_keys_only_a_fine_tune_reads_are_refused_where_they_would_do_nothing():
     from iqtrain.config.schema import Config
     from iqtrain.config.sections import DataConfig, OptimizerConfig
 
-    with pytest.raises(ConfigError, match="model.pool: only for"):
+    with pytest.raises(ConfigError, match="model.pool: only model.objective = 'classify'"):
         _config(objective="categorical", pool="attention")
-    with pytest.raises(ConfigError, match="data.label_key: only for"):
+    with pytest.raises(ConfigError, match="data.label_key: only model.objective = 'classify'"):
         Config(data=DataConfig(label_key="x:class"))
     frozen = _config(objective="classify", freeze_trunk=True)
     with pytest.raises(ConfigError, match="optimizer.trunk_lr_scale: model.freeze_trunk"):

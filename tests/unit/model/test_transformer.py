@@ -13,8 +13,8 @@ import torch
 
 from iqtrain.config.sections import ModelConfig, default_mlp_hidden
 from iqtrain.errors import ConfigError, IQTrainError
-from iqtrain.model.objectives import next_patch_loss
-from iqtrain.model.transformer import NextPatchModel
+from iqtrain.model.transformer import IQTransformer
+from iqtrain.objectives.next_patch import next_patch_loss
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -75,7 +75,7 @@ def test_config_errors_name_the_key(kwargs: dict, key: str) -> None:
 
 def test_shapes_param_counts_and_buffers() -> None:
     cfg = ModelConfig(**TINY)
-    model = NextPatchModel(cfg)
+    model = IQTransformer(cfg)
     out = model(torch.randn(3, 10, 16))
     assert out.shape == (3, 10, 16)
     total, trainable = model.param_counts()
@@ -93,7 +93,7 @@ def test_shapes_param_counts_and_buffers() -> None:
 def test_residual_projections_init_scaled_by_depth() -> None:
     torch.manual_seed(0)
     cfg = ModelConfig(dim=256, layers=8, heads=4)
-    model = NextPatchModel(cfg)
+    model = IQTransformer(cfg)
     resid = torch.cat(
         [
             torch.cat([b.attn.proj.weight.flatten(), b.mlp.down.weight.flatten()])
@@ -107,7 +107,7 @@ def test_residual_projections_init_scaled_by_depth() -> None:
 
 
 def test_too_many_patches_names_max_patches() -> None:
-    model = NextPatchModel(ModelConfig(**TINY))
+    model = IQTransformer(ModelConfig(**TINY))
     model(torch.randn(1, 16, 16))  # exactly max_patches is fine
     with pytest.raises(ValueError, match="max_patches"):
         model(torch.randn(1, 17, 16))
@@ -117,7 +117,7 @@ def test_too_many_patches_names_max_patches() -> None:
 
 def test_causality() -> None:
     torch.manual_seed(0)
-    model = NextPatchModel(ModelConfig(**TINY)).eval()
+    model = IQTransformer(ModelConfig(**TINY)).eval()
     x = torch.randn(2, 12, 16)
     t = 5
     y = x.clone()
@@ -132,7 +132,7 @@ def test_causality() -> None:
 
 def test_dropout_inactive_in_eval() -> None:
     torch.manual_seed(0)
-    model = NextPatchModel(ModelConfig(**TINY, dropout=0.5))
+    model = IQTransformer(ModelConfig(**TINY, dropout=0.5))
     x = torch.randn(2, 8, 16)
     with torch.no_grad():
         assert not torch.equal(model(x), model(x))  # train mode: fresh masks
@@ -140,7 +140,7 @@ def test_dropout_inactive_in_eval() -> None:
         assert torch.equal(model(x), model(x))
 
 
-def _residual_dtypes(model: NextPatchModel, x: torch.Tensor, device: str) -> list[torch.dtype]:
+def _residual_dtypes(model: IQTransformer, x: torch.Tensor, device: str) -> list[torch.dtype]:
     with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16):
         return [s.dtype for s in model.layer_states(x)]
 
@@ -150,7 +150,7 @@ def test_the_residual_stream_stays_fp32_under_bf16_autocast(kw: dict) -> None:
     # Autocast runs the matmuls in bf16; the stream they add into stays fp32 (as nanoGPT's
     # does): a bf16 stream rounds every block's update to 8 mantissa bits.
     torch.manual_seed(0)
-    model = NextPatchModel(ModelConfig(**{**TINY, **kw}), 3 if kw else 0).eval()
+    model = IQTransformer(ModelConfig(**{**TINY, **kw}), 3 if kw else 0).eval()
     x = unit_power_patches(2, 16, 8)
     # Patch embeddings, the stream after each block, the final hidden states.
     assert _residual_dtypes(model, x, "cpu") == [torch.float32] * 3
@@ -164,7 +164,7 @@ def test_the_residual_stream_stays_fp32_under_bf16_autocast(kw: dict) -> None:
 @pytest.mark.gpu
 def test_the_residual_stream_stays_fp32_under_cuda_autocast() -> None:
     torch.manual_seed(0)
-    model = NextPatchModel(ModelConfig(**TINY)).cuda().eval()
+    model = IQTransformer(ModelConfig(**TINY)).cuda().eval()
     x = unit_power_patches(2, 16, 8).cuda()
     assert _residual_dtypes(model, x, "cuda") == [torch.float32] * 3
 
@@ -192,7 +192,7 @@ def test_flops_formula_matches_torch_flop_counter(cfg: dict, batch: int, n: int)
     from torch.utils.flop_counter import FlopCounterMode
 
     torch.manual_seed(0)
-    model = NextPatchModel(ModelConfig(**cfg, max_patches=16))
+    model = IQTransformer(ModelConfig(**cfg, max_patches=16))
     x = torch.randn(batch, n, 2 * cfg["patch_len"])
     positions = batch * n
     forward = model.forward_flops_per_patch(n)
@@ -215,7 +215,7 @@ def test_flops_formula_matches_torch_flop_counter(cfg: dict, batch: int, n: int)
 
 
 def test_flops_hand_count_and_argument() -> None:
-    model = NextPatchModel(ModelConfig(dim=128, layers=4, heads=4, patch_len=16))
+    model = IQTransformer(ModelConfig(dim=128, layers=4, heads=4, patch_len=16))
     d, h, w, n = 128, 384, 32, 64
     per_block = 6 * d * d + 4 * n * d + 2 * d * d + 4 * d * h + 2 * h * d
     assert model.forward_flops_per_patch(n) == 4 * w * d + 4 * per_block

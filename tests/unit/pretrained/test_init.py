@@ -20,7 +20,7 @@ from iqtrain.evidence.verify import check_attempt
 from iqtrain.pretrained.init import ARCHITECTURE_KEYS
 from iqtrain.pretrained.load import random_init_model
 from iqtrain.report.summary import report
-from iqtrain.train.attempt import run_pretraining_attempt
+from iqtrain.train.attempt import run_attempt
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -30,7 +30,7 @@ def source(tmp_path_factory):
     root = tmp_path_factory.mktemp("init")
     tables = cli_tables(root / "src", root / "cache", max_steps=4)
     tables["model"].update(objective="categorical", bins=16)
-    return root, tables, run_pretraining_attempt(build_config(tables)).attempt
+    return root, tables, run_attempt(build_config(tables)).attempt
 
 
 def _child(root, tables, name, source, **init):
@@ -51,7 +51,7 @@ def test_a_new_attempt_starts_from_the_source_weights_with_everything_else_fresh
     t["training"].update(max_steps=2, eval_every=2, checkpoint_every=2)
     t["schedule"] = {"kind": "constant", "warmup_steps": 0}  # schedule, data, optimizer may
     t["data"]["batch_size"] = 2  # differ from the source's
-    result = run_pretraining_attempt(build_config(t))
+    result = run_attempt(build_config(t))
     info = json.loads((result.attempt / "attempt.json").read_text())
     assert info["parent"] is None and info["final_step"] == 2
     want = load_file(src / "checkpoints" / "step_00000002" / "model.safetensors")
@@ -73,7 +73,7 @@ def test_a_new_attempt_starts_from_the_source_weights_with_everything_else_fresh
     assert check_attempt(result.attempt).problems == []
     assert "initialised from " + os.fspath(src.resolve()) in report(result.attempt)
     # A resume continues the parent's weights and keeps the lineage's record.
-    child = run_pretraining_attempt(
+    child = run_attempt(
         build_config(apply_overrides(t, ["training.max_steps=4"])),
         ParentRef(result.attempt),
     )
@@ -81,7 +81,7 @@ def test_a_new_attempt_starts_from_the_source_weights_with_everything_else_fresh
     assert child_info["init"] == info["init"] and child_info["parent"]["step"] == 2
     assert check_attempt(child.attempt).problems == []
     with pytest.raises(ConfigError, match="init.which: cannot change on resume"):
-        run_pretraining_attempt(
+        run_attempt(
             build_config(apply_overrides(t, ["training.max_steps=6", "init.which=best"])),
             ParentRef(child.attempt),
         )
@@ -109,7 +109,7 @@ def test_any_architecture_key_that_differs_is_one_line_naming_it_and_nothing_is_
         t["data"]["patch_len"] = changed
     t["model"][key] = changed
     with pytest.raises(ConfigError, match=rf"^model\.{key}: .* every architecture key"):
-        run_pretraining_attempt(build_config(t))
+        run_attempt(build_config(t))
     assert not (root / f"bad-{key}").exists()
 
 
@@ -119,7 +119,7 @@ def test_dropout_and_init_std_may_differ(source):
     t["model"].update(dropout=0.1, init_std=0.05)
     t["training"].update(max_steps=1, eval_every=1, checkpoint_every=1)
     t["schedule"] = {"kind": "constant", "warmup_steps": 0}
-    assert run_pretraining_attempt(build_config(t)).final_step == 1
+    assert run_attempt(build_config(t)).final_step == 1
 
 
 def test_a_source_that_fails_verification_is_refused_naming_init_from(source, tmp_path, capsys):
@@ -130,9 +130,9 @@ def test_a_source_that_fails_verification_is_refused_naming_init_from(source, tm
     (copy / "checkpoints" / "step_00000004" / "state.json").write_text("{}")
     t = _child(root, tables, "refused", copy, which="latest")
     with pytest.raises(CheckpointError, match="^init.from: parent failed verification"):
-        run_pretraining_attempt(build_config(t))
+        run_attempt(build_config(t))
     with pytest.raises(CheckpointError, match="^init.from: .*not an attempt directory"):
-        run_pretraining_attempt(build_config(_child(root, tables, "r2", tmp_path / "none")))
+        run_attempt(build_config(_child(root, tables, "r2", tmp_path / "none")))
     assert not (root / "refused").exists() and not (root / "r2").exists()
     with pytest.raises(ConfigError, match="init.which: expected latest, best or step_N"):
         build_config(_child(root, tables, "r3", src, which="first"))
@@ -164,7 +164,7 @@ def test_a_checkpoint_directory_names_its_own_checkpoint(source):
     t = _child(root, tables, "from-ckpt", ckpt)
     t["training"].update(max_steps=1, eval_every=1, checkpoint_every=1)
     t["schedule"] = {"kind": "constant", "warmup_steps": 0}
-    attempt = run_pretraining_attempt(build_config(t)).attempt
+    attempt = run_attempt(build_config(t)).attempt
     info = json.loads((attempt / "attempt.json").read_text())
     assert (info["init"]["attempt"], info["init"]["checkpoint"]) == (
         os.fspath(src.resolve()),
@@ -172,7 +172,7 @@ def test_a_checkpoint_directory_names_its_own_checkpoint(source):
     )
     assert check_attempt(attempt).problems == []
     with pytest.raises(ConfigError, match="init.which: 'latest', but .* is itself a checkpoint"):
-        run_pretraining_attempt(build_config(_child(root, tables, "mixed", ckpt, which="latest")))
+        run_attempt(build_config(_child(root, tables, "mixed", ckpt, which="latest")))
     assert not (root / "mixed").exists()
 
 
@@ -183,7 +183,7 @@ def test_verify_checks_the_record_against_the_config_the_manifest_and_the_source
     t = _child(root, tables, "verified", srccopy, which="latest")
     t["training"].update(max_steps=1, eval_every=1, checkpoint_every=1)
     t["schedule"] = {"kind": "constant", "warmup_steps": 0}
-    attempt = run_pretraining_attempt(build_config(t)).attempt
+    attempt = run_attempt(build_config(t)).attempt
     assert check_attempt(attempt).problems == []
     info_path = attempt / "attempt.json"
     info = json.loads(info_path.read_text())
@@ -216,12 +216,12 @@ def test_a_resume_takes_the_record_its_parents_checkpoint_binds_not_attempt_json
     t = _child(root, tables, "crashed", src, which="latest")
     t["training"].update(max_steps=2, eval_every=1, checkpoint_every=1)
     t["schedule"] = {"kind": "constant", "warmup_steps": 0}
-    parent = run_pretraining_attempt(build_config(t)).attempt
+    parent = run_attempt(build_config(t)).attempt
     info = json.loads((parent / "attempt.json").read_text())
     # A crash (no manifest, status running, its lock free) with a damaged attempt.json init.
     (parent / "manifest.json").unlink()
     (parent / "attempt.json").write_text(json.dumps({**info, "status": "running", "init": 3}))
-    child = run_pretraining_attempt(
+    child = run_attempt(
         build_config(apply_overrides(t, ["training.max_steps=3"])), ParentRef(parent)
     ).attempt
     assert json.loads((child / "attempt.json").read_text())["init"] == info["init"]

@@ -28,7 +28,7 @@ from iqtrain.data.windows import labelled_windows
 from iqtrain.errors import CheckpointError, InputError
 from iqtrain.eval.features import layer_features, probe_features
 from iqtrain.evidence.metrics import read_metrics
-from iqtrain.model.transformer import NextPatchModel
+from iqtrain.model.transformer import IQTransformer
 from iqtrain.pretrained.load import (
     Pretrained,
     SampleRateWarning,
@@ -36,7 +36,7 @@ from iqtrain.pretrained.load import (
     random_init_model,
     resolve_device,
 )
-from iqtrain.train.attempt import run_pretraining_attempt
+from iqtrain.train.attempt import run_attempt
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -48,7 +48,7 @@ def trained(request, tmp_path_factory):
     tables = cli_tables(root / "run", root / "cache", max_steps=4)
     tables["model"].update(objective=request.param, bins=16)
     tables["run"]["seed"] = 5
-    result = run_pretraining_attempt(build_config(tables))
+    result = run_attempt(build_config(tables))
     synthesize(root / "labelled", recordings=2, samples=8192, datatype="ci16_le", seed=9)
     return result.attempt, os.fspath(root / "labelled" / "*.sigmf-meta")
 
@@ -226,7 +226,7 @@ def test_random_init_is_trainings_step_0_beside_the_same_config(trained):
     base = pre.random_init()
     assert base.config is pre.config and base.step == 0 and not base.model.training
     torch.manual_seed(pre.config.run.seed)
-    fresh = NextPatchModel(pre.config.model)
+    fresh = IQTransformer(pre.config.model)
     for k, v in fresh.state_dict().items():
         assert torch.equal(v, base.model.state_dict()[k]), k
 

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from iqtrain.cli.infer import prediction_lines
-from iqtrain.errors import ConfigError, DataError
+from iqtrain.errors import ConfigError, DataError, ObjectiveError
+from iqtrain.objectives import REGISTRY
 from iqtrain.pretrained.recordings import (
     Prediction,
     PredictRow,
@@ -48,6 +49,7 @@ def _fake(objective="classify", key="core:label", nan_at=None, sample_rate=None)
 
     return SimpleNamespace(
         classes=None if objective != "classify" else CLASSES,
+        objective=REGISTRY[objective],
         window=WINDOW,
         attempt=Path("/runs/x/attempts/0001"),
         config=SimpleNamespace(
@@ -177,7 +179,7 @@ def test_unlabelled_recordings_predict_per_window_and_refuse_per_annotation(tmp_
 
 def test_refusals_name_the_attempt_the_annotation_and_the_window(tmp_path):
     data = _recording(tmp_path)
-    with pytest.raises(ConfigError, match="/runs/x/attempts/0001: model.objective is 'mse'"):
+    with pytest.raises(ObjectiveError, match="/runs/x/attempts/0001: model.objective is 'mse'"):
         predict_recordings(_fake("mse"), [data])
     with pytest.raises(ConfigError, match="--per"):
         predict_recordings(_fake(), [data], per="recording")

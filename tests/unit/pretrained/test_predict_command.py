@@ -22,7 +22,7 @@ from helpers import (
 from iqtrain.cli.main import main
 from iqtrain.config.schema import build_config
 from iqtrain.pretrained.load import load_pretrained
-from iqtrain.train.attempt import run_pretraining_attempt
+from iqtrain.train.attempt import run_attempt
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -35,7 +35,7 @@ def classify(tmp_path_factory):
     root = tmp_path_factory.mktemp("classify")
     tables = cli_tables(root / "run", root / "cache", max_steps=2)
     tables["model"].update(objective="classify")
-    attempt = run_pretraining_attempt(build_config(tables)).attempt
+    attempt = run_attempt(build_config(tables)).attempt
     pre = load_pretrained(attempt)
     assert pre.sample_rate == 1e6 and pre.config.data.label_key == "core:label"
     return os.fspath(attempt), list(pre.classes)

@@ -27,7 +27,7 @@ from iqtrain.data.windows import grid_windows, labelled_windows
 from iqtrain.errors import DataError
 from iqtrain.pretrained.load import load_pretrained
 from iqtrain.pretrained.recordings import embed_recordings, score_recordings
-from iqtrain.train.attempt import run_pretraining_attempt
+from iqtrain.train.attempt import run_attempt
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -36,7 +36,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("rec")
     tables = cli_tables(root / "run", root / "cache", max_steps=2)
-    attempt = run_pretraining_attempt(build_config(tables)).attempt
+    attempt = run_attempt(build_config(tables)).attempt
     synthesize(root / "labelled", recordings=2, samples=8192, datatype="ci16_le", seed=9)
     rng = np.random.default_rng(0)
     write_sigmf(root / "plain", "p", rng.integers(-99, 99, (1000, 2)), "ci16_le")

@@ -141,6 +141,8 @@ def _result(**fields):
         "final_val_nmse": None,
         "objective": "classify",
         "probe": None,
+        "final_val_accuracy": None,
+        "best_val_accuracy": None,
         **fields,
     }
     return SimpleNamespace(**values)
@@ -152,7 +154,7 @@ def test_run_prints_the_final_and_best_accuracy(capsys):
     assert _finish(_result(final_val_accuracy=0.75, best_val_accuracy=0.8125)) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[1] == "  final val accuracy 0.7500 (loss 0.80000 nats per window), best 0.8125"
-    # Before the result carries the accuracies (or without a validation): n/a.
+    # Without a validation: n/a.
     _finish(_result(final_val_loss=None))
     lines = capsys.readouterr().out.splitlines()
     assert lines[1] == "  final val accuracy n/a (loss n/a nats per window), best n/a"

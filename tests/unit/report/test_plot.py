@@ -233,12 +233,12 @@ def test_a_real_resumed_attempt(tmp_path):
 
     from iqtrain.config.schema import build_config
     from iqtrain.evidence.lineage import ParentRef
-    from iqtrain.train.attempt import run_pretraining_attempt
+    from iqtrain.train.attempt import run_attempt
 
     tables = tiny_tables(tmp_path / "run", tmp_path / "cache", checkpoint_every=3, keep_last=0)
     cfg = build_config(tables)
-    first = run_pretraining_attempt(cfg).attempt
-    child = run_pretraining_attempt(cfg, ParentRef(first, "step_00000006")).attempt
+    first = run_attempt(cfg).attempt
+    child = run_attempt(cfg, ParentRef(first, "step_00000006")).attempt
     fig = build_figure(child)
     loss = fig.axes[0]
     assert list(_find(_lines(loss), "train loss (raw)").get_xdata()) == list(range(1, 13))

@@ -22,7 +22,7 @@ from iqtrain.pretrained.load import load_pretrained
 from iqtrain.report.summary import report
 from iqtrain.train import attempt as attempt_module
 from iqtrain.train import determinism
-from iqtrain.train.attempt import run_pretraining_attempt
+from iqtrain.train.attempt import run_attempt
 from iqtrain.train.loop import spike_update
 from iqtrain.train.schedule import Plan, lr_at
 from iqtrain.train.step import TrainStep
@@ -37,7 +37,7 @@ def cache(tmp_path_factory):
 
 def _run(tmp_path, cache, name="run", parent=None, **training):
     cfg = build_config(tiny_tables(tmp_path / name, cache, **training))
-    return run_pretraining_attempt(cfg, parent)
+    return run_attempt(cfg, parent)
 
 
 def test_end_to_end_evidence(tmp_path, cache):
@@ -118,7 +118,7 @@ def test_end_to_end_evidence(tmp_path, cache):
 @pytest.mark.parametrize("k", [5, 7], ids=["on_checkpoint_boundary", "before_val_boundary"])
 def test_exact_resume_from_step_k(tmp_path, cache, k):
     straight = _run(tmp_path, cache, checkpoint_every=1, keep_last=0).attempt
-    child = run_pretraining_attempt(
+    child = run_attempt(
         build_config(tiny_tables(tmp_path / "run", cache, checkpoint_every=1, keep_last=0)),
         ParentRef(straight, f"step_{k}"),
     ).attempt
@@ -156,7 +156,7 @@ def test_resume_of_a_crashed_parent_uses_its_latest_verified_checkpoint(tmp_path
     shutil.copytree(crashed / "checkpoints" / "step_00000010", torn)
     (torn / "checkpoint.json").unlink()  # written last: its absence marks a torn checkpoint
     cfg = build_config(tiny_tables(crashed_dir, cache, keep_last=0))
-    child = run_pretraining_attempt(cfg, ParentRef(crashed)).attempt
+    child = run_attempt(cfg, ParentRef(crashed)).attempt
     info = json.loads((child / "attempt.json").read_text())
     assert info["parent"]["checkpoint"] == "step_00000010"
     assert strip_timing(read_metrics(child / "metrics.jsonl")) == strip_timing(
@@ -179,14 +179,14 @@ def test_interrupt_then_resume_matches_the_straight_run(tmp_path, cache):
 
     threading.Thread(target=interrupt_soon, daemon=True).start()
     with pytest.raises(Interrupted) as exc:
-        run_pretraining_attempt(cfg)
+        run_attempt(cfg)
     assert exc.value.exit_code == 130
     parent = exc.value.attempt
     info = json.loads((parent / "attempt.json").read_text())
     assert info["status"] == "interrupted" and info["final_step"] < 60
     assert not (parent / "manifest.json").exists()
     assert verify_attempt(parent) == []
-    child = run_pretraining_attempt(cfg, ParentRef(parent)).attempt
+    child = run_attempt(cfg, ParentRef(parent)).attempt
     assert strip_timing(read_metrics(child / "metrics.jsonl")) == strip_timing(
         read_metrics(straight / "metrics.jsonl")
     )
@@ -199,7 +199,7 @@ def test_plan_change_allowed_only_before_the_decay_start(tmp_path, cache):
     longer = build_config(
         tiny_tables(tmp_path / "run", cache, max_steps=16, checkpoint_every=1, keep_last=0)
     )
-    child = run_pretraining_attempt(longer, ParentRef(parent, "step_5")).attempt
+    child = run_attempt(longer, ParentRef(parent, "step_5")).attempt
     info = json.loads((child / "attempt.json").read_text())
     assert info["config_changes"]["training.max_steps"] == {"from": 12, "to": 16}
     assert info["plan"]["max_steps"] == 16
@@ -207,12 +207,12 @@ def test_plan_change_allowed_only_before_the_decay_start(tmp_path, cache):
     assert train[-1]["step"] == 16 and train[-1]["lr"] == 3e-4
     n_before = len(list((tmp_path / "run" / "attempts").iterdir()))
     with pytest.raises(ConfigError, match="training.max_steps"):
-        run_pretraining_attempt(longer, ParentRef(parent, "step_9"))
+        run_attempt(longer, ParentRef(parent, "step_9"))
     other = build_config(
         tiny_tables(tmp_path / "run", cache, checkpoint_every=1, keep_last=0, grad_accum=2)
     )
     with pytest.raises(ConfigError, match="training.grad_accum: cannot change on resume"):
-        run_pretraining_attempt(other, ParentRef(parent))
+        run_attempt(other, ParentRef(parent))
     assert len(list((tmp_path / "run" / "attempts").iterdir())) == n_before
 
 
@@ -232,7 +232,7 @@ def test_resume_refuses_a_tampered_parent(tmp_path, cache, target):
     assert verify_attempt(parent) != []
     cfg = build_config(tiny_tables(tmp_path / "run", cache))
     with pytest.raises(CheckpointError):
-        run_pretraining_attempt(cfg, ParentRef(parent))
+        run_attempt(cfg, ParentRef(parent))
     assert sorted(p.name for p in (tmp_path / "run" / "attempts").iterdir()) == ["0001"]
 
 
@@ -243,10 +243,10 @@ def test_resume_refuses_a_changed_dataset(tmp_path):
     tables = tiny_tables(tmp_path / "run", tmp_path / "unused")
     tables["data"]["train"] = [os.fspath(data / "train" / "*.sigmf-meta")]
     tables["data"]["val"] = [os.fspath(data / "val" / "*.sigmf-meta")]
-    parent = run_pretraining_attempt(build_config(tables)).attempt
+    parent = run_attempt(build_config(tables)).attempt
     synthesize(data / "train", recordings=2, samples=4096, seed=7)  # same names, new content
     with pytest.raises(CursorMismatchError, match="data.train"):
-        run_pretraining_attempt(build_config(tables), ParentRef(parent))
+        run_attempt(build_config(tables), ParentRef(parent))
     assert sorted(p.name for p in (tmp_path / "run" / "attempts").iterdir()) == ["0001"]
 
 
@@ -255,7 +255,7 @@ def test_window_longer_than_every_recording_is_a_config_error(tmp_path, cache):
     tables["data"]["seq_patches"] = 1024  # 8192-sample windows, 4096-sample recordings
     tables["model"]["max_patches"] = 1024
     with pytest.raises(ConfigError, match="data.seq_patches"):
-        run_pretraining_attempt(build_config(tables))
+        run_attempt(build_config(tables))
     assert not (tmp_path / "run").exists()
 
 
@@ -275,7 +275,7 @@ def test_compiled_resume_is_exact(tmp_path, cache):
             keep_last=0,
         )
     )
-    child = run_pretraining_attempt(cfg, ParentRef(straight, "step_4")).attempt
+    child = run_attempt(cfg, ParentRef(straight, "step_4")).attempt
     assert strip_timing(read_metrics(child / "metrics.jsonl")) == strip_timing(
         read_metrics(straight / "metrics.jsonl")
     )
@@ -311,11 +311,11 @@ def test_validation_leaves_training_untouched(tmp_path, cache):
 def test_resume_from_a_mid_run_best(tmp_path, cache):
     # On this tiny validation set the loss is lowest early (the premise, checked below).
     tables = tiny_tables(tmp_path / "run", cache, eval_every=2, keep_last=1)
-    straight = run_pretraining_attempt(build_config(tables)).attempt
+    straight = run_attempt(build_config(tables)).attempt
     manifest = json.loads((straight / "manifest.json").read_text())
     best_step = manifest["best"]["step"]
     assert best_step < manifest["latest"]["step"], "premise: best must be mid-run"
-    child = run_pretraining_attempt(build_config(tables), ParentRef(straight, "best")).attempt
+    child = run_attempt(build_config(tables), ParentRef(straight, "best")).attempt
     info = json.loads((child / "attempt.json").read_text())
     assert info["parent"]["checkpoint"] == f"step_{best_step:08d}"
     assert info["parent"]["step"] == best_step
@@ -332,7 +332,7 @@ def test_a_refused_run_writes_no_synthetic_cache(tmp_path, monkeypatch):
     tables = tiny_tables(tmp_path / "run", tmp_path / "cache")
     tables["training"]["device"] = "cuda"
     with pytest.raises(ConfigError, match="training.device"):
-        run_pretraining_attempt(build_config(tables))
+        run_attempt(build_config(tables))
     assert not (tmp_path / "cache").exists() and not (tmp_path / "run").exists()
 
 
@@ -347,7 +347,7 @@ def test_training_deterministic_is_configured_before_anything_touches_the_device
     tables = tiny_tables(tmp_path / "run", tmp_path / "cache")
     tables["training"]["device"] = "cuda"
     with pytest.raises(ConfigError, match=r"^training.deterministic: .*=':0:0', but"):
-        run_pretraining_attempt(build_config(tables))
+        run_attempt(build_config(tables))
     assert not (tmp_path / "cache").exists() and not (tmp_path / "run").exists()
 
 
@@ -370,7 +370,7 @@ def test_a_resume_may_change_training_deterministic_and_each_attempt_records_it(
     assert {c[0] for c in calls} == {"configure", "seed", "step"}
     calls.clear()
     cfg = build_config(tiny_tables(tmp_path / "run", cache, **steps))  # true, the default
-    child = run_pretraining_attempt(cfg, ParentRef(parent, "step_4")).attempt
+    child = run_attempt(cfg, ParentRef(parent, "step_4")).attempt
     assert calls[0] == ("configure", "cpu", True)
     parent_info = json.loads((parent / "attempt.json").read_text())
     child_info = json.loads((child / "attempt.json").read_text())
@@ -392,7 +392,7 @@ def test_data_changed_anywhere_refuses_resume_naming_the_recording(tmp_path):
     tables = tiny_tables(tmp_path / "run", tmp_path / "unused", max_steps=6, keep_last=0)
     tables["data"]["train"] = [os.fspath(data / "train" / "*.sigmf-meta")]
     tables["data"]["val"] = [os.fspath(data / "val" / "*.sigmf-meta")]
-    parent = run_pretraining_attempt(build_config(tables)).attempt
+    parent = run_attempt(build_config(tables)).attempt
     victim = sorted((data / "train").glob("*.sigmf-data"))[1]
     raw = bytearray(victim.read_bytes())
     # One byte between the sampled fingerprint's blocks: only a full-content digest sees it.
@@ -401,7 +401,7 @@ def test_data_changed_anywhere_refuses_resume_naming_the_recording(tmp_path):
     raw[block * 4096 + 100] ^= 0x01
     victim.write_bytes(bytes(raw))
     with pytest.raises(CursorMismatchError, match=victim.name):
-        run_pretraining_attempt(build_config(tables), ParentRef(parent))
+        run_attempt(build_config(tables), ParentRef(parent))
     assert sorted(p.name for p in (tmp_path / "run" / "attempts").iterdir()) == ["0001"]
 
 
@@ -411,7 +411,7 @@ def test_a_categorical_attempt_records_both_losses_and_resumes_exactly(tmp_path,
         tables["model"].update(objective="categorical", bins=16, bin_range=3.0)
         return build_config(tables)
 
-    straight = run_pretraining_attempt(cfg("run"))
+    straight = run_attempt(cfg("run"))
     val = [r for r in read_metrics(straight.attempt / "metrics.jsonl") if r["kind"] == "val"]
     for r in val:
         # the objective's loss (nats per complex sample) and the NMSE of the predicted mean
@@ -422,7 +422,7 @@ def test_a_categorical_attempt_records_both_losses_and_resumes_exactly(tmp_path,
     # best and early stopping follow the objective's own loss
     manifest = json.loads((straight.attempt / "manifest.json").read_text())
     assert manifest["best"]["val_loss"] == min(r["loss"] for r in val)
-    child = run_pretraining_attempt(cfg("run"), ParentRef(straight.attempt, "step_5")).attempt
+    child = run_attempt(cfg("run"), ParentRef(straight.attempt, "step_5")).attempt
     a = strip_timing(read_metrics(straight.attempt / "metrics.jsonl"))
     assert a == strip_timing(read_metrics(child / "metrics.jsonl"))
     assert_same_tensors(manifest_weights(straight.attempt)[0], manifest_weights(child)[0])
@@ -431,7 +431,7 @@ def test_a_categorical_attempt_records_both_losses_and_resumes_exactly(tmp_path,
     tables = tiny_tables(tmp_path / "run", cache, checkpoint_every=1, keep_last=0)
     tables["model"].update(bins=16, bin_range=3.0)  # the default "mse", the parent's grid
     with pytest.raises(ConfigError, match=r"model\.objective: cannot change on resume"):
-        run_pretraining_attempt(build_config(tables), ParentRef(straight.attempt, "step_5"))
+        run_attempt(build_config(tables), ParentRef(straight.attempt, "step_5"))
 
 
 def test_spikes_of_a_negative_log_likelihood_are_judged_in_nats():
@@ -464,7 +464,7 @@ def _states(attempt):
 
 def test_the_sample_rate_is_recorded_everywhere_and_a_resume_keeps_it(tmp_path):
     tables = _rated(tmp_path, {"a": 2.4e6, "b": 2.4e6}, {"c": 2.4e6})
-    attempt = run_pretraining_attempt(build_config(tables)).attempt
+    attempt = run_attempt(build_config(tables)).attempt
     info = json.loads((attempt / "attempt.json").read_text())
     assert info["data"] == {"sample_rate": 2.4e6, "refused": {"data.train": [], "data.val": []}}
     states = _states(attempt)
@@ -475,7 +475,7 @@ def test_the_sample_rate_is_recorded_everywhere_and_a_resume_keeps_it(tmp_path):
     assert load_pretrained(attempt).sample_rate == 2.4e6
     assert "  data: 2.4 MHz" in report(attempt).splitlines()
     assert verify_attempt(attempt) == []
-    child = run_pretraining_attempt(build_config(tables), ParentRef(attempt, "step_5")).attempt
+    child = run_attempt(build_config(tables), ParentRef(attempt, "step_5")).attempt
     assert json.loads((child / "attempt.json").read_text())["data"] == info["data"]
     assert [s["sample_rate"] for s in _states(child)] == [2.4e6] * len(_states(child))
     assert verify_attempt(child) == []
@@ -484,11 +484,11 @@ def test_the_sample_rate_is_recorded_everywhere_and_a_resume_keeps_it(tmp_path):
 def test_a_mix_of_rates_is_refused_before_anything_exists_and_any_trains_on_it(tmp_path):
     tables = _rated(tmp_path, {"a": 1e6, "b": 2e6}, {"c": 1e6})
     with pytest.raises(DataError, match="2 sample rates") as err:
-        run_pretraining_attempt(build_config(tables))
+        run_attempt(build_config(tables))
     assert err.value.exit_code == 2 and "1 MHz" in str(err.value) and "2 MHz" in str(err.value)
     assert not (tmp_path / "run").exists()
     tables["data"]["sample_rate"] = "any"
-    attempt = run_pretraining_attempt(build_config(tables)).attempt
+    attempt = run_attempt(build_config(tables)).attempt
     assert json.loads((attempt / "attempt.json").read_text())["data"]["sample_rate"] is None
     assert all("sample_rate" in s and s["sample_rate"] is None for s in _states(attempt))
     assert json.loads((attempt / "manifest.json").read_text())["data"]["sample_rate"] is None
@@ -500,10 +500,10 @@ def test_a_mix_of_rates_is_refused_before_anything_exists_and_any_trains_on_it(t
 def test_a_fixed_rate_rule_refuses_another_rate_and_records_its_own(tmp_path):
     tables = _rated(tmp_path, {"a": 1e6}, {"c": 1e6}, sample_rate=2e6)
     with pytest.raises(DataError, match="data.sample_rate = 2e.06 but 2 recording"):
-        run_pretraining_attempt(build_config(tables))
+        run_attempt(build_config(tables))
     assert not (tmp_path / "run").exists()
     tables["data"]["sample_rate"] = 1e6
-    attempt = run_pretraining_attempt(build_config(tables)).attempt
+    attempt = run_attempt(build_config(tables)).attempt
     assert json.loads((attempt / "attempt.json").read_text())["data"]["sample_rate"] == 1e6
     assert {s["sample_rate"] for s in _states(attempt)} == {1e6}
 
@@ -512,7 +512,7 @@ def test_recordings_read_past_are_recorded_bound_and_reported(tmp_path):
     tables = _rated(tmp_path, {"a": 1e6, "b": 1e6}, {"c": 1e6}, skip_invalid=True)
     broken = tmp_path / "train" / "b.sigmf-meta"
     broken.write_text("{not json")
-    attempt = run_pretraining_attempt(build_config(tables)).attempt
+    attempt = run_attempt(build_config(tables)).attempt
     info = json.loads((attempt / "attempt.json").read_text())
     (entry,) = info["data"]["refused"]["data.train"]
     assert entry["path"] == os.fspath(broken) and "not valid JSON" in entry["reason"]
@@ -524,7 +524,7 @@ def test_recordings_read_past_are_recorded_bound_and_reported(tmp_path):
     assert lines[at + 1].startswith("    data.train: ") and "b.sigmf-meta" in lines[at + 1]
     assert verify_attempt(attempt) == []
     # A resume reopens the data: its own list, the same file.
-    child = run_pretraining_attempt(build_config(tables), ParentRef(attempt, "step_5")).attempt
+    child = run_attempt(build_config(tables), ParentRef(attempt, "step_5")).attempt
     assert json.loads((child / "attempt.json").read_text())["data"] == info["data"]
     # The list is bound by the manifest: an entry dropped afterwards fails verify.
     info["data"]["refused"]["data.train"] = []
@@ -533,12 +533,12 @@ def test_recordings_read_past_are_recorded_bound_and_reported(tmp_path):
 
 
 def test_a_model_from_another_rate_is_a_note_naming_both(tmp_path, capfd):
-    source = run_pretraining_attempt(build_config(_rated(tmp_path / "s", {"a": 1e6}, {"c": 1e6})))
+    source = run_attempt(build_config(_rated(tmp_path / "s", {"a": 1e6}, {"c": 1e6})))
     source = source.attempt
     tables = _rated(tmp_path / "t", {"a": 2e6}, {"c": 2e6})
     tables["init"] = {"from": os.fspath(source), "which": "latest"}
     capfd.readouterr()
-    attempt = run_pretraining_attempt(build_config(tables)).attempt
+    attempt = run_attempt(build_config(tables)).attempt
     notes = [ln for ln in capfd.readouterr().err.splitlines() if "init.from" in ln]
     assert len(notes) == 1 and "1 MHz" in notes[0] and "2 MHz" in notes[0], notes
     assert json.loads((attempt / "attempt.json").read_text())["data"]["sample_rate"] == 2e6

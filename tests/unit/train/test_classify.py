@@ -22,7 +22,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from iqtrain.config.schema import Config
 from iqtrain.config.sections import DataConfig, ModelConfig, OptimizerConfig
 from iqtrain.errors import ConfigError, NonFiniteError
-from iqtrain.model.transformer import NextPatchModel
+from iqtrain.model.transformer import IQTransformer
+from iqtrain.objectives import REGISTRY
 from iqtrain.train.loop import LoopState
 from iqtrain.train.step import TrainStep
 from iqtrain.train.validation import _classify_sums, validate_classify
@@ -30,6 +31,7 @@ from iqtrain.train.validation import _classify_sums, validate_classify
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 CLASSES = 3
+CLASSIFY = REGISTRY["classify"]
 TINY = {"dim": 32, "layers": 2, "heads": 2, "patch_len": 8, "max_patches": 16}
 
 
@@ -43,7 +45,7 @@ def make_classifier(seed: int = 0, model_kw: dict | None = None, **opt_kw) -> Tr
     torch.manual_seed(seed)
     cfg = ModelConfig(**{**TINY, "objective": "classify", **(model_kw or {})})
     return TrainStep(
-        NextPatchModel(cfg, CLASSES),
+        IQTransformer(cfg, CLASSES),
         OptimizerConfig(**opt_kw),
         device="cpu",
         precision="fp32",
@@ -189,7 +191,7 @@ def _sync_debug(mode: str):
 def test_classifier_validation_synchronises_once_per_pass_on_cuda():
     torch.manual_seed(4)
     step = TrainStep(
-        NextPatchModel(ModelConfig(**TINY, objective="classify"), CLASSES),
+        IQTransformer(ModelConfig(**TINY, objective="classify"), CLASSES),
         OptimizerConfig(),
         device="cuda",
         precision="bf16",
@@ -219,7 +221,8 @@ def test_the_best_validation_and_early_stopping_follow_accuracy(tmp_path):
     seen = []
     for step, (loss, acc) in enumerate([(2.0, 0.3), (1.5, 0.3), (1.9, 0.5), (1.0, 0.52)], 1):
         loop.step = step
-        seen.append(loop.record_validation(loss, attempt, min_delta=0.05, accuracy=acc))
+        record = {"loss": loss, "accuracy": acc}
+        seen.append(loop.record_validation(record, attempt, CLASSIFY, min_delta=0.05))
     # A lower loss at the same accuracy is no improvement; 0.52 is best but not by > 0.05.
     assert seen == [True, False, True, True]
     assert (loop.best_step, loop.best_val_accuracy, loop.best_val_loss) == (4, 0.52, 1.0)
@@ -247,7 +250,7 @@ def test_a_non_finite_window_is_refused_before_any_update():
 def test_a_compiled_classifier_step_and_evaluation_match_eager():
     eager = make_classifier(seed=5, model_kw={"pool": "attention"})
     compiled = TrainStep(
-        NextPatchModel(eager.model.config, CLASSES),
+        IQTransformer(eager.model.config, CLASSES),
         OptimizerConfig(),
         device="cpu",
         precision="fp32",
@@ -270,7 +273,7 @@ def test_a_compiled_classifier_step_and_evaluation_match_eager():
 def test_a_cuda_bf16_classifier_step_tracks_the_cpu_fp32_one(compile):
     cpu = make_classifier(seed=3)
     gpu = TrainStep(
-        NextPatchModel(cpu.model.config, CLASSES),
+        IQTransformer(cpu.model.config, CLASSES),
         OptimizerConfig(),
         device="cuda",
         precision="bf16",

@@ -14,9 +14,12 @@ import pytest
 import torch
 
 from iqtrain.config.sections import ModelConfig, OptimizerConfig
-from iqtrain.model.transformer import NextPatchModel
+from iqtrain.model.transformer import IQTransformer
+from iqtrain.objectives import REGISTRY
 from iqtrain.train.loop import LoopState
 from iqtrain.train.step import TrainStep
+
+MSE = REGISTRY["mse"]
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -31,7 +34,7 @@ def test_loop_state_tracks_the_first_strict_minimum_and_round_trips():
         (16, 0.85, False),
     ]:
         loop.step = step
-        assert loop.record_validation(loss, attempt) is improved
+        assert loop.record_validation({"loss": loss}, attempt, MSE) is improved
     assert (loop.best_val_loss, loop.best_step, loop.validations) == (0.8, 12, 4)
     assert loop.best_checkpoint == "attempts/0003/checkpoints/step_00000012"
     assert loop.record_loss(1.0) is False and loop.record_loss(3.5) is True
@@ -45,7 +48,7 @@ def test_loop_state_tracks_the_first_strict_minimum_and_round_trips():
 
 def _step(seed: int) -> TrainStep:
     torch.manual_seed(seed)
-    model = NextPatchModel(ModelConfig(patch_len=4, max_patches=8, dim=16, layers=1, heads=2))
+    model = IQTransformer(ModelConfig(patch_len=4, max_patches=8, dim=16, layers=1, heads=2))
     return TrainStep(model, OptimizerConfig(lr=1e-2), device="cpu", precision="fp32", compile=False)
 
 
@@ -81,7 +84,7 @@ def test_early_stopping_bookkeeping_needs_an_improvement_larger_than_min_delta()
         ]
     ):
         loop.step = 4 * (step + 1)
-        assert loop.record_validation(loss, attempt, min_delta=0.1) is improved
+        assert loop.record_validation({"loss": loss}, attempt, MSE, min_delta=0.1) is improved
         assert loop.stale_validations == stale
     assert loop.early_stop_ref == 0.85 and loop.best_val_loss == 0.84
     again = LoopState()
@@ -114,7 +117,7 @@ def test_early_stopping_saves_publishes_and_resumes_exactly(tmp_path, capsys):
     from iqtrain.evidence.lineage import ParentRef
     from iqtrain.evidence.metrics import read_metrics, strip_timing
     from iqtrain.evidence.verify import check_attempt
-    from iqtrain.train.attempt import run_pretraining_attempt
+    from iqtrain.train.attempt import run_attempt
 
     cache = tmp_path / "cache"
     cfg = tmp_path / "c.toml"
@@ -133,14 +136,14 @@ def test_early_stopping_saves_publishes_and_resumes_exactly(tmp_path, capsys):
     # The bookkeeping survives a restart: resumed from step 4 (one stale validation so far),
     # the child stops at step 6 again with the same records.
     tables = _early_tables(tmp_path, cache)
-    child = run_pretraining_attempt(build_config(tables), ParentRef(attempt, "step_4"))
+    child = run_attempt(build_config(tables), ParentRef(attempt, "step_4"))
     assert child.final_step == 6 and child.stopped_early["step"] == 6
     assert strip_timing(read_metrics(child.attempt / "metrics.jsonl")) == strip_timing(
         read_metrics(attempt / "metrics.jsonl")
     )
     # Both keys may change on resume: patience 0 trains on to max_steps.
     tables["training"]["early_stop_patience"] = 0
-    done = run_pretraining_attempt(build_config(tables), ParentRef(attempt))
+    done = run_attempt(build_config(tables), ParentRef(attempt))
     assert done.final_step == 12 and done.stopped_early is None
     assert check_attempt(done.attempt).problems == []
 
@@ -151,9 +154,9 @@ def test_verify_binds_the_early_stop_entry(tmp_path):
 
     from iqtrain.config.schema import build_config
     from iqtrain.evidence.verify import check_attempt
-    from iqtrain.train.attempt import run_pretraining_attempt
+    from iqtrain.train.attempt import run_attempt
 
-    result = run_pretraining_attempt(build_config(_early_tables(tmp_path, tmp_path / "cache")))
+    result = run_attempt(build_config(_early_tables(tmp_path, tmp_path / "cache")))
     path = result.attempt / "manifest.json"
     original = json.loads(path.read_text())
     for forged, expect in [
@@ -192,11 +195,11 @@ def test_verify_refuses_a_forged_early_stop_of_a_truncated_attempt(tmp_path):
     from iqtrain.evidence.metrics import read_metrics
     from iqtrain.evidence.verify import check_attempt
     from iqtrain.storage import file_digest
-    from iqtrain.train.attempt import run_pretraining_attempt
+    from iqtrain.train.attempt import run_attempt
 
     tables = _early_tables(tmp_path, tmp_path / "cache", early_stop_patience=100)
     tables["training"]["early_stop_min_delta"] = 0.0
-    attempt = run_pretraining_attempt(build_config(tables)).attempt
+    attempt = run_attempt(build_config(tables)).attempt
     assert check_attempt(attempt).problems == []
     ckpts = attempt / "checkpoints"
     for ckpt in list_checkpoints(ckpts):
@@ -273,9 +276,7 @@ def test_every_sink_hears_each_iteration_and_every_record_in_the_streams_order(
             self.sinks.append(heard)
 
     monkeypatch.setattr(attempt_module, "Trainer", Listened)
-    result = attempt_module.run_pretraining_attempt(
-        build_config(_early_tables(tmp_path, tmp_path / "cache"))
-    )
+    result = attempt_module.run_attempt(build_config(_early_tables(tmp_path, tmp_path / "cache")))
     assert result.stopped_early is not None and result.final_step == 6
     records = read_metrics(result.attempt / "metrics.jsonl")
     assert [e for e in heard.events if e[0] in ("train", "val")] == [
@@ -327,7 +328,7 @@ def test_a_classifiers_labels_come_from_a_label_ring_slot_held_with_its_batch(
     tables = tiny_tables(tmp_path / "run", tmp_path / "cache", max_steps=6, grad_accum=2)
     tables["model"]["objective"] = "classify"
     tables["training"]["device"] = device
-    result = attempt_module.run_pretraining_attempt(build_config(tables))
+    result = attempt_module.run_attempt(build_config(tables))
     assert result.final_step == 6
     (trainer,) = trainers
     assert trainer.train_labels is not None

@@ -14,7 +14,7 @@ from iqtrain.errors import ConfigError, DataError
 from iqtrain.evidence.lineage import ParentRef
 from iqtrain.evidence.metrics import read_metrics, strip_timing
 from iqtrain.evidence.verify import check_attempt
-from iqtrain.train.attempt import run_pretraining_attempt
+from iqtrain.train.attempt import run_attempt
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -51,8 +51,8 @@ def _weights(attempt: Path, step: int) -> dict[str, torch.Tensor]:
 def test_probe_records_leave_training_and_its_resume_exact(tmp_path, bursts):
     probe = {"every": 2, "data": [bursts], "folds": 2, "by": "iqtrain:snr_db", "bins": 10}
     probe.update(shots=[2, 1], seeds=2)
-    with_probe = run_pretraining_attempt(build_config(_tables(tmp_path, "a", probe))).attempt
-    without = run_pretraining_attempt(build_config(_tables(tmp_path, "b", None))).attempt
+    with_probe = run_attempt(build_config(_tables(tmp_path, "a", probe))).attempt
+    without = run_attempt(build_config(_tables(tmp_path, "b", None))).attempt
     records = read_metrics(with_probe / "metrics.jsonl")
     probes = [r for r in records if r["kind"] == "probe"]
     # validations at 4, 8, 12: every 2nd (the 2nd, at step 8) and the last
@@ -85,7 +85,7 @@ def test_probe_records_leave_training_and_its_resume_exact(tmp_path, bursts):
     assert all(torch.equal(a[k], b[k]) for k in b)
     assert check_attempt(with_probe).problems == []
     # Exact resume with the probe on: from step 4, the same records (probes included).
-    child = run_pretraining_attempt(
+    child = run_attempt(
         build_config(_tables(tmp_path, "a", probe)), ParentRef(with_probe, "step_4")
     ).attempt
     assert strip_timing(read_metrics(child / "metrics.jsonl")) == strip_timing(records)
@@ -94,23 +94,23 @@ def test_probe_records_leave_training_and_its_resume_exact(tmp_path, bursts):
 def test_probe_settings_are_checked_before_the_attempt_exists(tmp_path, labelled):
     bad = {"every": 1, "data": [str(tmp_path / "none" / "*.sigmf-meta")]}
     with pytest.raises(DataError):
-        run_pretraining_attempt(build_config(_tables(tmp_path, "c", bad)))
+        run_attempt(build_config(_tables(tmp_path, "c", bad)))
     with pytest.raises(ConfigError, match="probe.folds"):
         tables = _tables(tmp_path, "c", {"every": 1, "data": [labelled], "folds": 500})
-        run_pretraining_attempt(build_config(tables))
+        run_attempt(build_config(tables))
     assert not (tmp_path / "c" / "attempts").exists()
     with pytest.raises(ConfigError, match="probe.every"):
         build_config(_tables(tmp_path, "c", {"every": -1}))
     with pytest.raises(ConfigError, match="probe.by torchsig:snr_db: no labelled annotation"):
         tables = _tables(tmp_path, "c", {"every": 1, "data": [labelled], "by": "torchsig:snr_db"})
-        run_pretraining_attempt(build_config(tables))
+        run_attempt(build_config(tables))
     with pytest.raises(ConfigError, match=r"probe.bins: no window's .* in the bins \[100, 200\]"):
         probe = {"every": 1, "data": [labelled], "by": "iqtrain:snr_db", "bins": [100, 200]}
-        run_pretraining_attempt(build_config(_tables(tmp_path, "c", probe)))
+        run_attempt(build_config(_tables(tmp_path, "c", probe)))
     # 1 annotation of each class in the synthetic recordings: no class trains in its own fold
     with pytest.raises(ConfigError, match=r"probe.shots: K = 1 .* class 16QAM has only 0"):
         probe = {"every": 1, "data": [labelled], "folds": 2, "shots": [1]}
-        run_pretraining_attempt(build_config(_tables(tmp_path, "c", probe)))
+        run_attempt(build_config(_tables(tmp_path, "c", probe)))
     for bins, match in ((0, "probe.bins"), ([3, 1], "probe.bins"), (["a", 2], r"probe.bins\[0\]")):
         with pytest.raises(ConfigError, match=match):
             build_config(_tables(tmp_path, "c", {"every": 1, "bins": bins}))
@@ -122,7 +122,7 @@ def test_the_probe_defaults_to_the_validation_recordings(tmp_path):
 
     tables = _tables(tmp_path, "d", {"every": 3, "folds": 2})
     tables["data"]["synthetic"].update(val_recordings=2, samples=16384)
-    result = run_pretraining_attempt(build_config(tables))
+    result = run_attempt(build_config(tables))
     probes = [r for r in read_metrics(result.attempt / "metrics.jsonl") if r["kind"] == "probe"]
     assert [r["step"] for r in probes] == [12]
     # ... and so does `iqtrain probe` without --data.
@@ -142,7 +142,7 @@ def test_probe_runs_at_an_early_stop_and_a_failing_probe_does_not_end_training(
 
     tables = _tables(tmp_path, "e", {"every": 10, "data": [labelled], "folds": 2})
     tables["training"].update(eval_every=2, early_stop_patience=2, early_stop_min_delta=1.0)
-    result = run_pretraining_attempt(build_config(tables))
+    result = run_attempt(build_config(tables))
     assert result.stopped_early["step"] == 6
     probes = [r for r in read_metrics(result.attempt / "metrics.jsonl") if r["kind"] == "probe"]
     assert [r["step"] for r in probes] == [6]  # the last validation, though not every 10th
@@ -152,7 +152,7 @@ def test_probe_runs_at_an_early_stop_and_a_failing_probe_does_not_end_training(
 
     monkeypatch.setattr(TrainingProbe, "record", broken)
     tables = _tables(tmp_path, "f", {"every": 1, "data": [labelled], "folds": 2})
-    done = run_pretraining_attempt(build_config(tables))
+    done = run_attempt(build_config(tables))
     assert done.final_step == 12
     assert not [r for r in read_metrics(done.attempt / "metrics.jsonl") if r["kind"] == "probe"]
     assert capsys.readouterr().err.count("skipped: ") == 3  # validations at 4, 8, 12
@@ -262,5 +262,5 @@ def test_probe_data_at_another_rate_than_the_training_data_is_refused(tmp_path, 
     made = TrainingProbe(config.probe, config.data, config.model, config.run.seed)
     assert made.labelled.num_annotations == 28
     with pytest.raises(DataError, match="probe.data: the training data has 1 MHz"):
-        run_pretraining_attempt(build_config(_tables(tmp_path, "i", probe)))
+        run_attempt(build_config(_tables(tmp_path, "i", probe)))
     assert not (tmp_path / "i" / "attempts").exists()

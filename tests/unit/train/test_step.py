@@ -18,9 +18,9 @@ import torch
 
 from iqtrain.config.sections import ModelConfig, OptimizerConfig
 from iqtrain.errors import ConfigError, NonFiniteError
-from iqtrain.model.objectives import next_patch_loss
 from iqtrain.model.prepare import prepare_iq_input_reference
-from iqtrain.model.transformer import NextPatchModel
+from iqtrain.model.transformer import IQTransformer
+from iqtrain.objectives.next_patch import next_patch_loss
 from iqtrain.train import step as step_module
 from iqtrain.train.optim import split_parameters
 from iqtrain.train.step import StepResult, TrainStep
@@ -48,7 +48,7 @@ def make_step(
     *, seed: int = 0, model_kw: dict | None = None, compile: bool = False, **opt_kw
 ) -> TrainStep:
     torch.manual_seed(seed)
-    model = NextPatchModel(ModelConfig(**{**TINY, **(model_kw or {})}))
+    model = IQTransformer(ModelConfig(**{**TINY, **(model_kw or {})}))
     return TrainStep(
         model, OptimizerConfig(**opt_kw), device="cpu", precision="fp32", compile=compile
     )
@@ -247,7 +247,7 @@ def _cpu_bf16_step(monkeypatch, model_kw: dict) -> TrainStep:
     bypassed, so the step runs CPU bf16 autocast, the same code path as CUDA's."""
     monkeypatch.setattr(step_module, "TrainingConfig", lambda **kw: None)
     torch.manual_seed(0)
-    model = NextPatchModel(ModelConfig(**{**TINY, **model_kw}))
+    model = IQTransformer(ModelConfig(**{**TINY, **model_kw}))
     return TrainStep(model, OptimizerConfig(), device="cpu", precision="bf16", compile=False)
 
 
@@ -256,7 +256,7 @@ def test_bf16_categorical_targets_are_binned_from_fp32_patches(monkeypatch) -> N
     # input to bf16 as the kernel would, while the targets keep their fp32 values, so a value
     # is binned as prepare_iq_input_reference (and pretrained scoring) bins it. bf16's half-ulp
     # is 2**-8 in [1, 2): ~3% of a 1/8-wide bin (218 of these 15360 targets moved bins).
-    from iqtrain.model.objectives import objective_loss, quantise
+    from iqtrain.objectives.categorical import quantise
 
     kw = {"objective": "categorical", "bins": 64, "bin_range": 4.0}
     ts = _cpu_bf16_step(monkeypatch, kw)
@@ -270,7 +270,7 @@ def test_bf16_categorical_targets_are_binned_from_fp32_patches(monkeypatch) -> N
     total, count, _ = ts.eval_sums(patches)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         out = ts.model.eval()(want)
-    assert count == 64 * 15 * 8 and torch.equal(total, objective_loss(out, want, cfg)[1])
+    assert count == 64 * 15 * 8 and torch.equal(total, cfg.task.loss(out, want, None, cfg)[1])
 
 
 # --------------------------------------------------------------------------- optimizer
@@ -373,13 +373,13 @@ def test_prepare_eager_is_the_reference_on_numpy_batches() -> None:
 
 @pytest.mark.parametrize("device", ["cuda:0", "CPU", "gpu", " cpu", None])
 def test_device_strings_rejected(device: object) -> None:
-    model = NextPatchModel(ModelConfig(**TINY))
+    model = IQTransformer(ModelConfig(**TINY))
     with pytest.raises(ConfigError, match=r"^training\.device"):
         TrainStep(model, OptimizerConfig(), device=device, precision="fp32", compile=False)
 
 
 def test_precision_and_compile_rejected() -> None:
-    model = NextPatchModel(ModelConfig(**TINY))
+    model = IQTransformer(ModelConfig(**TINY))
     opt = OptimizerConfig()
     with pytest.raises(ConfigError, match=r"^training\.precision.*cuda"):
         TrainStep(model, opt, device="cpu", precision="bf16", compile=False)
@@ -391,7 +391,7 @@ def test_precision_and_compile_rejected() -> None:
 
 def test_cuda_without_cuda_rejected(monkeypatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a GPU machine too
-    model = NextPatchModel(ModelConfig(**TINY))
+    model = IQTransformer(ModelConfig(**TINY))
     with pytest.raises(ConfigError, match=r"^training\.device"):
         TrainStep(model, OptimizerConfig(), device="cuda", precision="bf16", compile=False)
 
@@ -430,7 +430,7 @@ def test_state_dict_round_trip_without_prefix() -> None:
     for k, v in other.model_state_dict().items():
         assert torch.equal(v, state[k])
     # A module compiled by the caller is unwrapped, so its keys carry no prefix either.
-    wrapped = torch.compile(NextPatchModel(ModelConfig(**TINY)))
+    wrapped = torch.compile(IQTransformer(ModelConfig(**TINY)))
     ts2 = TrainStep(wrapped, OptimizerConfig(), device="cpu", precision="fp32", compile=False)
     assert ts2.model_state_dict().keys() == state.keys()
 
@@ -532,14 +532,14 @@ def test_a_categorical_step_rejects_a_nan_target_before_the_update() -> None:
 @pytest.mark.gpu
 @pytest.mark.gpu_smoke
 def test_a_compiled_cuda_bf16_step_matches_eager_and_bins_fp32_targets() -> None:
-    from iqtrain.model.objectives import quantise
+    from iqtrain.objectives.categorical import quantise
 
     kw = {"objective": "categorical", "bins": 64, "bin_range": 4.0}
     cpu = make_step(seed=9, model_kw=kw)
     steps = {}
     for compiled in (False, True):
         ts = TrainStep(
-            NextPatchModel(cpu.model.config),
+            IQTransformer(cpu.model.config),
             OptimizerConfig(),
             device="cuda",
             precision="bf16",

@@ -1,4 +1,5 @@
-"""Tests of iqtrain.model.objectives: quantisation, the categorical loss, the predicted mean."""
+"""The next-patch objectives ("mse", "categorical"): quantisation, the categorical loss, the
+predicted mean, the head they size."""
 
 from __future__ import annotations
 
@@ -9,16 +10,16 @@ import torch
 
 from iqtrain.config.sections import ModelConfig
 from iqtrain.errors import ConfigError
-from iqtrain.model.objectives import (
-    bin_centres,
-    next_patch_loss,
-    objective_loss,
-    predicted_mean,
-    quantise,
-)
-from iqtrain.model.transformer import NextPatchModel
+from iqtrain.model.transformer import IQTransformer
+from iqtrain.objectives.categorical import bin_centres, predicted_mean, quantise
+from iqtrain.objectives.next_patch import next_patch_loss
 
 TINY = {"dim": 16, "layers": 1, "heads": 2, "patch_len": 4, "max_patches": 8}
+
+
+def objective_loss(out, patches, cfg: ModelConfig, squared_error: bool = True):
+    """The config's objective's loss with the predicted mean's squared error."""
+    return cfg.task.loss(out, patches, None, cfg, squared_error)
 
 
 def categorical(bins: int = 8, bin_range: float = 2.0, **kw) -> ModelConfig:
@@ -96,8 +97,8 @@ def test_wrong_output_width_is_named():
 
 
 def test_model_head_and_flops_follow_the_objective():
-    mse = NextPatchModel(ModelConfig(**TINY))
-    cat = NextPatchModel(categorical(bins=32))
+    mse = IQTransformer(ModelConfig(**TINY))
+    cat = IQTransformer(categorical(bins=32))
     x = torch.randn(2, 6, 8)
     assert mse(x).shape == (2, 6, 8) and cat(x).shape == (2, 6, 8 * 32)
     w, d = 8, 16
@@ -129,7 +130,7 @@ def test_categorical_training_learns_a_constellation():
     # well below the uniform ln(bins) per value within a few hundred steps.
     torch.manual_seed(0)
     cfg = categorical(bins=16, bin_range=2.0)
-    model = NextPatchModel(cfg)
+    model = IQTransformer(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     g = torch.Generator().manual_seed(1)
     for _ in range(150):
@@ -147,7 +148,7 @@ def test_a_non_finite_input_gives_a_non_finite_categorical_loss():
     # The clamp of a NaN target must not hide it: the logits see the NaN too.
     torch.manual_seed(0)
     cfg = categorical(bins=8)
-    model = NextPatchModel(cfg)
+    model = IQTransformer(cfg)
     x = torch.randn(2, 6, 8)
     x[1, 3, 2] = float("nan")
     mean, _, _, se = objective_loss(model(x), x, cfg)
