@@ -36,6 +36,7 @@ from iqtrain.errors import CheckpointError
 __all__ = [
     "COMPONENTS",
     "INIT_KEYS",
+    "PACKAGE_INIT_KEYS",
     "LOOP_DEFAULTS",
     "LOOP_FIELDS",
     "RATE_UNKNOWN",
@@ -81,6 +82,8 @@ _DATA_GROUPS = ("train", "val", "train_meta", "val_meta")
 #: Where a lineage's first weights came from (``[init] from``, docs/design.md "attempt.json"): the
 #: same object in state.json, attempt.json and the manifest, and its JSON types.
 INIT_KEYS = {"attempt": str, "checkpoint": str, "step": int, "model_sha256": str}
+#: The ``init`` record of a source that is a model package (``iqtrain export --out``).
+PACKAGE_INIT_KEYS = {"package": str, "step": int, "model_sha256": str}
 _CHECKPOINT = re.compile(r"step_[0-9]{8}")
 
 
@@ -99,7 +102,17 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 def init_record_problem(init: Any) -> str | None:
     """What is wrong with an ``init`` record (None: nothing): exactly the keys of
     :data:`INIT_KEYS` with their types, an absolute ``attempt``, ``checkpoint`` the
-    ``step_%08d`` of ``step`` >= 0, ``model_sha256`` 64 lowercase hex digits."""
+    ``step_%08d`` of ``step`` >= 0, ``model_sha256`` 64 lowercase hex digits; or, for a source
+    that is a model package, the keys of :data:`PACKAGE_INIT_KEYS` (an absolute ``package``)."""
+    if isinstance(init, dict) and set(init) == set(PACKAGE_INIT_KEYS):
+        for key, kind in PACKAGE_INIT_KEYS.items():
+            if isinstance(init[key], bool) or not isinstance(init[key], kind):
+                return f"init.{key} is {init[key]!r:.100}, not a {kind.__name__}"
+        if not Path(init["package"]).is_absolute() or init["step"] < 0:
+            return f"init.package is {init['package']!r:.100}, not an absolute path"
+        if not _SHA256.fullmatch(init["model_sha256"]):
+            return f"init.model_sha256 {init['model_sha256']!r:.80} is not a SHA-256"
+        return None
     if not isinstance(init, dict) or set(init) != set(INIT_KEYS):
         return f"expected an object with {sorted(INIT_KEYS)}, got {init!r:.200}"
     for key, kind in INIT_KEYS.items():

@@ -105,8 +105,22 @@ def _finish(result) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    from iqtrain.evidence.package import is_package, read_package
     from iqtrain.evidence.verify import check_attempt, verify_attempt_data
 
+    if is_package(Path(args.dir)):  # a model package: every file, without torch
+        if args.data:
+            raise ConfigError("--data: a package holds no data to check")
+        try:
+            package = read_package(Path(args.dir))
+        except CheckpointError as exc:
+            print(f"MISMATCH {exc}")
+            return EXIT_FAILURE
+        print(
+            f"{args.dir}: verified (package of {package.config['objective']!r}, step "
+            f"{package.config['step']})"
+        )
+        return EXIT_OK
     check = check_attempt(Path(args.dir))  # CheckpointError (exit 2) if not an attempt at all
     problems = list(check.problems)
     if args.data:
@@ -273,6 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from iqtrain.cli.convert import add_convert_parser
     from iqtrain.cli.describe import add_describe_parser
+    from iqtrain.cli.export import add_export_parser
     from iqtrain.cli.infer import add_embed_parser, add_predict_parser, add_score_parser
     from iqtrain.cli.probe import add_probe_parser
 
@@ -282,6 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_predict_parser(sub)
     add_convert_parser(sub, _Parser)
     add_describe_parser(sub)
+    add_export_parser(sub)
     return p
 
 

@@ -394,6 +394,11 @@ def _init_source(init: dict, named: str, which: str | None) -> str | None:
     """Whether the record names the checkpoint ``[init] from`` / ``which`` resolve to: the
     checkpoint directory named, or a checkpoint of the attempt named (``best`` may live in an
     ancestor: an attempt of the same run directory)."""
+    if "package" in init:  # a model package: the directory named
+        source = Path(named).expanduser().resolve()
+        if Path(init["package"]) != source:
+            return f"it records package {init['package']}, config.toml names {source}"
+        return None
     source, recorded = Path(named).resolve(), Path(init["attempt"])
     if source.parent.name == "checkpoints" and re.fullmatch(r"step_[0-9]+", source.name):
         if (recorded, init["checkpoint"]) != (source.parent.parent, source.name):
@@ -431,7 +436,11 @@ def init_problems(attempt: Path, info: dict) -> tuple[list[str], list[str]]:
         for ckpt in list_checkpoints(attempt / "checkpoints")
         if _state_init(ckpt) not in (init, _UNREADABLE)
     ]
-    weights = Path(init["attempt"]) / "checkpoints" / init["checkpoint"] / "model.safetensors"
+    weights = (
+        Path(init["package"]) / "model.safetensors"
+        if "package" in init
+        else Path(init["attempt"]) / "checkpoints" / init["checkpoint"] / "model.safetensors"
+    )
     if not weights.is_file():
         return problems, [f"{weights}: the init source is gone; its SHA-256 is recorded only"]
     try:

@@ -14,6 +14,7 @@ torch in their bodies (inside a compiled step that is a dictionary look-up; dyna
 
 from __future__ import annotations
 
+import contextlib
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
@@ -26,12 +27,23 @@ if TYPE_CHECKING:
 
     from iqtrain.config.sections import ModelConfig
 
-__all__ = ["USES", "Objective", "Use"]
+__all__ = ["USES", "Objective", "Use", "fp32"]
 
 #: What a trained model can be asked for (:class:`~iqtrain.pretrained.load.Pretrained`'s
 #: methods and the commands of the same names).
 Use = Literal["embed", "score", "predict"]
 USES: tuple[Use, ...] = get_args(Use)
+
+
+def fp32(device_type: str) -> contextlib.AbstractContextManager[Any]:
+    """The context a loss computes in: autocast off when the caller's is on (the loss is fp32
+    whatever the autocast state), else none (a graph traced for export holds no autocast
+    region then)."""
+    import torch
+
+    if torch.is_autocast_enabled(device_type):
+        return torch.autocast(device_type=device_type, enabled=False)
+    return contextlib.nullcontext()
 
 
 class Objective(ABC):

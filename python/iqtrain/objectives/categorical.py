@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, ClassVar
 
+from iqtrain.objectives.base import fp32
 from iqtrain.objectives.next_patch import NextPatch, check_shapes
 
 if TYPE_CHECKING:
@@ -62,13 +63,13 @@ class Categorical(NextPatch):
         return config.bins
 
     def _nll(self, out: Tensor, patches: Tensor, config: ModelConfig) -> tuple[Tensor, Tensor]:
-        """Per-value cross-entropies ``[B * (N - 1) * 2P]`` and the fp32 targets."""
-        import torch.nn.functional as F
-
+        """Per-value cross-entropies ``[B * (N - 1) * 2P]`` and the fp32 targets: the negative
+        log-softmax at each target's bin (what ``cross_entropy(reduction="none")`` computes,
+        written out so that a graph exported with a symbolic batch keeps its shape)."""
         logits = out[:, :-1].float().reshape(-1, config.bins)
         target = patches[:, 1:].float()
-        nll = F.cross_entropy(logits, quantise(target, config).reshape(-1), reduction="none")
-        return nll, target
+        bins = quantise(target, config).reshape(-1, 1)
+        return -logits.log_softmax(dim=-1).gather(1, bins).squeeze(1), target
 
     def loss(
         self,
@@ -83,7 +84,7 @@ class Categorical(NextPatch):
         import torch
         import torch.nn.functional as F
 
-        with torch.autocast(device_type=out.device.type, enabled=False):
+        with fp32(out.device.type):
             b, n, width = check_shapes(out, patches, config.bins)
             logits = out[:, :-1].float().reshape(-1, config.bins)
             target = patches[:, 1:].float()
@@ -101,13 +102,14 @@ class Categorical(NextPatch):
     def window_losses(self, out: Tensor, patches: Tensor, config: ModelConfig) -> Tensor:
         """Each window's summed cross-entropy over its ``(N - 1) * P`` complex targets (nats per
         complex sample); a non-finite target makes its window's loss NaN."""
-        import torch
 
-        with torch.autocast(device_type=out.device.type, enabled=False):
+        with fp32(out.device.type):
             b, n, width = check_shapes(out, patches, config.bins)
             nll, target = self._nll(out, patches, config)
             count = (n - 1) * (width // 2)
-            return (nll.reshape(b, -1).sum(dim=1) + 0.0 * target.sum(dim=(1, 2))) / count
+            # Each window's (N - 1) x 2P values (an explicit width: the batch may be symbolic).
+            per_window = nll.reshape(b, (n - 1) * width).sum(dim=1)
+            return (per_window + 0.0 * target.sum(dim=(1, 2))) / count
 
     def untrained_line(
         self,

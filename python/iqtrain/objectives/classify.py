@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from iqtrain.objectives.base import Objective, Use
+from iqtrain.objectives.base import Objective, Use, fp32
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -34,7 +34,6 @@ def classify_loss(logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor, int, 
     (int64 class indices): the cross-entropy of each window in nats, summed over the
     ``count = B`` windows, and each window's arg-max class (int64). fp32 even under autocast. A
     non-finite logit makes the loss NaN (the step's finite check rejects it)."""
-    import torch
     import torch.nn.functional as F
 
     if logits.ndim != 2 or labels.shape != logits.shape[:1]:
@@ -42,7 +41,7 @@ def classify_loss(logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor, int, 
             f"logits must be [B, classes] and labels [B], got {tuple(logits.shape)} and "
             f"{tuple(labels.shape)}"
         )
-    with torch.autocast(device_type=logits.device.type, enabled=False):
+    with fp32(logits.device.type):
         lf = logits.float()
         total = F.cross_entropy(lf, labels, reduction="sum")
         # cross_entropy of a row with +inf and finite logits is finite; the sum is not.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from iqtrain.objectives.base import fp32
 from iqtrain.objectives.next_patch import NextPatch, _fmt_db, check_shapes, next_patch_loss
 
 if TYPE_CHECKING:
@@ -40,9 +41,8 @@ class MSE(NextPatch):
         """Each window's squared error over its ``(N - 1) * P`` complex targets: with every
         window of one length their mean is :meth:`loss`'s ``mean`` (up to the order of the
         float sums). A non-finite target makes its window's loss non-finite."""
-        import torch
 
-        with torch.autocast(device_type=out.device.type, enabled=False):
+        with fp32(out.device.type):
             _, n, width = check_shapes(out, patches, 1)
             err = out[:, :-1].float() - patches[:, 1:].float()
             return err.square().sum(dim=(1, 2)) / ((n - 1) * (width // 2))

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from iqtrain.objectives.base import Objective, Use
+from iqtrain.objectives.base import Objective, Use, fp32
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -55,7 +55,6 @@ def next_patch_loss(pred: Tensor, patches: Tensor) -> tuple[Tensor, Tensor, int]
     data (unit mean power per complex sample) predicting zeros scores about 1.0, so
     ``-10 log10(mean)`` is the prediction SNR in dB. Computed in fp32 even under autocast.
     """
-    import torch
 
     if pred.shape != patches.shape:
         raise ValueError(
@@ -63,7 +62,7 @@ def next_patch_loss(pred: Tensor, patches: Tensor) -> tuple[Tensor, Tensor, int]
             f"and {tuple(patches.shape)}"
         )
     b, n, width = check_shapes(pred, patches, 1)
-    with torch.autocast(device_type=pred.device.type, enabled=False):
+    with fp32(pred.device.type):
         err = pred[:, :-1].float() - patches[:, 1:].float()
         total = err.square().sum()
     count = b * (n - 1) * (width // 2)

@@ -53,7 +53,7 @@ TRUNK_KEYS = ARCHITECTURE_KEYS[:7]
 class InitSource:
     """The verified source of a new attempt's weights."""
 
-    record: dict[str, Any]  # {attempt, checkpoint, step, model_sha256}
+    record: dict[str, Any]  # {attempt, checkpoint, step, model_sha256} or {package, ...}
     model_state: dict[str, torch.Tensor]
     #: A fine-tune from another head: only the trunk's weights are loaded.
     trunk_only: bool = False
@@ -63,7 +63,9 @@ class InitSource:
 
     @property
     def checkpoint(self) -> Path:
-        """The source checkpoint's directory."""
+        """The source checkpoint's directory (a package's own)."""
+        if "package" in self.record:
+            return Path(self.record["package"])
         return Path(self.record["attempt"], "checkpoints", self.record["checkpoint"])
 
     def load_into(self, model: IQTransformer) -> None:
@@ -99,12 +101,8 @@ def load_init(
     architecture key of ``model`` that differs from the source's."""
     if not init.from_:
         return None
-    ref = source_ref(init.from_, init.which, name="init.which", error=ConfigError)
-    try:
-        parent = load_parent(ref, optimizer=False)
-    except CheckpointError as exc:
-        raise CheckpointError(f"init.from: {exc}") from None
-    source = source_config(parent, name="init.from: ").model
+    found = _source(init)
+    source = found.config
     fine_tune = model.task.labelled
     keys = TRUNK_KEYS if fine_tune else ARCHITECTURE_KEYS
     key = first_difference(model, source, keys)
@@ -112,19 +110,67 @@ def load_init(
         what = "trunk" if fine_tune else "architecture"
         raise ConfigError(
             f"model.{key}: {getattr(model, key)!r} here, but the init.from checkpoint "
-            f"({parent.checkpoint}) was trained with {getattr(source, key)!r}; every "
+            f"({found.where}) was trained with {getattr(source, key)!r}; every "
             f"{what} key must match its source's"
         )
     # A classifier continues its own head only over the same classes, pooled the same way.
     trunk_only = fine_tune and not (
         source.objective == model.objective
         and source.pool == model.pool
-        and parent.state.classes == list(classes or ())
+        and found.classes == list(classes or ())
     )
+    return InitSource(found.record, found.state, trunk_only, found.sample_rate)
+
+
+@dataclass(frozen=True)
+class _Found:
+    """A verified ``[init] from``: where it is, its model config and classes, its tensors, its
+    rate and the record attempt.json keeps of it."""
+
+    where: Path
+    config: ModelConfig
+    classes: list[str] | None
+    state: dict[str, torch.Tensor]
+    sample_rate: float | None
+    record: dict[str, Any]
+
+
+def _source(init: InitConfig) -> _Found:
+    """The checkpoint ``[init] from`` names (an attempt, a checkpoint or a package), verified."""
+    from iqtrain.evidence.package import is_package
+    from iqtrain.pretrained.package import load_package_state
+
+    path = Path(init.from_)
+    if is_package(path):
+        if init.which is not None:
+            raise ConfigError(f"init.which: {init.which!r}, but {path} is a package")
+        try:
+            package, config, state = load_package_state(path)
+        except CheckpointError as exc:
+            raise CheckpointError(f"init.from: {exc}") from None
+        doc = package.config
+        record = {
+            "package": os.fspath(package.path.resolve()),
+            "step": doc["step"],
+            "model_sha256": doc["model_sha256"],
+        }
+        return _Found(package.path, config.model, doc["classes"], state, doc["sample_rate"], record)
+    ref = source_ref(init.from_, init.which, name="init.which", error=ConfigError)
+    try:
+        parent = load_parent(ref, optimizer=False)
+    except CheckpointError as exc:
+        raise CheckpointError(f"init.from: {exc}") from None
     record = {
         "attempt": os.fspath(parent.attempt.resolve()),
         "checkpoint": parent.checkpoint.name,
         "step": parent.state.step,
         "model_sha256": listed_sha256(parent.checkpoint),
     }
-    return InitSource(record, parent.model_state, trunk_only, parent.state.known_rate)
+    return _Found(
+        parent.checkpoint,
+        source_config(parent, name="init.from: ").model,
+        parent.state.classes,
+        parent.model_state,
+        parent.state.known_rate,
+        record,
+    )

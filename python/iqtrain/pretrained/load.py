@@ -33,6 +33,7 @@ import torch
 from iqtrain.checkpoint.files import listed_sha256
 from iqtrain.config.schema import Config, build_config
 from iqtrain.config.sections import STEP_NAME, DataConfig, ModelConfig, Precision, check_which
+from iqtrain.console import note
 from iqtrain.data.sources import format_rate
 from iqtrain.data.windows import FEATURE_BATCH
 from iqtrain.errors import CheckpointError, ConfigError, InputError, int_argument
@@ -541,19 +542,32 @@ def load_pretrained(
     precision: InferencePrecision = "fp32",
 ) -> Pretrained:
     """Load a trained model, verified: ``source`` is an attempt directory (the checkpoint
-    ``which`` names: ``latest``, ``best``, ``step_N``; None: ``best``) or a checkpoint
-    directory.
+    ``which`` names: ``latest``, ``best``, ``step_N``; None: ``best``), a checkpoint directory,
+    or a package ``iqtrain export`` wrote (``which`` must then be None).
 
     Verified as a resume verifies its parent (the attempt's manifest when it has one, every
-    listed hash); a running attempt is refused. ``precision``: ``fp32`` (features exactly the
-    probe's), ``bf16`` (bf16 autocast; CUDA only) or ``auto`` (bf16 on CUDA where the model
-    trained in bf16, else fp32). A bad or missing file is a CheckpointError naming it; a bad
-    argument a TypeError or ValueError naming it.
+    listed hash); a running attempt is refused. A package: every file against its
+    ``lineage.json``, its config and weights against each other. ``precision``: ``fp32``
+    (features exactly the probe's), ``bf16`` (bf16 autocast; CUDA only) or ``auto`` (bf16 on
+    CUDA where the model trained in bf16, else fp32). A bad or missing file is a
+    CheckpointError naming it; a bad argument a TypeError or ValueError naming it.
     """
-    ref = source_ref(source, which)
+    from iqtrain.evidence.package import is_package
+
+    path = Path(source).expanduser()
+    if is_package(path):
+        if which is not None:
+            raise ValueError(f"which: {which!r}, but {path} is a package of one checkpoint")
+        return _load_package(path, device, precision)
+    ref = source_ref(path, which)
     dev = resolve_device(device)
     chosen = check_precision(precision, dev)
     parent = load_parent(ref, optimizer=False)
+    for skipped in parent.skipped:  # a crashed attempt: say which checkpoint answers, and why
+        note(
+            f"{parent.attempt}: {ref.checkpoint} is {parent.checkpoint.name}: checkpoint "
+            f"{skipped['checkpoint']} does not verify ({skipped['reason']})"
+        )
     model, config = _model_of(parent)
     return Pretrained(
         model=model.to(dev).eval(),
@@ -565,4 +579,27 @@ def load_pretrained(
         precision=_precision(chosen, config.training.precision, dev),
         classes=None if parent.state.classes is None else tuple(parent.state.classes),
         sample_rate=parent.state.known_rate,
+    )
+
+
+def _load_package(
+    path: Path, device: str | torch.device, precision: InferencePrecision
+) -> Pretrained:
+    from iqtrain.pretrained.package import load_package_state, package_model
+
+    dev = resolve_device(device)
+    chosen = check_precision(precision, dev)
+    package, config, state = load_package_state(path)
+    doc = package.config
+    model = package_model(config, doc["classes"], state, package.path)
+    return Pretrained(
+        model=model.to(dev).eval(),
+        config=config,
+        step=doc["step"],
+        checkpoint=package.path,
+        attempt=package.path,
+        model_sha256=doc["model_sha256"],
+        precision=_precision(chosen, doc["trained_precision"], dev),
+        classes=None if doc["classes"] is None else tuple(doc["classes"]),
+        sample_rate=doc["sample_rate"],
     )

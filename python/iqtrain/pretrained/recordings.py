@@ -21,6 +21,7 @@ import json
 import math
 import os
 import stat
+import struct
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -396,7 +397,22 @@ def write_embeddings(path: Path, emb: Embeddings) -> None:
         "recordings": json.dumps([os.fspath(p) for p in emb.recordings]),
         **emb.meta,
     }
-    write_bytes_atomic(path, save(tensors, metadata=meta))
+    write_bytes_atomic(path, sorted_metadata(save(tensors, metadata=meta)))
+
+
+def sorted_metadata(data: bytes) -> bytes:
+    """Safetensors bytes with the header's ``__metadata__`` in sorted key order (safetensors
+    writes it in a hash map's order, which changes between processes): the same tensors and
+    metadata give the same bytes. The header keeps its length (the same characters, padded
+    with spaces as safetensors pads it)."""
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + n])
+    if "__metadata__" in header:
+        rest = {k: v for k, v in header.items() if k != "__metadata__"}
+        header = {"__metadata__": dict(sorted(header["__metadata__"].items())), **rest}
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    assert len(text) <= n, "a re-ordered header is no longer than the original"
+    return data[:8] + text.ljust(n) + data[8 + n :]
 
 
 # --------------------------------------------------------------------------- scores

@@ -159,7 +159,7 @@ def test_a_fourth_objective_is_one_class_and_one_registration(tmp_path, monkeypa
     tables["model"]["objective"] = "mae"
     result = run_attempt(build_config(tables))
     assert result.objective == "mae" and result.best_checkpoint is not None
-    verify_attempt(result.attempt)
+    assert verify_attempt(result.attempt) == []
     text = report(result.attempt)
     assert "best val loss" in text
     pre = load_pretrained(result.attempt)
