@@ -413,3 +413,65 @@ def test_embed_writes_the_same_bytes_for_the_same_input(packages, attempts, tmp_
         )
         assert proc.returncode == 0, proc.stderr[-2000:]
     assert outs[0].read_bytes() == outs[1].read_bytes()
+
+
+def test_a_running_or_unverifiable_attempt_and_a_device_are_refused(attempts, tmp_path, capsys):
+    from iqtrain.evidence.lock import AttemptLock
+
+    run = shutil.copytree(attempts["mse"].parents[1], tmp_path / "run")
+    att = run / "attempts" / "0001"
+    out = os.fspath(tmp_path / "pkg")
+    refused_in_one_line(capsys, ["export", os.fspath(att), "--out", "/dev/null"], "not a dir")
+    with (att / "metrics.jsonl").open("a") as f:
+        f.write('{"kind": "note"}\n')
+    refused_in_one_line(capsys, ["export", os.fspath(att), "--out", out], "failed verification")
+    info = json.loads((att / "attempt.json").read_text())
+    (att / "attempt.json").write_text(json.dumps({**info, "status": "running"}))
+    lock = AttemptLock(att).acquire()
+    try:
+        refused_in_one_line(capsys, ["export", os.fspath(att), "--out", out], "still running")
+        refused_in_one_line(
+            capsys, ["export", os.fspath(att), "--onnx", out + ".onnx"], "still running"
+        )
+    finally:
+        lock.release()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_an_onnx_file_that_does_not_match_the_model_is_not_written(packages, tmp_path, monkeypatch):
+    from iqtrain.errors import IQTrainError
+    from iqtrain.pretrained import onnx_export
+
+    real = onnx_export._reference
+    monkeypatch.setattr(onnx_export, "_reference", lambda *a: real(*a) * (1 + 1e-3))
+    pre = load_pretrained(packages["mse"])
+    with pytest.raises(
+        IQTrainError, match=r"differ from the model's by 0.00\d+ .* nothing written"
+    ):
+        onnx_export.export_onnx(pre, tmp_path / "m.onnx", head="score")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_verify_and_load_look_inside_the_weights_they_vouch_for(attempts, tmp_path):
+    """Weights whose bytes verify by hash but are no model (an extra tensor, a NaN) are named
+    by verify and refused by load_pretrained, whatever the input."""
+    from safetensors.numpy import load_file, save_file
+
+    from iqtrain.evidence.verify import check_attempt
+
+    run = shutil.copytree(attempts["mse"].parents[1], tmp_path / "run")
+    att = run / "attempts" / "0001"
+    weights = att / "checkpoints" / "step_00000003" / "model.safetensors"
+    tensors = load_file(weights)
+    tensors["norm.weight"][0] = np.nan
+    save_file(tensors, weights)
+    problems = check_attempt(att).problems
+    assert any(
+        "step_00000003/model.safetensors: tensor norm.weight holds non-finite" in p
+        for p in problems
+    ), problems
+    tensors["norm.weight"][0] = 1.0
+    tensors["extra"] = np.zeros(2, np.float32)
+    save_file(tensors, weights)
+    problems = check_attempt(att).problems
+    assert any("do not fit the architecture (extra ['extra']" in p for p in problems), problems

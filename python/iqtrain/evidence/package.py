@@ -45,6 +45,7 @@ __all__ = [
     "is_package",
     "read_package",
     "safetensors_header",
+    "weights_problem",
 ]
 
 FORMAT = "iqtrain-model"
@@ -240,37 +241,45 @@ def _check_config(path: Path, config: dict[str, Any], lineage: dict[str, Any]) -
     return len(classes) if isinstance(classes, list) else 0
 
 
-def _check_weights(path: Path, config: dict[str, Any], classes: int) -> None:
-    """The safetensors header against the architecture, and every value finite."""
+def weights_problem(file: Path, architecture: dict[str, Any], classes: int) -> str | None:
+    """What is wrong with weights file ``file`` for a model of ``architecture`` with
+    ``classes`` outputs (None: nothing): a header that does not tile its data, other tensors
+    than the architecture's, a tensor not F32 of its shape, a non-finite value. Reads every
+    value (memory-mapped)."""
     import numpy as np
 
-    file = path / WEIGHTS
     try:
         header, start = safetensors_header(file)
     except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{file}: not a safetensors file: {exc}") from None
-    want = expected_tensors(config["architecture"], classes)
+        return f"{file}: not a safetensors file: {exc}"
+    want = expected_tensors(architecture, classes)
     got = {k: v.get("shape") for k, v in header.items() if k != "__metadata__"}
     if set(got) != set(want):
         extra, gone = sorted(set(got) - set(want)), sorted(set(want) - set(got))
-        raise CheckpointError(
-            f"{file}: its tensors do not fit config.json's architecture (extra {extra[:3]}, "
-            f"missing {gone[:3]})"
+        return (
+            f"{file}: its tensors do not fit the architecture (extra {extra[:3]}, missing "
+            f"{gone[:3]})"
         )
-    data = np.memmap(file, dtype=np.uint8, mode="r")
+    data = np.memmap(file, dtype=np.uint8, mode="r") if file.stat().st_size else None
     for name, shape in want.items():
         info = header[name]
         if info.get("dtype") != "F32" or got[name] != shape:
-            raise CheckpointError(
+            return (
                 f"{file}: tensor {name} is {info.get('dtype')} {got[name]}, the architecture's "
                 f"is F32 {shape}"
             )
         lo, hi = info["data_offsets"]
         if hi - lo != 4 * math.prod(shape):
-            raise CheckpointError(f"{file}: tensor {name} holds {hi - lo} bytes, not {shape}")
-        values = data[start + lo : start + hi].view("<f4")
-        if not np.isfinite(values).all():
-            raise CheckpointError(f"{file}: tensor {name} holds non-finite values")
+            return f"{file}: tensor {name} holds {hi - lo} bytes, not {shape}"
+        if data is not None and not np.isfinite(data[start + lo : start + hi].view("<f4")).all():
+            return f"{file}: tensor {name} holds non-finite values"
+    return None
+
+
+def _check_weights(path: Path, config: dict[str, Any], classes: int) -> None:
+    problem = weights_problem(path / WEIGHTS, config["architecture"], classes)
+    if problem is not None:
+        raise CheckpointError(problem)
 
 
 def read_package(path: str | Path) -> Package:

@@ -12,8 +12,9 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from iqtrain import objectives
 from iqtrain.checkpoint.files import crash_leftovers, list_checkpoints
-from iqtrain.checkpoint.state import CheckpointState
+from iqtrain.checkpoint.state import CheckpointState, classes_problem
 from iqtrain.config.schema import read_toml
 from iqtrain.data.identity import verify_data
 from iqtrain.errors import CheckpointError, ConfigError
@@ -27,6 +28,7 @@ from iqtrain.evidence.manifest import (
     verify_manifest,
 )
 from iqtrain.evidence.metrics import read_metric_stream
+from iqtrain.evidence.package import expected_tensors, weights_problem
 
 __all__ = [
     "AttemptCheck",
@@ -110,8 +112,32 @@ def check_attempt(attempt: Path) -> AttemptCheck:
     check.notes += notes
     check.problems += classes_problems(attempt, info)
     check.problems += data_problems(attempt, info)
+    check.problems += _weights_problems(attempt, info)
     check.problems = list(dict.fromkeys(check.problems))  # one line per problem
     return check
+
+
+def _weights_problems(attempt: Path, info: dict) -> list[str]:
+    """Every checkpoint's weights load as the attempt's model (``weights_problem``: the tensors
+    its config.toml's architecture has, each F32 of its shape, every value finite): a hash
+    binds bytes, this checks what they are. Nothing when config.toml cannot be read (the config
+    checks report it)."""
+    classes = info.get("classes")
+    n = len(classes) if isinstance(classes, list) else 0
+    try:
+        architecture = read_toml(attempt / "config.toml").get("model", {})
+        labelled = objectives.get(architecture.get("objective", "mse")).labelled
+        expected_tensors(architecture, n)
+    except (OSError, ConfigError, ValueError, TypeError, AttributeError):
+        return []
+    if labelled != (classes is not None) or (labelled and classes_problem(classes)):
+        return []  # the classes checks name what is wrong with them
+    problems = []
+    for ckpt in list_checkpoints(attempt / "checkpoints"):
+        weights = ckpt / "model.safetensors"
+        if weights.is_file() and (problem := weights_problem(weights, architecture, n)):
+            problems.append(problem)
+    return problems
 
 
 def _check_layout(attempt: Path, info: dict, check: AttemptCheck) -> None:

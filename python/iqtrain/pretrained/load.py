@@ -531,6 +531,10 @@ def _model_of(parent: Parent) -> tuple[IQTransformer, Config]:
     # every weight is overwritten
     model = random_init_model(config.model, config.run.seed, len(classes or ()))
     load_weights(model, parent.model_state, parent.checkpoint / "model.safetensors")
+    if not all(bool(torch.isfinite(t).all()) for t in model.state_dict().values()):
+        raise CheckpointError(
+            f"{parent.checkpoint / 'model.safetensors'}: the weights hold non-finite values"
+        )
     return model, config
 
 

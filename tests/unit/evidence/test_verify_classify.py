@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from helpers import tiny_tables
 
@@ -97,6 +98,22 @@ def _rewrite_state(ckpt: Path, edit) -> None:
     (ckpt / "checkpoint.json").write_text(json.dumps(index, indent=2, sort_keys=True))
 
 
+def _classifier_weights(ckpt: Path) -> None:
+    """The checkpoint's weights with a classifier's head over CLASSES (what verify checks the
+    tensors against), bound again in its checkpoint.json."""
+    from safetensors.numpy import load_file, save_file
+
+    weights = ckpt / "model.safetensors"
+    tensors = load_file(weights)
+    dim = tensors["head.weight"].shape[1]
+    tensors["head.weight"] = np.zeros((len(CLASSES), dim), np.float32)
+    tensors["head.bias"] = np.zeros(len(CLASSES), np.float32)
+    save_file(tensors, weights)
+    index = json.loads((ckpt / "checkpoint.json").read_text())
+    index["files"]["model.safetensors"] = file_digest(weights)
+    (ckpt / "checkpoint.json").write_text(json.dumps(index, indent=2, sort_keys=True))
+
+
 def _forge_classify(
     completed: Path,
     tmp_path: Path,
@@ -150,6 +167,7 @@ def _forge_classify(
             if step == stop_at:
                 state["loop"]["stale_validations"] = patience
 
+        _classifier_weights(ckpt)
         _rewrite_state(ckpt, edit)
         n_records = json.loads((ckpt / "state.json").read_text())["metrics"]["records"]
     if stop_at is not None:
