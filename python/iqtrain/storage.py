@@ -18,15 +18,17 @@ import json
 import os
 import pickle
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from iqtrain.errors import StorageError
+from iqtrain.errors import ConfigError, StorageError
 
 __all__ = [
     "RestrictedUnpickler",
+    "check_output_file",
     "creatable_dir",
     "discard_dir",
     "file_digest",
@@ -240,3 +242,36 @@ class RestrictedUnpickler(pickle._Unpickler):
         if found is None:
             raise self.refused(module, name)
         return found
+
+
+def check_output_file(path: Path, force: bool, flag: str, command: str) -> None:
+    """Refuse an output file before any work (ConfigError naming ``flag``): a directory; anything
+    there but a regular file (a device, a FIFO, a symbolic link: ``--force`` replaces a file,
+    never those); an existing file without ``force``; a path inside an attempt directory (its
+    files are evidence); a parent that is not a writable directory; a name too long for the
+    temporary sibling."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise ConfigError(f"{flag}: {path}: {exc.strerror or exc}") from None
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise ConfigError(f"{flag}: {path} is a directory; name a file")
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a regular file"
+        raise ConfigError(
+            f"{flag}: {path} is {what}; {command} writes (and --force replaces) files"
+        )
+    if st is not None and not force:
+        raise ConfigError(f"{flag}: {path} exists; pass --force to replace it")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise ConfigError(f"{flag}: {parent} is not a directory")
+    for above in (parent.resolve(), *parent.resolve().parents):
+        if (above / "attempt.json").is_file():
+            raise ConfigError(f"{flag}: {path} is inside attempt {above}; its files are evidence")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"{flag}: {parent} is not writable")
+    if len(f".{path.name}.tmp-{os.getpid()}".encode()) > 255:
+        raise ConfigError(f"{flag}: {path.name!r} is too long a file name")

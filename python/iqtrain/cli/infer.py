@@ -232,7 +232,7 @@ def _accuracy_lines(pred: Any, names: list[str]) -> list[str]:
         windows = f"; each of their {w.labelled} windows alone {_rate(w.accuracy)}"
     hits = sum(s.confusion[k][k] for k in range(len(pred.classes)))
     out = [
-        f"accuracy {_rate(s.accuracy)} ({hits} of {s.labelled} {pred.per}s with a known "
+        f"accuracy {_rate(s.accuracy)} ({hits} correct of {s.labelled} {pred.per}s with a known "
         f"label{windows})"
     ]
     counts = [sum(row) for row in s.confusion]

@@ -201,13 +201,13 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.plot is not None:
         from iqtrain.report.plot import check_plot_target, write_plot
 
-        check_plot_target(Path(args.plot))
+        check_plot_target(Path(args.plot), args.force)
     if args.tensorboard is not None:
         from iqtrain.report.tensorboard import export_tensorboard, tensorboard_target
 
         tensorboard_target(attempt, Path(args.tensorboard))
     if args.plot is not None:
-        text.append(f"plot: {write_plot(attempt, Path(args.plot))}")
+        text.append(f"plot: {write_plot(attempt, Path(args.plot), args.force)}")
     if args.tensorboard is not None:
         where, count = export_tensorboard(attempt, Path(args.tensorboard))
         text.append(
@@ -283,6 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="also export the metric stream as TensorBoard events into DIR/<run>/<attempt>/, "
         "replacing an earlier export of the attempt (needs iqtrain[tensorboard])",
     )
+    sp.add_argument("--force", action="store_true", help="--plot: replace OUT if it exists")
     sp.set_defaults(func=cmd_report)
 
     from iqtrain.cli.convert import add_convert_parser

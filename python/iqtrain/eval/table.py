@@ -108,7 +108,7 @@ def _shot_lines(r: ProbeResult) -> list[str]:
     lines = [
         "",
         f"accuracy with K labelled annotations per class drawn from each training fold, {seeds} "
-        "draws per K:",
+        f"draw{'' if seeds == 1 else 's'} per K:",
         "  mean ± std over the draws (the draws' mean standard error over annotations)",
         f"  {'K':<6}" + "".join(f"{t:>{width}}" for _, t in names),
     ]

@@ -178,7 +178,7 @@ def load_parent(ref: ParentRef, *, optimizer: bool = True) -> Parent:
         problems = check_attempt(attempt).problems
         if problems:
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-            raise CheckpointError(f"parent failed verification: {problems[0]}{more}")
+            raise CheckpointError(f"{attempt}: failed verification: {problems[0]}{more}")
         manifest = read_json_object(attempt / "manifest.json")
     ckpt = _resolve_checkpoint(attempt, ref.checkpoint, manifest, skipped)
     model_state, optimizer_state, state = load_checkpoint(ckpt, optimizer=optimizer)  # hashes

@@ -42,8 +42,9 @@ def _as_array(iq: Any, window: int, name: str) -> np.ndarray:
     if hasattr(iq, "detach") and hasattr(iq, "cpu"):  # a torch tensor: its values, on the CPU
         try:
             iq = iq.detach().cpu().numpy()
-        except (TypeError, RuntimeError):
-            raise _refused(name, window, f"a tensor of {iq.dtype}") from None
+        except (TypeError, RuntimeError, NotImplementedError):  # meta: nothing to copy out
+            where = getattr(iq, "device", "?")
+            raise _refused(name, window, f"a tensor of {iq.dtype} on {where}") from None
     try:
         return np.asarray(iq)  # a plain ndarray: subclasses (np.matrix) reshape as arrays do
     except (ValueError, TypeError) as exc:  # ragged nesting, objects numpy cannot take
@@ -61,10 +62,54 @@ def check_windows(iq: Any, window: int, name: str = "iq") -> np.ndarray:
     if key in _COMPLEX:
         if arr.ndim < 1 or arr.shape[-1] != window:
             raise _refused(name, window, what)
-        return arr.reshape(-1, window)
+        return _flatten(arr, (window,))
     if key not in _REAL or arr.ndim < 2 or arr.shape[-2:] != (window, 2):
         raise _refused(name, window, what)
-    return arr.reshape(-1, window, 2)
+    return _flatten(arr, (window, 2))
+
+
+class _Rows:
+    """``arr`` with its leading dimensions flattened into rows, without a copy where a reshape
+    would make one (a broadcast view): a slice of rows is read when asked for."""
+
+    def __init__(self, arr: np.ndarray, tail: tuple[int, ...]) -> None:
+        self.arr, self.lead = arr, arr.shape[: arr.ndim - len(tail)]
+        self.shape = (int(np.prod(self.lead)), *tail)
+        self.dtype, self.ndim = arr.dtype, len(self.shape)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, rows: slice) -> np.ndarray:
+        return self.arr[np.unravel_index(np.arange(*rows.indices(len(self))), self.lead)]
+
+
+def _flatten(arr: np.ndarray, tail: tuple[int, ...]) -> Any:
+    """``arr`` as rows of shape ``tail``: a view where numpy can make one, else :class:`_Rows`
+    (never a copy of the whole input)."""
+    if arr.ndim == len(tail) + 1:
+        return arr
+    try:
+        return np.reshape(arr, (-1, *tail), copy=False)
+    except (ValueError, TypeError):  # a copy would be needed (or numpy < 2.1: no copy=)
+        return _Rows(arr, tail)
+
+
+def _check_float32_range(part: np.ndarray, out: np.ndarray, lo: int, name: str) -> None:
+    """A float64 window rounded to float32 that became infinite or all zeros (values beyond
+    float32's range either way: ~3.4e38 above, ~1.4e-45 below) is an InputError naming it:
+    both would be another signal than the one given."""
+    rows = len(out)
+    fine = np.isfinite(part).reshape(rows, -1).all(axis=1)
+    inf = ~np.isfinite(out).reshape(rows, -1).all(axis=1) & fine
+    zero = ~out.reshape(rows, -1).any(axis=1) & part.reshape(rows, -1).any(axis=1)
+    for bad, what in (
+        (inf, "beyond float32's range (it would be infinite)"),
+        (zero, "below float32's range (it would be all zeros)"),
+    ):
+        row = np.flatnonzero(bad)
+        if row.size:
+            raise InputError(f"{name}: window {lo + int(row[0])} holds values {what}")
 
 
 def loader_batches(windows: np.ndarray, batch_size: int, name: str = "iq") -> Iterator[np.ndarray]:
@@ -82,13 +127,5 @@ def loader_batches(windows: np.ndarray, batch_size: int, name: str = "iq") -> It
             else:
                 out = part.astype(_REAL[(part.dtype.kind, part.dtype.itemsize)], order="C")
         if part.dtype.itemsize >= 8 * (1 + complex_) and out.dtype == np.float32:
-            bad = ~np.isfinite(out).reshape(len(out), -1).all(axis=1)
-            if bad.any():
-                fine = np.isfinite(part).reshape(len(part), -1).all(axis=1)
-                row = np.flatnonzero(bad & fine)
-                if row.size:
-                    raise InputError(
-                        f"{name}: window {lo + int(row[0])} holds values beyond float32's range "
-                        "(it would be infinite)"
-                    )
+            _check_float32_range(part, out, lo, name)
         yield out

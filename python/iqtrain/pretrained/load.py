@@ -336,9 +336,18 @@ class Pretrained:
         the units validation records (categorical: nats per complex sample; mse: NMSE). A
         likelihood-based novelty score: the higher, the more surprising to the model. A
         classifier predicts no next patch: ObjectiveError, a ValueError (use :meth:`predict`).
+        A window with non-finite samples is an InputError naming it, as for :meth:`embed` and
+        :meth:`predict` and the ``score`` command (a NaN would sort anywhere).
         ``sample_rate``: as :meth:`embed`'s."""
         self.warn_rate(sample_rate)
-        return self.losses(_batches(iq, self.window, batch_size))
+        out = self.losses(_batches(iq, self.window, batch_size))
+        bad = np.flatnonzero(~np.isfinite(out))
+        if bad.size:
+            raise InputError(
+                f"iq: window {int(bad[0])} gives a non-finite score ({bad.size} window(s) in "
+                "all): non-finite samples in it?"
+            )
+        return out
 
     def predict(
         self, iq: Any, *, batch_size: int = FEATURE_BATCH, sample_rate: float | None = None

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import stat
 import struct
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -49,7 +48,7 @@ from iqtrain.errors import (
     WindowTooLongError,
 )
 from iqtrain.pretrained.load import Pretrained, nonfinite_rows, parse_layer
-from iqtrain.storage import write_bytes_atomic
+from iqtrain.storage import check_output_file, write_bytes_atomic
 
 __all__ = [
     "EMBED_PER",
@@ -345,34 +344,8 @@ def embed_recordings(
 
 
 def check_output(path: Path, force: bool) -> None:
-    """Refuse an output before any work (ConfigError naming ``--out``): a directory; anything
-    there but a regular file (a device, a FIFO, a symbolic link: ``--force`` replaces a file,
-    never those); an existing file without ``force``; a path inside an attempt directory (its
-    files are evidence); a parent that is not a writable directory; a name too long for the
-    temporary sibling."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        st = None
-    except OSError as exc:
-        raise ConfigError(f"--out: {path}: {exc.strerror or exc}") from None
-    if st is not None and stat.S_ISDIR(st.st_mode):
-        raise ConfigError(f"--out: {path} is a directory; name a file")
-    if st is not None and not stat.S_ISREG(st.st_mode):
-        what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a regular file"
-        raise ConfigError(f"--out: {path} is {what}; embed writes (and --force replaces) files")
-    if st is not None and not force:
-        raise ConfigError(f"--out: {path} exists; pass --force to replace it")
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise ConfigError(f"--out: {parent} is not a directory")
-    for above in (parent.resolve(), *parent.resolve().parents):
-        if (above / "attempt.json").is_file():
-            raise ConfigError(f"--out: {path} is inside attempt {above}; its files are evidence")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ConfigError(f"--out: {parent} is not writable")
-    if len(f".{path.name}.tmp-{os.getpid()}".encode()) > 255:
-        raise ConfigError(f"--out: {path.name!r} is too long a file name")
+    """``--out`` refused before any work (:func:`iqtrain.storage.check_output_file`)."""
+    check_output_file(path, force, "--out", "embed")
 
 
 def write_embeddings(path: Path, emb: Embeddings) -> None:

@@ -35,7 +35,7 @@ from iqtrain.report.summary import (
     number,
     resume_points,
 )
-from iqtrain.storage import creatable_dir
+from iqtrain.storage import check_output_file, creatable_dir
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -374,7 +374,7 @@ def _shots_panel(ax: Axes, record: dict[str, Any]) -> None:
     seeds = entries[0].get("seeds", "?") if entries else "?"
     ax.set_xlabel(
         f"K labelled annotations per class (probe at step {record.get('step', '?')}; mean and "
-        f"std of {seeds} draws per K)"
+        f"std of {seeds} draw{'' if seeds == 1 else 's'} per K)"
     )
     ax.legend(loc="lower right", fontsize=8, framealpha=0.85)
 
@@ -498,11 +498,14 @@ def _last_with(probes: list[dict[str, Any]], key: str) -> dict[str, Any] | None:
     return next((r for r in reversed(probes) if isinstance(r.get(key), kind) and r[key]), None)
 
 
-def check_plot_target(out: Path) -> str:
+def check_plot_target(out: Path, force: bool = False) -> str:
     """The image format of ``--plot out`` (from its suffix, PNG without one), once everything
     about writing it is known to be possible: matplotlib is there, ``out`` names a file (not
-    ``/``, ``.`` or a directory) in a directory that exists and is writable, and the format is
-    one matplotlib writes. ``ConfigError`` naming ``out`` otherwise; nothing is written."""
+    ``/``, ``.`` or a directory) in a directory that exists and is writable, outside any
+    attempt directory, not a symbolic link, FIFO or device, not an existing file unless
+    ``force`` (``embed --out``'s rules: :func:`~iqtrain.storage.check_output_file`), and the
+    format is one matplotlib writes. ``ConfigError`` naming ``out`` otherwise; nothing is
+    written."""
     out = Path(out)
     _matplotlib()
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -511,6 +514,7 @@ def check_plot_target(out: Path) -> str:
         raise ConfigError(f"--plot {out}: cannot write: Is a directory (name an image file)")
     if not out.parent.is_dir():
         raise ConfigError(f"--plot {out}: cannot write: No such file or directory")
+    check_output_file(out, force, "--plot", "report --plot")
     why = creatable_dir(out.parent)
     if why is not None:
         raise ConfigError(f"--plot {out}: cannot write: {why}")
@@ -523,12 +527,12 @@ def check_plot_target(out: Path) -> str:
     return fmt
 
 
-def write_plot(attempt: Path, out: Path) -> Path:
-    """Draw :func:`build_figure` into ``out`` (checked first: :func:`check_plot_target`),
-    written to a temporary file next to it and renamed; ``ConfigError`` naming ``out`` if it
-    cannot be written."""
+def write_plot(attempt: Path, out: Path, force: bool = False) -> Path:
+    """Draw :func:`build_figure` into ``out`` (checked first: :func:`check_plot_target`;
+    ``force`` replaces an existing file), written to a temporary file next to it and renamed;
+    ``ConfigError`` naming ``out`` if it cannot be written."""
     out = Path(out)
-    fmt = check_plot_target(out)
+    fmt = check_plot_target(out, force)
     from matplotlib import rc_context
 
     fig = build_figure(attempt)

@@ -108,7 +108,7 @@ def test_an_edited_manifest_fails_verify_and_refuses_resume(completed, tmp_path,
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "MISMATCH" in proc.stdout and "Traceback" not in proc.stderr + proc.stdout
     cfg = _config(completed, tmp_path)
-    with pytest.raises(CheckpointError, match="parent failed verification"):
+    with pytest.raises(CheckpointError, match=": failed verification: "):
         run_attempt(cfg, ParentRef(attempt))
     assert sorted(p.name for p in attempt.parent.iterdir()) == [attempt.name]
 

@@ -203,7 +203,8 @@ def test_embed_refuses_bad_layer_pool_and_non_finite_windows(trained):
     iq[1, 5] = np.nan
     with pytest.raises(InputError, match="window 1 gives non-finite features"):
         pre.embed(iq)
-    assert np.isnan(pre.score(iq)[1]) and np.isfinite(pre.score(iq)[0])
+    with pytest.raises(InputError, match="window 1 gives a non-finite score"):
+        pre.score(iq)  # one rule for every use: the score command refuses such a set too
 
 
 def test_score_of_the_validation_windows_is_the_validation_loss_recorded(trained):
@@ -275,9 +276,15 @@ def test_any_array_like_input_is_taken_or_refused_in_one_line(trained):
     ):
         with pytest.raises(InputError, match=r"iq: expected complex \[\.\.\., 64\]"):
             pre.embed(bad)
+    with pytest.raises(InputError, match="got a tensor of torch.float32 on meta$"):
+        pre.embed(torch.zeros((1, 64, 2), device="meta"))  # no values to copy out
     huge = np.full((2, 64, 2), 1e39)  # finite in float64, infinite in float32
     with pytest.raises(InputError, match="window 0 holds values beyond float32's range"):
         pre.score(huge)
+    tiny = np.ones((3, 64), np.complex128)
+    tiny[2] *= 1e-300  # a signal in float64, all zeros in float32: refused as the huge one is
+    with pytest.raises(InputError, match="window 2 holds values below float32's range"):
+        pre.embed(tiny)
 
 
 def test_a_large_input_is_checked_without_a_copy_and_converted_batch_by_batch():
@@ -288,6 +295,14 @@ def test_a_large_input_is_checked_without_a_copy_and_converted_batch_by_batch():
     assert windows.shape == (10**9, 64) and np.shares_memory(windows, big)
     first = next(loader_batches(windows, 4))
     assert first.shape == (4, 64, 2) and first.dtype == np.float32 and first.flags.writeable
+    # Leading dimensions a reshape cannot flatten without a copy (a broadcast view): rows are
+    # read a batch at a time, in row-major order of the leading dimensions.
+    rows = np.arange(3 * 64 * 2, dtype=np.int16).reshape(3, 64, 2)
+    wide = np.broadcast_to(rows[None], (10**8, 3, 64, 2))  # 77 GB if copied
+    windows = check_windows(wide, 64)
+    assert windows.shape == (3 * 10**8, 64, 2) and len(windows) == 3 * 10**8
+    first = next(loader_batches(windows, 5))
+    assert np.array_equal(first, np.concatenate([rows, rows[:2]]))
 
 
 def test_precision_is_fp32_unless_asked(trained):

@@ -228,7 +228,7 @@ def test_the_text_is_a_header_the_table_accuracy_per_class_and_the_confusion_mat
     assert lines[3].split() == ["2", "512", "2", "b", "0.51235", "a", "/d/r0.sigmf-meta"]
     assert lines[4].split()[-2:] == ["-", "/d/r1.sigmf-meta"]
     assert lines[5] == (
-        "accuracy 0.50000 (1 of 2 annotations with a known label; each of their 6 windows "
+        "accuracy 0.50000 (1 correct of 2 annotations with a known label; each of their 6 windows "
         "alone 0.83333)"
     )
     assert lines[6] == "class accuracy: a 0.50000 (2), b n/a (0), c n/a (0)"
@@ -252,7 +252,7 @@ def test_a_confusion_matrix_of_many_classes_is_left_to_the_json():
     rows = [PredictRow(Path("r"), 0, 1, c, 1.0, c) for c in classes]
     pred = Prediction("window", classes, rows, scores, {})
     text = prediction_lines(pred, "A", rows=0)
-    assert text[1].startswith("accuracy 1.00000 (41 of 41 windows")
+    assert text[1].startswith("accuracy 1.00000 (41 correct of 41 windows")
     assert text[-1] == "confusion: 41 classes, more than 40 to print (--json holds it)"
     assert len(text) == 4
 

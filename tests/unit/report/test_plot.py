@@ -379,3 +379,27 @@ def test_an_snr_bin_without_windows_is_a_gap_not_a_point(tmp_path):
     # older records (no standard errors, no shots, no combined): the figure still draws
     fig = build_figure(write_attempt(tmp_path / "b", records=[*LONG, *PROBES]))
     assert "probe_shots" not in _panels(fig) and not _panels(fig)["probe"].collections
+
+
+def test_a_plot_follows_the_output_rules_of_embed(tmp_path):
+    """Not a symbolic link, FIFO or device, not inside an attempt, not over a file without
+    --force: each one line naming --plot, nothing written or replaced."""
+    import os
+
+    att = write_attempt(tmp_path / "run")
+    link = tmp_path / "link.png"
+    link.symlink_to(tmp_path / "target.png")
+    fifo = tmp_path / "fifo.png"
+    os.mkfifo(fifo)
+    for out, why in (
+        (link, "is a symbolic link"),
+        (fifo, "is not a regular file"),
+        (att / "p.png", "is inside attempt"),
+    ):
+        with pytest.raises(ConfigError, match=f"^--plot: .*{why}"):
+            write_plot(att, out)
+    first = write_plot(att, tmp_path / "p.png")
+    with pytest.raises(ConfigError, match="exists; pass --force"):
+        write_plot(att, first)
+    assert write_plot(att, first, force=True) == first
+    assert not (tmp_path / "target.png").exists() and not list(att.glob("*.png"))
