@@ -31,6 +31,8 @@ from typing import Any
 
 from iqtrain import objectives
 from iqtrain.config.sections import (
+    ARCHITECTURE_KEYS,
+    TRUNK_KEYS,
     DataConfig,
     InitConfig,
     LoggingConfig,
@@ -242,7 +244,9 @@ def _known_key(dotted: str) -> None:
 
 
 def apply_overrides(tables: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``dotted.key=value`` overrides to parsed tables (a new dict is returned)."""
+    """Apply ``dotted.key=value`` overrides to parsed tables (a new dict is returned).
+    ``init.from=`` (empty) clears the whole ``[init]`` table, ``which`` included: the random
+    initialisation of the same config, from the command line."""
     import copy
 
     out = copy.deepcopy(tables)
@@ -259,6 +263,8 @@ def apply_overrides(tables: dict[str, Any], overrides: list[str]) -> dict[str, A
             if not isinstance(node, dict):
                 raise ConfigError(f"{dotted}: parent is not a table")
         node[parts[-1]] = _parse_value(text.strip())
+        if dotted == "init.from" and node[parts[-1]] == "":
+            out["init"] = {}
     return out
 
 
@@ -277,8 +283,50 @@ def read_toml(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def load_config(path: str | os.PathLike, overrides: list[str] | None = None) -> Config:
-    """Read a TOML config file, apply ``--set`` overrides and validate everything."""
-    return build_config(apply_overrides(read_toml(path), overrides or []))
+    """Read a TOML config file, apply ``--set`` overrides, take the architecture an ``[init]``
+    source has for every key the config does not give (:func:`inherit_architecture`) and
+    validate everything."""
+    return build_config(inherit_architecture(apply_overrides(read_toml(path), overrides or [])))
+
+
+def _source_model(source: str) -> dict[str, Any] | None:
+    """The resolved ``[model]`` table of the checkpoint ``[init] from`` names: a package's
+    ``config.json`` architecture, or the ``config.toml`` of the attempt (or of the checkpoint
+    directory's attempt); None when it cannot be read (``load_init`` then names the source)."""
+    path = Path(source).expanduser()
+    try:
+        if (path / "lineage.json").is_file():
+            import json
+
+            model = json.loads((path / "config.json").read_text())["architecture"]
+        else:
+            attempt = path.parent.parent if path.parent.name == "checkpoints" else path
+            model = read_toml(attempt / "config.toml")["model"]
+    except (OSError, ValueError, KeyError, TypeError, ConfigError):
+        return None
+    return model if isinstance(model, dict) else None
+
+
+def inherit_architecture(tables: dict[str, Any]) -> dict[str, Any]:
+    """``tables`` with each architecture key (:data:`~iqtrain.config.sections.ARCHITECTURE_KEYS`)
+    that ``[model]`` does not give taken from the ``[init] from`` source (a fine-tune, whose
+    ``model.objective`` differs from its source's, takes the trunk's keys alone), and
+    ``data.patch_len`` with ``model.patch_len`` when neither is given. A key the config gives
+    stays as given: ``load_init`` refuses it when it differs from the source's. Without a
+    readable source, ``tables`` as they are."""
+    init = tables.get("init")
+    source = _source_model(init["from"]) if isinstance(init, dict) and init.get("from") else None
+    model = tables.get("model", {})
+    if source is None or not isinstance(model, dict):
+        return tables
+    objective = model.get("objective", source.get("objective", "mse"))
+    keys = ARCHITECTURE_KEYS if objective == source.get("objective", "mse") else TRUNK_KEYS
+    taken = {k: source[k] for k in keys if k not in model and k in source}
+    out = {**tables, "model": {**model, **taken}}
+    data = tables.get("data", {})
+    if "patch_len" in taken and isinstance(data, dict) and "patch_len" not in data:
+        out["data"] = {**data, "patch_len": taken["patch_len"]}
+    return out
 
 
 # ---------------------------------------------------------------------------------------------

@@ -20,6 +20,8 @@ from iqtrain.errors import ConfigError, as_config_error, int_argument
 from iqtrain.objectives import Objective
 
 __all__ = [
+    "ARCHITECTURE_KEYS",
+    "TRUNK_KEYS",
     "DEVICES",
     "KINDS",
     "MAX_BINS",
@@ -86,6 +88,27 @@ SAMPLE_RATE_RULES = ("same", "any")
 Pool = Literal["mean", "attention"]
 POOLS: tuple[Pool, ...] = get_args(Pool)
 
+
+#: ``[model]`` keys that shape the weights or what they compute: a checkpoint's tensors mean
+#: what they meant in training only with every one of these equal. (``dropout`` and
+#: ``init_std`` only act in training and at initialisation: they may differ.) A config with
+#: ``[init] from`` takes each one its ``[model]`` does not give from the source
+#: (``schema.inherit_architecture``).
+ARCHITECTURE_KEYS = (
+    "dim",
+    "layers",
+    "heads",
+    "mlp_hidden",
+    "patch_len",
+    "max_patches",
+    "rope_theta",
+    "objective",
+    "bins",
+    "bin_range",
+)
+#: The keys that shape the trunk (every weight but the head's): what a fine-tune's
+#: ``[model]`` must share with the pretrained checkpoint it starts from.
+TRUNK_KEYS = ARCHITECTURE_KEYS[:7]
 
 #: ``model.objective``: what the model is trained to do, one of :func:`iqtrain.objectives.names`
 #: (docs/design.md "Objectives"); ``ModelConfig.task`` is its

@@ -9,7 +9,7 @@ Imports no torch at module level (loading a checkpoint's tensors does).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, overload
 
@@ -152,6 +152,8 @@ class Parent:
     config_tables: dict
     skipped: list[dict]
     sharded: Path | None = None  # the dcp/ directory of a training.parallel = "fsdp" checkpoint
+    #: What verifying it noted (a crash's leftovers, an ``[init]`` source gone): said on use.
+    notes: list[str] = field(default_factory=list)
 
 
 def load_parent(ref: ParentRef, *, optimizer: bool = True) -> Parent:
@@ -174,8 +176,10 @@ def load_parent(ref: ParentRef, *, optimizer: bool = True) -> Parent:
     status = attempt_status(attempt, read_json_object(attempt / "attempt.json"))
     if status == "running":
         raise CheckpointError(f"{attempt}: still running (its lock is held); stop it first")
+    notes: list[str] = []
     if (attempt / "manifest.json").is_file() or status == "completed":
-        problems = check_attempt(attempt).problems
+        check = check_attempt(attempt)
+        problems, notes = check.problems, check.notes
         if problems:
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
             raise CheckpointError(f"{attempt}: failed verification: {problems[0]}{more}")
@@ -196,6 +200,7 @@ def load_parent(ref: ParentRef, *, optimizer: bool = True) -> Parent:
         config_tables=config_tables,
         skipped=skipped,
         sharded=sharded_state_dir(ckpt),
+        notes=notes,
     )
 
 

@@ -9,6 +9,7 @@ malformed elsewhere is refused when it is restored, not skipped as untrusted). T
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -417,8 +418,8 @@ def init_problems(attempt: Path, info: dict) -> tuple[list[str], list[str]]:
     """``(problems, notes)`` of attempt.json ``init`` (docs/design.md "What verify checks"): present
     exactly when config.toml's ``[init] from`` names a source, and then well formed, naming that
     source, equal to the ``init`` every checkpoint of the attempt binds in its state.json, and,
-    while the source checkpoint exists, its ``model.safetensors`` is the recorded ``model_sha256``
-    (a source gone is a note)."""
+    along the whole chain of sources while each exists, its ``model.safetensors`` is the
+    recorded ``model_sha256`` (:func:`_init_chain`; a source gone is a note)."""
     init, config = info.get("init"), _init_config(attempt)
     if config is None:
         return [], []
@@ -436,22 +437,50 @@ def init_problems(attempt: Path, info: dict) -> tuple[list[str], list[str]]:
         for ckpt in list_checkpoints(attempt / "checkpoints")
         if _state_init(ckpt) not in (init, _UNREADABLE)
     ]
-    weights = (
-        Path(init["package"]) / "model.safetensors"
-        if "package" in init
-        else Path(init["attempt"]) / "checkpoints" / init["checkpoint"] / "model.safetensors"
-    )
-    if not weights.is_file():
-        return problems, [f"{weights}: the init source is gone; its SHA-256 is recorded only"]
-    try:
-        got = file_digest(weights)["sha256"]
-    except OSError as exc:
-        return [*problems, f"{weights}: unreadable: {exc.strerror or exc}"], []
-    if got != init["model_sha256"]:
-        problems.append(
-            f"attempt.json init: {weights} is not the weights it records (sha256 {got[:16]}…)"
+    chain_problems, notes = _init_chain(init)
+    return problems + chain_problems, notes
+
+
+#: Links of an ``init`` chain followed at most (a longer chain, or a loop, is a problem).
+MAX_INIT_CHAIN = 64
+
+
+def _init_chain(init: dict) -> tuple[list[str], list[str]]:
+    """``(problems, notes)`` of the whole ``init`` chain from ``init``: each source's weights
+    are the ``model_sha256`` its child recorded, then that source's own ``init`` (an attempt's
+    attempt.json; a package's lineage.json names its source without a path: the chain ends
+    there). A source gone is a note and ends the chain; a changed one is a problem."""
+    problems: list[str] = []
+    seen: set[str] = set()
+    link: Any = init
+    for _ in range(MAX_INIT_CHAIN):
+        if not isinstance(link, dict) or init_record_problem(link) is not None:
+            return problems, []  # the chain's end (or a record the source's own verify names)
+        weights = (
+            Path(link["package"]) / "model.safetensors"
+            if "package" in link
+            else Path(link["attempt"]) / "checkpoints" / link["checkpoint"] / "model.safetensors"
         )
-    return problems, []
+        if os.fspath(weights) in seen:
+            return [*problems, f"attempt.json init: the chain loops at {weights}"], []
+        seen.add(os.fspath(weights))
+        if not weights.is_file():
+            return problems, [f"{weights}: the init source is gone; its SHA-256 is recorded only"]
+        try:
+            got = file_digest(weights)["sha256"]
+        except OSError as exc:
+            return [*problems, f"{weights}: unreadable: {exc.strerror or exc}"], []
+        if got != link["model_sha256"]:
+            problems.append(
+                f"attempt.json init: {weights} is not the weights it records (sha256 {got[:16]}…)"
+            )
+        if "package" in link:
+            return problems, []
+        try:
+            link = json.loads((Path(link["attempt"]) / "attempt.json").read_text()).get("init")
+        except (OSError, ValueError, AttributeError):
+            return problems, []
+    return [*problems, f"attempt.json init: a chain longer than {MAX_INIT_CHAIN} sources"], []
 
 
 _UNREADABLE = object()

@@ -21,32 +21,13 @@ from typing import Any
 import torch
 
 from iqtrain.checkpoint.files import listed_sha256
-from iqtrain.config.sections import InitConfig, ModelConfig
+from iqtrain.config.sections import ARCHITECTURE_KEYS, TRUNK_KEYS, InitConfig, ModelConfig
 from iqtrain.errors import CheckpointError, ConfigError
 from iqtrain.evidence.lineage import load_parent
 from iqtrain.model.transformer import IQTransformer
 from iqtrain.pretrained.load import load_weights, source_config, source_ref
 
-__all__ = ["ARCHITECTURE_KEYS", "TRUNK_KEYS", "InitSource", "first_difference", "load_init"]
-
-#: ``[model]`` keys that shape the weights or what they compute: a checkpoint's tensors mean
-#: what they meant in training only with every one of these equal. (``dropout`` and
-#: ``init_std`` only act in training and at initialisation: they may differ.)
-ARCHITECTURE_KEYS = (
-    "dim",
-    "layers",
-    "heads",
-    "mlp_hidden",
-    "patch_len",
-    "max_patches",
-    "rope_theta",
-    "objective",
-    "bins",
-    "bin_range",
-)
-#: The keys that shape the trunk (every weight but the head's): what a fine-tune's
-#: ``[model]`` must share with the pretrained checkpoint it starts from.
-TRUNK_KEYS = ARCHITECTURE_KEYS[:7]
+__all__ = ["InitSource", "first_difference", "load_init"]
 
 
 @dataclass(frozen=True)

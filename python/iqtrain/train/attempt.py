@@ -310,6 +310,8 @@ def _checked(
     if parent is not None and ref is not None and world.is_main:
         for line in parent.skipped:
             note(f"skipped checkpoint {line['checkpoint']} of {ref.attempt}: {line['reason']}")
+        for text in parent.notes:  # what verify notes of the parent (an [init] source gone)
+            note(f"the parent: {text}")
     # A fresh run's digests are read in the background, every rank its share (DataIdentity);
     # a resume's were read and compared above.
     identity = DataIdentity(train, val, digests, world=world, checked=parent is not None)

@@ -13,11 +13,11 @@ from helpers import cli_tables
 from safetensors.torch import load_file
 
 from iqtrain.cli.main import main
-from iqtrain.config.schema import apply_overrides, build_config, config_to_dict
+from iqtrain.config.schema import apply_overrides, build_config, config_to_dict, dumps_toml
+from iqtrain.config.sections import ARCHITECTURE_KEYS, ModelConfig
 from iqtrain.errors import CheckpointError, ConfigError
 from iqtrain.evidence.lineage import ParentRef
 from iqtrain.evidence.verify import check_attempt
-from iqtrain.pretrained.init import ARCHITECTURE_KEYS
 from iqtrain.pretrained.load import random_init_model
 from iqtrain.report.summary import report
 from iqtrain.train.attempt import run_attempt
@@ -226,3 +226,67 @@ def test_a_resume_takes_the_record_its_parents_checkpoint_binds_not_attempt_json
     ).attempt
     assert json.loads((child / "attempt.json").read_text())["init"] == info["init"]
     assert check_attempt(child).problems == []
+
+
+def test_a_config_takes_the_architecture_keys_it_does_not_give_from_its_source(source, tmp_path):
+    from iqtrain.config.schema import load_config
+
+    root, tables, src = source
+    t = _child(root, tables, "inherit", src)
+    t["model"] = {"dropout": 0.1}  # no architecture key given
+    del t["data"]["patch_len"]
+    path = tmp_path / "child.toml"
+    path.write_text(dumps_toml(t))
+    config = load_config(path)
+    want = build_config(tables).model
+    for key in ARCHITECTURE_KEYS:
+        assert getattr(config.model, key) == getattr(want, key), key
+    assert config.data.patch_len == want.patch_len and config.model.dropout == 0.1
+    # a fine-tune takes the trunk's keys; its objective and head are its own
+    t["model"] = {"objective": "classify"}
+    path.write_text(dumps_toml(t))
+    tuned = load_config(path)
+    assert (tuned.model.dim, tuned.model.layers, tuned.model.objective) == (
+        want.dim,
+        want.layers,
+        "classify",
+    )
+    assert tuned.model.bins == ModelConfig().bins  # not the source's 16: no trunk key
+    # a key given and different is still refused, naming it
+    t["model"] = {"dim": want.dim * 2}
+    path.write_text(dumps_toml(t))
+    with pytest.raises(ConfigError, match=r"^model\.dim: .* every architecture key"):
+        run_attempt(load_config(path))
+    # --set init.from= clears [init] whole (which too): the random-init baseline
+    t["init"]["which"] = "latest"
+    path.write_text(dumps_toml(t))
+    assert load_config(path, ["init.from="]).init.which is None
+
+
+def test_verify_follows_the_whole_init_chain_and_resume_says_what_is_gone(source, tmp_path, capsys):
+    """A -> B -> C by [init]: a change to A's weights fails C's verify as B's; A gone is a
+    note in both, and a resume of C says so."""
+    root, tables, src = source
+    a = shutil.copytree(src.parents[1], tmp_path / "a") / "attempts" / "0001"
+    b = _child(tmp_path, tables, "b", a, which="step_4")
+    b["training"].update(max_steps=2, eval_every=2, checkpoint_every=2)
+    b_attempt = run_attempt(build_config(b)).attempt
+    c = _child(tmp_path, tables, "c", b_attempt, which="step_2")
+    c["training"].update(max_steps=2, eval_every=2, checkpoint_every=2)
+    c["schedule"] = {"kind": "constant", "warmup_steps": 0}  # max_steps may grow on resume
+    c_attempt = run_attempt(build_config(c)).attempt
+    assert check_attempt(c_attempt).problems == []
+    weights = a / "checkpoints" / "step_00000004" / "model.safetensors"
+    weights.chmod(0o644)
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    problems = check_attempt(c_attempt).problems
+    assert any(f"{weights} is not the weights it records" in p for p in problems), problems
+    shutil.rmtree(a.parents[1])
+    check = check_attempt(c_attempt)
+    assert check.problems == [] and any("the init source is gone" in n for n in check.notes)
+    capsys.readouterr()
+    more = build_config(apply_overrides(c, ["training.max_steps=3"]))
+    run_attempt(more, ParentRef(c_attempt, "latest"))
+    assert "the parent: " in capsys.readouterr().err
