@@ -475,3 +475,11 @@ def test_verify_and_load_look_inside_the_weights_they_vouch_for(attempts, tmp_pa
     save_file(tensors, weights)
     problems = check_attempt(att).problems
     assert any("do not fit the architecture (extra ['extra']" in p for p in problems), problems
+
+
+def test_a_home_relative_source_loads(packages, attempts, monkeypatch):
+    """``~`` expands in load_pretrained's source as in ``[init] from``."""
+    monkeypatch.setenv("HOME", os.fspath(packages["mse"].parent))
+    assert load_pretrained("~/mse").model_sha256 == load_pretrained(packages["mse"]).model_sha256
+    monkeypatch.setenv("HOME", os.fspath(attempts["mse"].parent))
+    assert load_pretrained("~/0001").step == load_pretrained(attempts["mse"]).step

@@ -223,7 +223,15 @@ def attempt(tmp_path_factory) -> Path:
     return root / "run" / "attempts" / "0001"
 
 
-@pytest.mark.parametrize("command", [[], ["probe"], ["embed"], ["score"]], ids=lambda c: str(c))
+def test_version_is_the_distributions_and_imports_no_torch() -> None:
+    proc = _run("-m", "iqtrain.cli.main", "--version")
+    assert proc.returncode == 0 and proc.stdout == f"iqtrain {iqtrain.__version__}\n", proc.stdout
+    _assert_no_torch(proc, "iqtrain --version")
+
+
+@pytest.mark.parametrize(
+    "command", [[], ["probe"], ["embed"], ["score"], ["export"]], ids=lambda c: str(c)
+)
 def test_help_imports_no_torch(command: list[str]) -> None:
     proc = _run("-m", "iqtrain.cli.main", *command, "--help")
     assert proc.returncode == 0 and "usage: iqtrain" in proc.stdout, proc.stderr[-2000:]

@@ -229,8 +229,22 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+class _Version(argparse.Action):
+    """``--version``: ``iqtrain <version>`` (the installed distribution's; imports no torch)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
+        import iqtrain
+
+        print(f"iqtrain {iqtrain.__version__}")
+        parser.exit(0)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="iqtrain", description="Next-patch-prediction pretraining on IQ recordings")
+    p.add_argument("--version", action=_Version, help="print the version and exit")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     def add_set(sp):
