@@ -60,8 +60,29 @@ def cmd_run(args: argparse.Namespace) -> int:
     from iqtrain.distributed.world import join
     from iqtrain.train.attempt import run_attempt
 
+    if args.auto_resume:
+        point = _requeue(args)
+        if isinstance(point, str):  # the run completed: a requeued job has nothing to do
+            if os.environ.get("RANK", "0") == "0":
+                print(point)
+            return EXIT_OK
+        if point is not None:
+            from iqtrain.evidence.lineage import ParentRef
+
+            sets = [s for s in args.set if s.split("=", 1)[0].strip() != "run.dir"]
+            world, config = join(lambda: _resumed_config(point, sets, "latest"))
+            return _finish(run_attempt(config, ParentRef(point, "latest"), world))
     world, config = join(lambda: load_config(args.config, args.set))
     return _finish(run_attempt(config, world=world))
+
+
+def _requeue(args: argparse.Namespace) -> Path | str | None:
+    """``--auto-resume``: the attempt to resume (from its latest checkpoint), a line saying
+    the run completed, or None (start fresh): ``requeue_point`` of the config's run.dir."""
+    from iqtrain.config.schema import load_config
+    from iqtrain.evidence.attempts import requeue_point
+
+    return requeue_point(Path(load_config(args.config, args.set).run.dir))
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
@@ -258,6 +279,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("run", help="run one attempt of a config")
     sp.add_argument("config")
+    sp.add_argument(
+        "--auto-resume",
+        action="store_true",
+        help="resume the run's newest unfinished attempt from its latest checkpoint if it has "
+        "one, do nothing if the run completed, else start: the command a requeued job reruns",
+    )
     add_set(sp)
     sp.set_defaults(func=cmd_run)
 

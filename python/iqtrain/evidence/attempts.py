@@ -77,3 +77,39 @@ def finish_attempt(attempt: Path, info: dict, status: str, step: int) -> None:
         if in_flight is None:
             raise
         note(f"could not record the attempt's end: {exc}")
+
+
+def requeue_point(run_dir: Path) -> Path | str | None:
+    """What ``iqtrain run CONFIG --auto-resume`` does in ``run_dir`` (a job that is started
+    again after preemption reruns the same command): the attempt to resume from its latest
+    verified checkpoint (the newest attempt that has a checkpoint and did not complete), a line
+    saying there is nothing to do (the newest such attempt completed), or None (no attempt
+    with a checkpoint: a fresh start). An attempt still running (its lock held) is a
+    CheckpointError, exit 2: two jobs never train one lineage. Attempts that ended before their
+    first checkpoint are passed over, each named in a note."""
+    from iqtrain.checkpoint.files import list_checkpoints
+    from iqtrain.errors import CheckpointError
+    from iqtrain.evidence.lock import attempt_status, read_attempt_info
+
+    root = Path(run_dir) / "attempts"
+    numbered = sorted(
+        (p for p in (root.iterdir() if root.is_dir() else []) if p.name.isdigit()),
+        key=lambda p: int(p.name),
+        reverse=True,
+    )
+    for attempt in numbered:
+        try:
+            info = read_attempt_info(attempt)
+            status = attempt_status(attempt, info)
+        except (OSError, ValueError):
+            continue  # not an attempt (an interrupted claim): nothing to resume there
+        if status == "running":
+            raise CheckpointError(
+                f"{attempt}: still running (its lock is held); another job trains this run"
+            )
+        if status == "completed":
+            return f"{attempt}: completed at step {info.get('final_step')}; nothing to resume"
+        if list_checkpoints(attempt / "checkpoints"):
+            return attempt
+        note(f"{attempt}: {status} before its first checkpoint; passed over")
+    return None
