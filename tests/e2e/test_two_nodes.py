@@ -1,0 +1,182 @@
+"""Two torchrun agents on this machine as two nodes (``--nnodes 2``, a c10d rendezvous on
+127.0.0.1, one process each): the run equals the two-rank ``--standalone`` run, record for
+record and bit for bit, and matches one process as two ranks do; SIGTERM to one node's agent
+stops both nodes at one step with a checkpoint, and a resume on one node with two processes
+equals the straight run. What a cluster's multi-node job does, without a cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import cli_tables
+
+from iqtrain.checkpoint.files import load_checkpoint
+from iqtrain.config.schema import dumps_toml
+from iqtrain.evidence.metrics import read_metrics, strip_timing
+
+TIMEOUT = 300
+
+pytestmark = pytest.mark.distributed
+
+
+def _env() -> dict[str, str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    return env
+
+
+def _config(root: Path, name: str, **training) -> Path:
+    tables = cli_tables(root / name, root / "cache", max_steps=12)
+    tables["data"].update(batch_size=8, val_batch_size=7, seq_patches=16)
+    tables["data"]["synthetic"].update(train_recordings=2, samples=4096)
+    tables["model"].update(dim=32, layers=2, heads=2)
+    tables["training"].update(
+        {"eval_every": 4, "checkpoint_every": 6, "compile": False, "keep_last": 0, **training}
+    )
+    path = root / f"{name}.toml"
+    path.write_text(dumps_toml(tables))
+    return path
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _nodes(*args, node1: tuple | None = None) -> list[subprocess.Popen]:
+    """Two agents, node ranks 0 and 1, one worker each, meeting at a c10d rendezvous (node 1
+    runs ``node1`` instead of ``args`` where given)."""
+    port = _port()
+    procs = []
+    for node in (0, 1):
+        if node == 1 and node1 is not None:
+            args = node1
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2"]
+        cmd += ["--node-rank", str(node), "--nproc-per-node", "1", "--rdzv-backend", "c10d"]
+        cmd += ["--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"iqtrain-{port}"]
+        cmd += ["-m", "iqtrain", *map(str, args)]
+        procs.append(
+            subprocess.Popen(
+                cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env()
+            )
+        )
+    return procs
+
+
+def _wait(procs: list[subprocess.Popen]) -> list[tuple[int, str]]:
+    return [(p.wait(timeout=TIMEOUT), p.communicate(timeout=TIMEOUT)[1]) for p in procs]
+
+
+def _standalone(nproc: int, *args) -> None:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    cmd += ["--nproc-per-node", str(nproc), "-m", "iqtrain", *map(str, args)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+def _records(attempt: Path) -> list[dict]:
+    return strip_timing(read_metrics(attempt / "metrics.jsonl"))
+
+
+def _weights(attempt: Path, step: int) -> dict[str, torch.Tensor]:
+    return load_checkpoint(attempt / "checkpoints" / f"step_{step:08d}")[0]
+
+
+def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_two_nodes_train_as_two_ranks_do(tmp_path):
+    results = _wait(_nodes("run", _config(tmp_path, "nodes")))
+    assert [code for code, _ in results] == [0, 0], results[0][1][-3000:] + results[1][1][-3000:]
+    _standalone(2, "run", _config(tmp_path, "ranks"))
+    nodes = tmp_path / "nodes" / "attempts" / "0001"
+    ranks = tmp_path / "ranks" / "attempts" / "0001"
+    assert sorted(p.name for p in nodes.parent.iterdir()) == ["0001"]  # one attempt in all
+    assert _records(nodes) == _records(ranks)
+    assert _same(_weights(nodes, 12), _weights(ranks, 12))
+    info = json.loads((nodes / "attempt.json").read_text())
+    assert info["world"]["size"] == 2
+    # and one process: the same steps, the numbers up to the order of the float sums
+    one_cfg = _config(tmp_path, "one")
+    proc = subprocess.run(
+        [sys.executable, "-m", "iqtrain", "run", os.fspath(one_cfg)],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=TIMEOUT,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    one = _records(tmp_path / "one" / "attempts" / "0001")
+    got = _records(nodes)
+    assert [(r["kind"], r["step"]) for r in got] == [(r["kind"], r["step"]) for r in one]
+    for a, b in zip(got, one, strict=True):
+        for key in ("loss", "grad_norm", "lr"):
+            if key in a:
+                assert a[key] == pytest.approx(b[key], rel=1e-4), (a, b)
+
+
+@pytest.mark.exit_path
+def test_sigterm_to_one_node_stops_both_at_one_step_and_a_resume_equals_the_straight_run(
+    tmp_path,
+):
+    steps = 120
+    settings = {"max_steps": steps, "eval_every": 20, "checkpoint_every": 100}
+    cfg = _config(tmp_path, "run", **settings)
+    procs = _nodes("run", cfg)
+    metrics = tmp_path / "run" / "attempts" / "0001" / "metrics.jsonl"
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline and all(p.poll() is None for p in procs):
+        if metrics.is_file() and metrics.read_text().count('"train"') >= 5:
+            procs[1].send_signal(signal.SIGTERM)  # node 1's agent alone
+            break
+        time.sleep(0.05)
+    results = _wait(procs)
+    attempt = metrics.parent
+    info = json.loads((attempt / "attempt.json").read_text())
+    both = results[0][1][-3000:] + results[1][1][-3000:]
+    assert info["status"] == "interrupted", both
+    stopped = info["final_step"]
+    assert 5 <= stopped < steps, both
+    names = sorted(p.name for p in (attempt / "checkpoints").iterdir())
+    assert names[-1] == f"step_{stopped:08d}", names
+    assert sum(err.count("checkpoint saved. Resume with:") for _, err in results) == 1
+    _standalone(2, "resume", "--attempt", attempt)
+    _standalone(2, "run", _config(tmp_path, "ref", **settings))
+    want = tmp_path / "ref" / "attempts" / "0001"
+    child = attempt.parent / "0002"
+    assert _records(child) == _records(want)
+    assert _same(_weights(child, steps), _weights(want, steps))
+
+
+@pytest.mark.exit_path
+@pytest.mark.parametrize("key", ["optimizer.lr=0.002", "data.synthetic.seed=7"])
+def test_nodes_that_disagree_stop_with_exit_2_before_anything_exists(tmp_path, key):
+    """Node 1 with another config (a hyperparameter, or the data it would read): every worker
+    exits 2, rank 0 names the key in one line, and no attempt exists. (Two nodes of one
+    machine reading one resolved config read the same files: other data under an equal
+    config is the data agreement's case, tested on ranks in test_distributed.py.)"""
+    mine = _config(tmp_path, "run")
+    other = tmp_path / "other.toml"
+    other.write_text(mine.read_text())
+    results = _wait(_nodes("run", mine, node1=("run", other, "--set", key)))
+    both = results[0][1][-3000:] + results[1][1][-3000:]
+    assert all(code != 0 for code, _ in results), both
+    errors = [line for _, err in results for line in err.splitlines() if "iqtrain: error:" in line]
+    assert len(errors) == 1, both
+    assert key.split("=")[0] in errors[0], errors
+    assert "exitcode  : 2" in both or "exit code 2" in both or "exitcode: 2" in both, both
+    assert not (tmp_path / "run" / "attempts").exists() or not list(
+        (tmp_path / "run" / "attempts").iterdir()
+    )
