@@ -483,3 +483,13 @@ def fsdp_step(*, dim: int, layers: int):
         compile=False,
         parallel="fsdp",
     )
+
+
+def subprocess_env() -> dict[str, str]:
+    """This process's environment for an ``iqtrain`` or torchrun child: one thread per process
+    and none of torchrun's per-rank variables, so a child started here is a fresh job, not a
+    rank of this one."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    return env

@@ -29,6 +29,7 @@ from iqtrain.errors import ConfigError, StorageError
 __all__ = [
     "RestrictedUnpickler",
     "check_output_file",
+    "check_output_parent",
     "creatable_dir",
     "discard_dir",
     "file_digest",
@@ -265,6 +266,13 @@ def check_output_file(path: Path, force: bool, flag: str, command: str) -> None:
         )
     if st is not None and not force:
         raise ConfigError(f"{flag}: {path} exists; pass --force to replace it")
+    check_output_parent(path, flag)
+
+
+def check_output_parent(path: Path, flag: str) -> None:
+    """Where an output ``path`` goes (ConfigError naming ``flag``): a parent that is a writable
+    directory, outside every attempt directory (its files are evidence), and a name that fits
+    the temporary sibling it is written through."""
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         raise ConfigError(f"{flag}: {parent} is not a directory")

@@ -12,7 +12,14 @@ import sys
 
 import numpy as np
 import pytest
-from helpers import cli_tables, refused_in_one_line, set_sample_rate, write_annotated, write_sigmf
+from helpers import (
+    cli_tables,
+    refused_in_one_line,
+    set_sample_rate,
+    subprocess_env,
+    write_annotated,
+    write_sigmf,
+)
 
 from iqtrain import load_pretrained
 from iqtrain.cli.main import main
@@ -26,19 +33,12 @@ TIMEOUT = 300
 WINDOW = 64  # seq_patches 8 x patch_len 8
 
 
-def _env() -> dict[str, str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
-    return env
-
-
 def _iqtrain(*args) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "iqtrain", *map(str, args)],
         capture_output=True,
         text=True,
-        env=_env(),
+        env=subprocess_env(),
         timeout=TIMEOUT,
     )
 
@@ -213,7 +213,11 @@ def test_help_imports_no_torch():
         "print('torch' in sys.modules)"
     )
     proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=_env(), timeout=TIMEOUT
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        timeout=TIMEOUT,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "usage: iqtrain predict" in proc.stdout and "--per {annotation,window}" in proc.stdout

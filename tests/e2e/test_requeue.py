@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import cli_tables, kill_after_checkpoints
+from helpers import cli_tables, kill_after_checkpoints, subprocess_env
 
 from iqtrain.config.schema import dumps_toml
 from iqtrain.errors import CheckpointError
@@ -19,13 +19,6 @@ from iqtrain.evidence.attempts import requeue_point
 from iqtrain.evidence.lock import AttemptLock
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def _env() -> dict[str, str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
-    return env
 
 
 def _config(root: Path, name: str) -> Path:
@@ -42,7 +35,7 @@ def _run(*args) -> subprocess.CompletedProcess:
         [sys.executable, "-m", "iqtrain", *map(str, args)],
         capture_output=True,
         text=True,
-        env=_env(),
+        env=subprocess_env(),
         timeout=300,
     )
 
@@ -53,7 +46,7 @@ def test_a_requeued_job_resumes_then_has_nothing_to_do(tmp_path):
     cfg = _config(tmp_path, "job")
     argv = [sys.executable, "-m", "iqtrain", "run", os.fspath(cfg), "--auto-resume"]
     first = tmp_path / "job" / "attempts" / "0001"
-    kill_after_checkpoints(argv, _env(), first / "checkpoints", 1)  # preempted
+    kill_after_checkpoints(argv, subprocess_env(), first / "checkpoints", 1)  # preempted
     assert requeue_point(tmp_path / "job") == first
     again = _run("run", cfg, "--auto-resume")  # the requeued job: the same command
     assert again.returncode == 0, again.stderr[-2000:]

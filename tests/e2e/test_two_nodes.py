@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import cli_tables
+from helpers import cli_tables, subprocess_env
 
 from iqtrain.checkpoint.files import load_checkpoint
 from iqtrain.config.schema import dumps_toml
@@ -26,13 +26,6 @@ from iqtrain.evidence.metrics import read_metrics, strip_timing
 TIMEOUT = 300
 
 pytestmark = pytest.mark.distributed
-
-
-def _env() -> dict[str, str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
-    return env
 
 
 def _config(root: Path, name: str, **training) -> Path:
@@ -68,7 +61,7 @@ def _nodes(*args, node1: tuple | None = None) -> list[subprocess.Popen]:
         cmd += ["-m", "iqtrain", *map(str, args)]
         procs.append(
             subprocess.Popen(
-                cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env()
+                cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=subprocess_env()
             )
         )
     return procs
@@ -81,7 +74,9 @@ def _wait(procs: list[subprocess.Popen]) -> list[tuple[int, str]]:
 def _standalone(nproc: int, *args) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     cmd += ["--nproc-per-node", str(nproc), "-m", "iqtrain", *map(str, args)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=TIMEOUT)
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, env=subprocess_env(), timeout=TIMEOUT
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
 
 
@@ -114,7 +109,7 @@ def test_two_nodes_train_as_two_ranks_do(tmp_path):
         [sys.executable, "-m", "iqtrain", "run", os.fspath(one_cfg)],
         capture_output=True,
         text=True,
-        env=_env(),
+        env=subprocess_env(),
         timeout=TIMEOUT,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

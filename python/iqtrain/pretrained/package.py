@@ -27,7 +27,7 @@ from iqtrain.evidence import package as fmt
 from iqtrain.evidence.lineage import Parent, ParentRef, load_parent
 from iqtrain.evidence.metrics import read_metrics
 from iqtrain.model.transformer import IQTransformer
-from iqtrain.storage import file_digest, fsync_dir, fsync_file
+from iqtrain.storage import check_output_parent, file_digest, fsync_dir, fsync_file
 
 __all__ = ["check_package_target", "export_package", "package_config", "package_model"]
 
@@ -61,14 +61,7 @@ def check_package_target(out: Path, force: bool) -> None:
             )
         if not force:
             raise ConfigError(f"--out: {out} exists; pass --force to replace it")
-    parent = out.parent if str(out.parent) else Path(".")
-    if not parent.is_dir():
-        raise ConfigError(f"--out: {parent} is not a directory")
-    for above in (parent.resolve(), *parent.resolve().parents):
-        if (above / "attempt.json").is_file():
-            raise ConfigError(f"--out: {out} is inside attempt {above}; its files are evidence")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ConfigError(f"--out: {parent} is not writable")
+    check_output_parent(out, "--out")
 
 
 def _source_config(parent: Parent) -> Config:
