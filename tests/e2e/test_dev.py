@@ -449,6 +449,7 @@ TOOL_PACKAGES = {
     "maturin": "maturin",
     "mypy": "mypy",
     "lint-imports": "import-linter",
+    "check-jsonschema": "check-jsonschema",
 }
 
 
@@ -471,6 +472,8 @@ def test_every_tool_the_checks_run_is_in_the_dev_extra() -> None:
     names = {Requirement(line).name for line in proc.stdout.splitlines()}
     assert {TOOL_PACKAGES[t] for t in tools} | modules <= names
     assert {"torch", "numpy", "pytest", "hypothesis", "import-linter"} <= names
+    # what `.ci/dev wheel` runs without naming it: maturin's zig, check_wheel.py's auditwheel
+    assert {"ziglang", "auditwheel"} <= names
 
 
 def test_check_names_what_is_missing_and_passes_when_all_are_there(tmp_path: Path) -> None:
