@@ -21,7 +21,8 @@ import iqtrain
 REPO = Path(__file__).resolve().parents[2]
 installed = "site-packages" in Path(iqtrain.__file__).parts
 needs_wheel = pytest.mark.skipif(
-    not installed, reason="running against a source tree, not an installed wheel"
+    not installed,
+    reason="checks the installed wheel; this run imports iqtrain from the source tree",
 )
 
 

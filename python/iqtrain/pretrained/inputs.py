@@ -40,11 +40,13 @@ def _refused(name: str, window: int, what: str) -> InputError:
 
 def _as_array(iq: Any, window: int, name: str) -> np.ndarray:
     if hasattr(iq, "detach") and hasattr(iq, "cpu"):  # a torch tensor: its values, on the CPU
+        what = f"a tensor of {iq.dtype} on {iq.device}"
+        if iq.device.type == "meta":  # a shape without values
+            raise _refused(name, window, what)
         try:
             iq = iq.detach().cpu().numpy()
-        except (TypeError, RuntimeError, NotImplementedError):  # meta: nothing to copy out
-            where = getattr(iq, "device", "?")
-            raise _refused(name, window, f"a tensor of {iq.dtype} on {where}") from None
+        except (TypeError, RuntimeError):  # a dtype numpy has not (bfloat16)
+            raise _refused(name, window, what) from None
     try:
         return np.asarray(iq)  # a plain ndarray: subclasses (np.matrix) reshape as arrays do
     except (ValueError, TypeError) as exc:  # ragged nesting, objects numpy cannot take

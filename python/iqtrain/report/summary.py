@@ -14,6 +14,7 @@ ancestor of a resumed attempt was resumed, found by following ``attempt.json``'s
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import tomllib
@@ -302,7 +303,7 @@ class AttemptView:
         """The complete records of ``kind`` (``train``, ``val``, ``probe``, …), in order."""
         return [r for r in self.stream.records if r.get("kind") == kind] if self.stream else []
 
-    @property
+    @functools.cached_property
     def objective(self) -> Objective:
         """The attempt's objective: config.toml's ``model.objective``; when that cannot be
         read, the one its validation records fit (a labelled objective's hold an accuracy)."""

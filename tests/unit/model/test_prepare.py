@@ -22,7 +22,9 @@ REPO = Path(__file__).resolve().parents[3]
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
 HAVE_CUDA = torch.cuda.is_available()
 
-needs_triton = pytest.mark.skipif(not HAVE_TRITON, reason="needs triton")
+needs_triton = pytest.mark.skipif(
+    not HAVE_TRITON, reason="needs triton (a dependency on Linux x86_64 only)"
+)
 
 
 def _interpreter_on() -> bool:
