@@ -5,7 +5,8 @@ distributed code, run this (too slow for CI: about 10 s a run on 2 CPU cores):
 
     python scripts/exit_paths.py [-n 30] [-k EXPR] [--stop-first]
 
-The tests are those marked ``exit_path`` (tests/e2e/test_distributed.py, test_two_nodes.py).
+The tests are those marked ``exit_path`` (tests/e2e/test_distributed.py, test_two_nodes.py,
+test_requeue.py).
 Each runs N times in one pytest process (``--repeat N -x``, tests/conftest.py), one test after
 the other; a test stops at its first failure (its output is kept in the log directory), and the
 table at the end gives passes in a row for each.

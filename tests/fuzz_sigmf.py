@@ -37,7 +37,6 @@ import os
 import random
 import re
 import shutil
-import stat
 import tarfile
 import tempfile
 from collections import Counter
@@ -47,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from helpers import COMPONENT_DTYPES, as_read
+from helpers import COMPONENT_DTYPES, as_read, snapshot
 from hypothesis import strategies as st
 
 from iqtrain.config.sections import SIGMF_DATATYPES
@@ -1073,25 +1072,6 @@ def _write(root: Path, files: dict[str, Content]) -> None:
             path.mkdir(exist_ok=True)
         elif not path.is_dir():
             path.write_bytes(content)
-
-
-def snapshot(root: Path) -> dict[str, tuple]:
-    """Every entry under ``root``: its kind, and a file's length, mtime and SHA-256, a link's
-    target."""
-    out: dict[str, tuple] = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in dirnames + filenames:
-            path = os.path.join(dirpath, name)
-            st_ = os.lstat(path)
-            if stat.S_ISLNK(st_.st_mode):
-                out[path] = ("link", os.readlink(path))
-            elif stat.S_ISREG(st_.st_mode):
-                with open(path, "rb") as f:
-                    digest = hashlib.sha256(f.read()).hexdigest()
-                out[path] = ("file", st_.st_size, st_.st_mtime_ns, digest)
-            else:
-                out[path] = ("other", stat.S_IFMT(st_.st_mode), st_.st_mtime_ns)
-    return out
 
 
 @contextlib.contextmanager

@@ -7,8 +7,10 @@ One module instead of test files importing each other (``tests`` is on ``sys.pat
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -493,3 +495,22 @@ def subprocess_env() -> dict[str, str]:
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
     return env
+
+
+def snapshot(root: Path) -> dict[str, tuple]:
+    """Every entry under ``root``: its kind, and a file's length, mtime and SHA-256, a link's
+    target."""
+    out: dict[str, tuple] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            path = os.path.join(dirpath, name)
+            st_ = os.lstat(path)
+            if stat.S_ISLNK(st_.st_mode):
+                out[path] = ("link", os.readlink(path))
+            elif stat.S_ISREG(st_.st_mode):
+                with open(path, "rb") as f:
+                    digest = hashlib.sha256(f.read()).hexdigest()
+                out[path] = ("file", st_.st_size, st_.st_mtime_ns, digest)
+            else:
+                out[path] = ("other", stat.S_IFMT(st_.st_mode), st_.st_mtime_ns)
+    return out

@@ -5,11 +5,11 @@ print: a note for the user goes through :func:`note` (or a :class:`Progress`'s `
 the loop), an error line through :func:`error`.
 
 Signals. The ``run`` and ``resume`` commands (and every command under torchrun) install one
-:class:`SignalLatch` first thing: SIGINT, SIGTERM and SIGHUP (unless ignored at start, as under
-``nohup``) are blocked in every thread and taken by one thread with ``sigwait``, so a signal is
-seen at once whatever the main thread is doing, a blocking call in C included (a rendezvous, a
-barrier, a digest). What it does depends on the phase the attempt is in (docs/design.md
-"Signals and exits"):
+:class:`SignalLatch` first thing: SIGINT, SIGTERM, SIGHUP and SIGUSR1 (the last two unless
+ignored at start, as SIGHUP is under ``nohup``) are blocked in every thread and taken by one
+thread with ``sigwait``, so a signal is seen at once whatever the main thread is doing, a
+blocking call in C included (a rendezvous, a barrier, a digest). What it does depends on the
+phase the attempt is in (docs/design.md "Signals and exits"):
 
 - ``start`` (until just before the attempt is claimed): nothing exists that a checkpoint could
   save, so the process ends at once with 128 + signum, saying so on rank 0;
@@ -21,7 +21,7 @@ barrier, a digest). What it does depends on the phase the attempt is in (docs/de
   workers still running when one exits cannot turn a rank's own exit code into -15.
 
 Library use (``run_attempt`` called from Python) installs no latch: the loop's
-:class:`SignalGuard` then handles SIGINT/SIGTERM/SIGHUP with Python handlers while it runs.
+:class:`SignalGuard` then handles SIGINT/SIGTERM/SIGHUP/SIGUSR1 with Python handlers while it runs.
 """
 
 from __future__ import annotations
@@ -88,7 +88,8 @@ def error(text: str) -> None:
 
 
 class Interrupted(Exception):  # noqa: N818 - it is a control-flow signal, not an error
-    """SIGINT/SIGTERM/SIGHUP arrived; a checkpoint was saved. ``exit_code`` is 128 + signum."""
+    """SIGINT/SIGTERM/SIGHUP/SIGUSR1 arrived; a checkpoint was saved. ``exit_code`` is
+    128 + signum."""
 
     def __init__(self, signum: int, attempt: Path, world_size: int = 1):
         self.signum = signum
@@ -110,15 +111,18 @@ class StoppedBeforeStart(Exception):  # noqa: N818 - control flow, like Interrup
 
 
 def _signals() -> list[signal.Signals]:
-    """SIGINT, SIGTERM and SIGHUP, except a SIGHUP ignored at start (as under ``nohup``)."""
+    """SIGINT, SIGTERM, SIGHUP and SIGUSR1 (a batch system's warning before a time limit:
+    SLURM's ``--signal=USR1@120``), except a SIGHUP or SIGUSR1 ignored at start (as SIGHUP is
+    under ``nohup``)."""
     out = [signal.SIGINT, signal.SIGTERM]
-    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
-        out.append(signal.SIGHUP)
+    for optional in (signal.SIGHUP, signal.SIGUSR1):
+        if signal.getsignal(optional) is not signal.SIG_IGN:
+            out.append(optional)
     return out
 
 
 class SignalLatch:
-    """The process's SIGINT/SIGTERM/SIGHUP, from a command's first line to its exit (see the
+    """The process's SIGINT/SIGTERM/SIGHUP/SIGUSR1, from a command's first line to its exit (see the
     module docstring for the phases). Installed once, from the main thread, before any other
     thread exists (threads inherit the signal mask: torch's, gloo's and rayon's must block the
     signals too, or the kernel would deliver them there)."""
@@ -169,12 +173,19 @@ class SignalLatch:
         self._arrived.wait(timeout)
         return self.signum
 
-    def pending_or_taken(self) -> int | None:
+    def pending_or_taken(self, grace: float = 0.0) -> int | None:
         """The signal this process has received: taken by the signal thread, or still pending
-        for it (delivered by the kernel, not yet taken); None when none was sent."""
+        for it (delivered by the kernel, not yet taken), or one that arrives within ``grace``
+        seconds; None when none was sent.
+
+        The grace is for a peer that a signal ended: torchrun forwards a signal to its workers
+        one after the other, so a worker that exits at once can close its connections before
+        this worker has its own copy of the signal."""
         pending = signal.sigpending() & set(self._signals)
         if self.signum is None and (pending or self._seen is not None):
             self.wait(5.0)  # the signal thread records it in a moment
+        elif self.signum is None and grace > 0:
+            self.wait(grace)  # in the start phase the signal thread ends the process itself
         if self.signum is not None:
             return self.signum
         if self._seen is not None:
@@ -220,13 +231,14 @@ def _write_stderr(text: str) -> None:
 
 
 class SignalGuard:
-    """The loop's view of SIGINT/SIGTERM/SIGHUP: ``signum`` is the first one that arrived.
+    """The loop's view of SIGINT/SIGTERM/SIGHUP/SIGUSR1: ``signum`` is the first one that arrived.
 
     Under the CLI it reads the process's :class:`SignalLatch`. Without one (library use) it
     installs Python handlers while the loop runs, announced on stderr unless ``announce`` is
     false (ranks other than 0 stay quiet), and a second signal raises KeyboardInterrupt. SIGHUP
     is there because torchrun forwards it (a closed terminal or SSH session): it ends the run
-    like SIGTERM, with a checkpoint, exit 129."""
+    like SIGTERM, with a checkpoint, exit 129. SIGUSR1 is a batch system's warning that the
+    time limit is near: the same, exit 138."""
 
     def __init__(self, announce: bool = True) -> None:
         self.announce = announce

@@ -8,6 +8,7 @@ tests/unit/distributed/test_world.py.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -214,16 +215,19 @@ setattr(owner, name, slow)
 
 def recording_exits(tmp_path: Path, rank0_body: str = "") -> tuple[dict, Callable[[], dict]]:
     """The environment for a torchrun whose workers record the code they leave with (torchrun,
-    itself stopped by a signal, prints no summary of its workers'), rank 0 running
-    ``rank0_body`` at start-up; and a function returning ``{rank: code}`` (a worker killed by a
-    signal records none)."""
+    itself stopped by a signal, prints no summary of its workers') and their pids (in
+    ``tmp_path/pids/RANK``), rank 0 running ``rank0_body`` at start-up; and a function
+    returning ``{rank: code}`` (a worker killed by a signal records none)."""
     exits = tmp_path / "exits"
     exits.mkdir()
     inject = tmp_path / "inject"
     inject.mkdir()
+    (tmp_path / "pids").mkdir()
     lines = [
         "import os, pathlib",
         "if os.environ.get('RANK') is not None:",
+        f"    pathlib.Path({os.fspath(tmp_path / 'pids')!r}, os.environ['RANK'])"
+        ".write_text(str(os.getpid()))",
         "    _exit = os._exit",
         "    def recorded_exit(code):",
         f"        pathlib.Path({os.fspath(exits)!r}, os.environ['RANK']).write_text(str(code))",
@@ -575,6 +579,45 @@ DigestPlan.share = share
 """,
     )
     err = torchrun_until(marker, "resume", "--attempt", parent, "--from", "step_5", env=env)
+    assert exits() == {0: 143, 1: 143}, err[-4000:]
+    assert err.count("stopped by signal 15 before the attempt existed") == 1, err[-4000:]
+    assert sorted(p.name for p in parent.parent.iterdir()) == ["0001"]
+
+
+@pytest.mark.exit_path
+def test_a_rank_whose_signal_comes_after_its_peer_has_gone_is_stopped_by_it_too(tmp_path):
+    # torchrun forwards a signal to its workers one after the other: rank 0 can be gone, and
+    # rank 1 see its connection close, before rank 1 has its own copy (here: a second later).
+    cfg = write_config(tmp_path / "c.toml", tmp_path / "run", tmp_path / "cache")
+    ok(torchrun(2, "run", cfg))
+    parent = tmp_path / "run" / "attempts" / "0001"
+    marker = tmp_path / "digesting"
+    env, exits = recording_exits(
+        tmp_path,
+        f"""
+import pathlib, time
+from iqtrain.data.identity import DigestPlan
+def share(*a, **k):
+    pathlib.Path({os.fspath(marker)!r}).touch()
+    time.sleep(60)
+DigestPlan.share = share
+""",
+    )
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
+    cmd += ["2", "-m", "iqtrain", "resume", "--attempt", os.fspath(parent), "--from", "step_5"]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(env), text=True
+    )
+    deadline = time.monotonic() + TIMEOUT
+    while not marker.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    time.sleep(1)  # rank 1 has read its share and waits for rank 0 in the agreement
+    pid = {r: int((tmp_path / "pids" / str(r)).read_text()) for r in (0, 1)}
+    os.kill(pid[0], signal.SIGTERM)
+    time.sleep(1)  # rank 1 sees rank 0's connections close first
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid[1], signal.SIGTERM)
+    err = proc.communicate(timeout=TIMEOUT)[1]
     assert exits() == {0: 143, 1: 143}, err[-4000:]
     assert err.count("stopped by signal 15 before the attempt existed") == 1, err[-4000:]
     assert sorted(p.name for p in parent.parent.iterdir()) == ["0001"]

@@ -2,12 +2,15 @@
 127.0.0.1, one process each): the run equals the two-rank ``--standalone`` run, record for
 record and bit for bit, and matches one process as two ranks do; SIGTERM to one node's agent
 stops both nodes at one step with a checkpoint, and a resume on one node with two processes
-equals the straight run. What a cluster's multi-node job does, without a cluster."""
+equals the straight run; the batch script of docs/distributed.md, warned of its time limit
+(SIGUSR1), stops both nodes at one step and its rerun ends as a straight run. What a cluster's
+multi-node job does, without a cluster."""
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -17,13 +20,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import cli_tables, subprocess_env
+from helpers import cli_tables, snapshot, subprocess_env
 
 from iqtrain.checkpoint.files import load_checkpoint
 from iqtrain.config.schema import dumps_toml
 from iqtrain.evidence.metrics import read_metrics, strip_timing
 
 TIMEOUT = 300
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "distributed.md"
 
 pytestmark = pytest.mark.distributed
 
@@ -175,3 +179,80 @@ def test_nodes_that_disagree_stop_with_exit_2_before_anything_exists(tmp_path, k
     assert not (tmp_path / "run" / "attempts").exists() or not list(
         (tmp_path / "run" / "attempts").iterdir()
     )
+
+
+def _batch_script_line(port: int, config: Path) -> str:
+    """The launch line of docs/distributed.md's batch script, as a shell command for one node
+    here: ``srun`` and the ``&`` dropped, torchrun as this interpreter's module (``exec``, so
+    the agent is the process a signal is sent to), one process per node, the rendezvous port
+    ``port``, and ``config`` for cfg.toml. Each replacement must match once: a script that
+    changes breaks this test rather than escaping it."""
+    text = DOCS.read_text()
+    block = next(b for b in text.split("```sh")[1:] if "--signal=B:USR1" in b.split("```")[0])
+    script = block.split("```")[0].replace("\\\n", " ")
+    (line,) = [ln.strip() for ln in script.splitlines() if ln.strip().startswith("srun torchrun")]
+    assert line.endswith("&"), line
+    line = line[: -len("&")].strip()
+    for old, new in (
+        ("srun torchrun ", f"exec {shlex.quote(sys.executable)} -m torch.distributed.run "),
+        ("--nproc-per-node 8", "--nproc-per-node 1"),
+        (":29500", f":{port}"),
+        (" cfg.toml ", f" {shlex.quote(os.fspath(config))} "),
+    ):
+        assert line.count(old) == 1, (old, line)
+        line = line.replace(old, new)
+    return line
+
+
+def _batch_job(port: int, config: Path) -> list[subprocess.Popen]:
+    """The batch script's launch line on two "nodes" of this machine, as ``srun`` would start
+    it on each: the head is 127.0.0.1."""
+    env = {**subprocess_env(), "head": "127.0.0.1", "SLURM_NNODES": "2", "SLURM_JOB_ID": "4242"}
+    line = _batch_script_line(port, config)
+    return [
+        subprocess.Popen(
+            ["bash", "-c", line], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
+        for _ in range(2)
+    ]
+
+
+@pytest.mark.exit_path
+def test_the_batch_script_survives_its_time_limit_and_ends_as_a_straight_run(tmp_path):
+    steps = 120
+    settings = {"max_steps": steps, "eval_every": 20, "checkpoint_every": 100}
+    cfg = _config(tmp_path, "run", **settings)
+    procs = _batch_job(_port(), cfg)
+    attempt = tmp_path / "run" / "attempts" / "0001"
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline and all(p.poll() is None for p in procs):
+        metrics = attempt / "metrics.jsonl"
+        if metrics.is_file() and metrics.read_text().count('"train"') >= 5:
+            for p in procs:  # the script's trap: srun passes SIGUSR1 to every node's agent
+                p.send_signal(signal.SIGUSR1)
+            break
+        time.sleep(0.05)
+    results = _wait(procs)
+    both = results[0][1][-3000:] + results[1][1][-3000:]
+    info = json.loads((attempt / "attempt.json").read_text())
+    assert info["status"] == "interrupted", both
+    stopped = info["final_step"]
+    assert 5 <= stopped < steps, both
+    assert sorted(p.name for p in (attempt / "checkpoints").iterdir())[-1] == f"step_{stopped:08d}"
+    assert sum(err.count("interrupted (signal 10); checkpoint saved") for _, err in results) == 1
+    # The requeued job reruns the same line.
+    results = _wait(_batch_job(_port(), cfg))
+    assert [code for code, _ in results] == [0, 0], results[0][1][-3000:] + results[1][1][-3000:]
+    _standalone(2, "run", _config(tmp_path, "ref", **settings))
+    want = tmp_path / "ref" / "attempts" / "0001"
+    child = attempt.parent / "0002"
+    assert _records(child) == _records(want)
+    assert _same(_weights(child, steps), _weights(want, steps))
+    # And once more, after the run completed: one line, exit 0 on both nodes, no file changed.
+    before = snapshot(tmp_path / "run")
+    procs = _batch_job(_port(), cfg)
+    outs = [(p.wait(timeout=TIMEOUT), p.communicate(timeout=TIMEOUT)[0]) for p in procs]
+    assert [code for code, _ in outs] == [0, 0], outs
+    said = "".join(out for _, out in outs)
+    assert said == f"{child}: completed at step {steps}; nothing to resume\n"
+    assert snapshot(tmp_path / "run") == before

@@ -7,15 +7,17 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from iqtrain.console import SignalGuard
 
 
-def test_sigint_sigterm_and_sighup_become_a_flag():
+def test_sigint_sigterm_sighup_and_sigusr1_become_a_flag():
     # The suite may itself run under nohup (SIGHUP ignored, which the guard keeps ignored:
     # the next test): start from the default disposition, as a terminal session has it.
     hup = signal.signal(signal.SIGHUP, signal.SIG_DFL)
     try:
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):
             before = signal.getsignal(sig)
             with SignalGuard(announce=False) as guard:
                 os.kill(os.getpid(), sig)
@@ -25,15 +27,16 @@ def test_sigint_sigterm_and_sighup_become_a_flag():
         signal.signal(signal.SIGHUP, hup)
 
 
-def test_a_hangup_ignored_at_start_stays_ignored():
-    old = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as under nohup
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGUSR1], ids=["hup", "usr1"])
+def test_a_hangup_or_usr1_ignored_at_start_stays_ignored(sig):
+    old = signal.signal(sig, signal.SIG_IGN)  # as SIGHUP is under nohup
     try:
         with SignalGuard(announce=False) as guard:
-            os.kill(os.getpid(), signal.SIGHUP)
+            os.kill(os.getpid(), sig)
             assert guard.signum is None
-            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            assert signal.getsignal(sig) is signal.SIG_IGN
     finally:
-        signal.signal(signal.SIGHUP, old)
+        signal.signal(sig, old)
 
 
 def _latch_child(body: str) -> subprocess.CompletedProcess:
@@ -50,11 +53,13 @@ def _latch_child(body: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_a_signal_before_the_attempt_exists_ends_the_process_at_once_with_128_plus_it():
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1], ids=["term", "usr1"])
+def test_a_signal_before_the_attempt_exists_ends_the_process_at_once_with_128_plus_it(sig):
     # Even from inside a blocking call in C (here: a sleep the main thread never returns from).
-    proc = _latch_child("os.kill(os.getpid(), signal.SIGTERM)\ntime.sleep(30)\nsys.exit(7)")
-    assert proc.returncode == 143, proc.stderr
-    assert "stopped by signal 15 before the attempt existed; nothing was created" in proc.stderr
+    proc = _latch_child(f"os.kill(os.getpid(), {int(sig)})\ntime.sleep(30)\nsys.exit(7)")
+    assert proc.returncode == 128 + sig, proc.stderr
+    want = f"stopped by signal {int(sig)} before the attempt existed; nothing was created"
+    assert want in proc.stderr
 
 
 def test_a_held_signal_is_a_flag_and_an_ending_process_drops_them():
@@ -87,3 +92,22 @@ def test_a_pending_signal_counts_before_the_signal_thread_takes_it():
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == str(int(signal.SIGTERM))
+
+
+def test_a_signal_within_the_grace_counts_and_none_after_it_is_none():
+    # A peer's signal came first and it has gone; this process's own copy comes a moment later.
+    proc = _latch_child(
+        "latch.hold()\n"
+        "import threading\n"
+        "threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGUSR1)).start()\n"
+        "print(latch.pending_or_taken(grace=10.0))\n"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str(int(signal.SIGUSR1))
+    proc = _latch_child(
+        "latch.hold()\n"
+        "t = time.monotonic()\n"
+        "print(latch.pending_or_taken(grace=0.2), round(time.monotonic() - t) < 5)\n"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["None", "True"]

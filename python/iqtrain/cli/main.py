@@ -2,9 +2,9 @@
 
 Exit codes (docs/design.md "Exit codes"): 0 success; 2 bad input (one line naming the key or file,
 no traceback, no attempt created); 1 training failure (non-finite, I/O; the attempt stays
-verifiable); 130/143/129 after SIGINT/SIGTERM/SIGHUP, with a checkpoint saved and the resume
-command printed (or, before the attempt existed, nothing created). Each error class carries its
-code (:func:`iqtrain.errors.exit_code`).
+verifiable); 130/143/129/138 after SIGINT/SIGTERM/SIGHUP/SIGUSR1, with a checkpoint saved and
+the resume command printed (or, before the attempt existed, nothing created). Each error class
+carries its code (:func:`iqtrain.errors.exit_code`).
 
 ``run`` and ``resume`` take the process's signals from their first line on
 (:class:`~iqtrain.console.SignalLatch`). Under torchrun (``WORLD_SIZE`` > 1) a worker leaves
@@ -25,7 +25,7 @@ import signal
 import sys
 import traceback
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from iqtrain.config.sections import SYNTH_DATATYPES
 from iqtrain.console import (
@@ -45,6 +45,10 @@ from iqtrain.errors import (
     exit_code,
 )
 
+if TYPE_CHECKING:
+    from iqtrain.config.schema import Config
+    from iqtrain.distributed.world import World
+
 __all__ = ["main"]
 
 EXIT_OK = 0
@@ -60,29 +64,44 @@ def cmd_run(args: argparse.Namespace) -> int:
     from iqtrain.distributed.world import join
     from iqtrain.train.attempt import run_attempt
 
-    if args.auto_resume:
-        point = _requeue(args)
-        if isinstance(point, str):  # the run completed: a requeued job has nothing to do
-            if os.environ.get("RANK", "0") == "0":
-                print(point)
-            return EXIT_OK
-        if point is not None:
-            from iqtrain.evidence.lineage import ParentRef
+    if not args.auto_resume:
+        world, config = join(lambda: load_config(args.config, args.set))
+        return _finish(run_attempt(config, world=world))
+    decided: list[Path | str | None] = []
+    world, config = join(lambda: _requeue(args, decided))
+    point = _agreed_point(world, decided[0])
+    if isinstance(point, str):  # the run completed: a requeued job has nothing to do
+        if world.is_main:
+            print(point)
+        world.close()
+        return EXIT_OK
+    if point is None:
+        return _finish(run_attempt(config, world=world))
+    from iqtrain.evidence.lineage import ParentRef
 
-            sets = [s for s in args.set if s.split("=", 1)[0].strip() != "run.dir"]
-            world, config = join(lambda: _resumed_config(point, sets, "latest"))
-            return _finish(run_attempt(config, ParentRef(point, "latest"), world))
-    world, config = join(lambda: load_config(args.config, args.set))
-    return _finish(run_attempt(config, world=world))
+    # CONFIG as it is now: a change that resume refuses is refused here as there.
+    return _finish(run_attempt(config, ParentRef(point, "latest"), world))
 
 
-def _requeue(args: argparse.Namespace) -> Path | str | None:
-    """``--auto-resume``: the attempt to resume (from its latest checkpoint), a line saying
-    the run completed, or None (start fresh): ``requeue_point`` of the config's run.dir."""
+def _requeue(args: argparse.Namespace, decided: list) -> Config:
+    """``--auto-resume``, inside the join (a refusal is every rank's, printed once): CONFIG,
+    and in ``decided`` what ``requeue_point`` of its run.dir says (the attempt to resume from
+    its latest checkpoint, a line saying the run completed, or None: start fresh)."""
     from iqtrain.config.schema import load_config
     from iqtrain.evidence.attempts import requeue_point
 
-    return requeue_point(Path(load_config(args.config, args.set).run.dir))
+    config = load_config(args.config, args.set)
+    decided.append(requeue_point(Path(config.run.dir), notes=os.environ.get("RANK", "0") == "0"))
+    return config
+
+
+def _agreed_point(world: World, point: Path | str | None) -> Path | str | None:
+    """Every rank's ``--auto-resume`` decision, which must be rank 0's (the ranks read the same
+    files; a rank that does not is refused as a config that differs is)."""
+    from iqtrain.distributed.world import agree
+
+    agree(world, None, same={"--auto-resume": None if point is None else os.fspath(point)})
+    return point
 
 
 def cmd_resume(args: argparse.Namespace) -> int:

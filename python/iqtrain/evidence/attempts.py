@@ -79,14 +79,15 @@ def finish_attempt(attempt: Path, info: dict, status: str, step: int) -> None:
         note(f"could not record the attempt's end: {exc}")
 
 
-def requeue_point(run_dir: Path) -> Path | str | None:
+def requeue_point(run_dir: Path, *, notes: bool = True) -> Path | str | None:
     """What ``iqtrain run CONFIG --auto-resume`` does in ``run_dir`` (a job that is started
     again after preemption reruns the same command): the attempt to resume from its latest
     verified checkpoint (the newest attempt that has a checkpoint and did not complete), a line
     saying there is nothing to do (the newest such attempt completed), or None (no attempt
     with a checkpoint: a fresh start). An attempt still running (its lock held) is a
     CheckpointError, exit 2: two jobs never train one lineage. Attempts that ended before their
-    first checkpoint are passed over, each named in a note."""
+    first checkpoint are passed over, each named in a note (unless ``notes`` is false: the
+    ranks other than 0)."""
     from iqtrain.checkpoint.files import list_checkpoints
     from iqtrain.errors import CheckpointError
     from iqtrain.evidence.lock import attempt_status, read_attempt_info
@@ -111,5 +112,6 @@ def requeue_point(run_dir: Path) -> Path | str | None:
             return f"{attempt}: completed at step {info.get('final_step')}; nothing to resume"
         if list_checkpoints(attempt / "checkpoints"):
             return attempt
-        note(f"{attempt}: {status} before its first checkpoint; passed over")
+        if notes:
+            note(f"{attempt}: {status} before its first checkpoint; passed over")
     return None

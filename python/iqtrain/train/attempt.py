@@ -81,6 +81,10 @@ __all__ = [
     "run_attempt",
 ]
 
+# How long a rank whose peer closed its connections before the attempt existed waits for its
+# own signal (torchrun sends it a moment after the peer's) before calling the loss a failure.
+PEER_SIGNAL_GRACE_S = 3.0
+
 
 @dataclass(frozen=True)
 class AttemptResult:
@@ -432,11 +436,12 @@ def _run(config: Config, parent: ParentRef | None, world: World) -> AttemptResul
         _agreed_hold(world)
         info = _attempt_info(config, run_dir, ready, world)
     except PeerError:
-        # A peer that a signal ended before the attempt existed: the signal reached this rank
-        # too (torchrun forwards it to every worker at once), so it is pending or taken by
-        # now. Then this is the job's stop, not a failure. A peer that crashed is a failure.
+        # A peer that a signal ended before the attempt existed: the signal reaches this rank
+        # too (torchrun forwards it to each worker in turn, so it may come a moment after the
+        # peer has gone). Then this is the job's stop, not a failure. A peer that crashed,
+        # with no signal here within the grace, is a failure.
         latch = SignalLatch.current()
-        signum = None if latch is None else latch.pending_or_taken()
+        signum = None if latch is None else latch.pending_or_taken(grace=PEER_SIGNAL_GRACE_S)
         if signum is not None:
             world.ending()
             raise StoppedBeforeStart(signum) from None
