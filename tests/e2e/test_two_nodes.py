@@ -18,9 +18,10 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
-from helpers import cli_tables, snapshot, subprocess_env
+from helpers import cli_tables, random_iq, snapshot, subprocess_env, write_sigmf
 
 from iqtrain.checkpoint.files import load_checkpoint
 from iqtrain.config.schema import dumps_toml
@@ -183,18 +184,18 @@ def test_nodes_that_disagree_stop_with_exit_2_before_anything_exists(tmp_path, k
 
 def _batch_script_line(port: int, config: Path) -> str:
     """The launch line of docs/distributed.md's batch script, as a shell command for one node
-    here: ``srun`` and the ``&`` dropped, torchrun as this interpreter's module (``exec``, so
-    the agent is the process a signal is sent to), one process per node, the rendezvous port
-    ``port``, and ``config`` for cfg.toml. Each replacement must match once: a script that
+    here: ``srun`` and the ``&`` dropped, ``iqtrain`` as this interpreter's module (``exec``,
+    so the agent is the process a signal is sent to), one process per node, the rendezvous
+    port ``port``, and ``config`` for cfg.toml. Each replacement must match once: a script that
     changes breaks this test rather than escaping it."""
     text = DOCS.read_text()
     block = next(b for b in text.split("```sh")[1:] if "--signal=B:USR1" in b.split("```")[0])
     script = block.split("```")[0].replace("\\\n", " ")
-    (line,) = [ln.strip() for ln in script.splitlines() if ln.strip().startswith("srun torchrun")]
+    (line,) = [ln.strip() for ln in script.splitlines() if ln.strip().startswith("srun iqtrain")]
     assert line.endswith("&"), line
     line = line[: -len("&")].strip()
     for old, new in (
-        ("srun torchrun ", f"exec {shlex.quote(sys.executable)} -m torch.distributed.run "),
+        ("srun iqtrain launch ", f"exec {shlex.quote(sys.executable)} -m iqtrain launch "),
         ("--nproc-per-node 8", "--nproc-per-node 1"),
         (":29500", f":{port}"),
         (" cfg.toml ", f" {shlex.quote(os.fspath(config))} "),
@@ -234,6 +235,7 @@ def test_the_batch_script_survives_its_time_limit_and_ends_as_a_straight_run(tmp
         time.sleep(0.05)
     results = _wait(procs)
     both = results[0][1][-3000:] + results[1][1][-3000:]
+    assert [code for code, _ in results] == [138, 138], both  # the workers' code, passed on
     info = json.loads((attempt / "attempt.json").read_text())
     assert info["status"] == "interrupted", both
     stopped = info["final_step"]
@@ -256,3 +258,63 @@ def test_the_batch_script_survives_its_time_limit_and_ends_as_a_straight_run(tmp
     said = "".join(out for _, out in outs)
     assert said == f"{child}: completed at step {steps}; nothing to resume\n"
     assert snapshot(tmp_path / "run") == before
+
+
+def _private_mounts() -> bool:
+    """Whether this machine gives a process a mount namespace of its own (``unshare -m``:
+    root or CAP_SYS_ADMIN), so one "node" can see other files at the same path."""
+    try:
+        probe = subprocess.run(
+            ["unshare", "-m", "--propagation", "private", "true"], capture_output=True, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return probe.returncode == 0
+
+
+@pytest.mark.exit_path
+@pytest.mark.skipif(
+    not _private_mounts(),
+    reason="needs unshare -m (root or CAP_SYS_ADMIN) to show one node other files at one path",
+)
+def test_nodes_that_read_other_data_under_one_config_stop_with_exit_2(tmp_path):
+    rng = np.random.default_rng(0)
+    for root in ("data", "other"):  # the same names and lengths, other samples
+        for split in ("train", "val"):
+            write_sigmf(tmp_path / root / split, "rec", random_iq(rng, 4096, "cf32_le"), "cf32_le")
+    tables = cli_tables(tmp_path / "run", tmp_path / "cache", max_steps=4)
+    del tables["data"]["synthetic"]
+    tables["data"].update(
+        train=[os.fspath(tmp_path / "data" / "train" / "*.sigmf-meta")],
+        val=[os.fspath(tmp_path / "data" / "val" / "*.sigmf-meta")],
+    )
+    tables["training"]["compile"] = False
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(dumps_toml(tables))
+    port = _port()
+    procs = []
+    for node in (0, 1):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2"]
+        cmd += ["--node-rank", str(node), "--nproc-per-node", "1", "--rdzv-backend", "c10d"]
+        cmd += ["--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"iqtrain-{port}"]
+        cmd += ["-m", "iqtrain", "run", os.fspath(cfg)]
+        if node == 1:  # its own view of the files: `other` mounted over `data`
+            mount = 'mount --bind "$1" "$2" && shift 2 && exec "$@"'
+            cmd = ["unshare", "-m", "--propagation", "private", "sh", "-c", mount, "sh"] + [
+                os.fspath(tmp_path / "other"),
+                os.fspath(tmp_path / "data"),
+                *cmd,
+            ]
+        procs.append(
+            subprocess.Popen(
+                cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=subprocess_env()
+            )
+        )
+    results = _wait(procs)
+    both = results[0][1][-3000:] + results[1][1][-3000:]
+    assert all(code != 0 for code, _ in results), both
+    lines = [ln for _, err in results for ln in err.splitlines() if ln.startswith("iqtrain: error")]
+    assert len(lines) == 1, both
+    assert "the ranks must run the same thing: rank 1 has data.train fingerprint" in lines[0]
+    assert sum(err.count("exitcode  : 2") for _, err in results) == 2, both  # both workers
+    assert not (tmp_path / "run").exists()

@@ -104,6 +104,28 @@ def _agreed_point(world: World, point: Path | str | None) -> Path | str | None:
     return point
 
 
+def cmd_launch(args: argparse.Namespace) -> int:
+    from iqtrain.distributed.launch import launch
+
+    return launch(args.argv, _dist_timeout_s)
+
+
+def _dist_timeout_s(command: list[str]) -> int:
+    """``training.dist_timeout_s`` of the config an iqtrain command line will run: CONFIG
+    (``run``) or the attempt's (``resume``), with ``--set``; the default when it does not load
+    (the workers then refuse it, in one line, as they refuse any config)."""
+    from iqtrain.config.schema import load_config
+    from iqtrain.config.sections import TrainingConfig
+
+    try:
+        args = build_parser().parse_args(command)
+        if args.command == "run":
+            return load_config(args.config, args.set).training.dist_timeout_s
+        return _resumed_config(Path(args.attempt), args.set, args.from_).training.dist_timeout_s
+    except (IQTrainError, OSError, SystemExit):
+        return TrainingConfig().dist_timeout_s
+
+
 def cmd_resume(args: argparse.Namespace) -> int:
     from iqtrain.distributed.world import join
     from iqtrain.evidence.lineage import ParentRef
@@ -313,6 +335,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_set(sp)
     sp.set_defaults(func=cmd_resume)
 
+    sub.add_parser(
+        "launch",
+        help="torchrun -m iqtrain run|resume for a cluster job: SIGUSR1 forwarded, one line "
+        "when the nodes do not meet, the workers' exit code (--help: torchrun's options)",
+        add_help=False,
+    )
+
     sp = sub.add_parser("verify", help="check an attempt's manifest against every file it lists")
     sp.add_argument("dir")
     sp.add_argument(
@@ -329,6 +358,25 @@ def build_parser() -> argparse.ArgumentParser:
     add_set(sp)
     sp.set_defaults(func=cmd_inspect)
 
+    _add_report_parser(sub)
+
+    from iqtrain.cli.convert import add_convert_parser
+    from iqtrain.cli.describe import add_describe_parser
+    from iqtrain.cli.export import add_export_parser
+    from iqtrain.cli.infer import add_embed_parser, add_predict_parser, add_score_parser
+    from iqtrain.cli.probe import add_probe_parser
+
+    add_probe_parser(sub)
+    add_embed_parser(sub)
+    add_score_parser(sub)
+    add_predict_parser(sub)
+    add_convert_parser(sub, _Parser)
+    add_describe_parser(sub)
+    add_export_parser(sub)
+    return p
+
+
+def _add_report_parser(sub: Any) -> None:
     sp = sub.add_parser("report", help="summarise an attempt's metric stream")
     sp.add_argument("dir")
     sp.add_argument(
@@ -345,21 +393,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sp.add_argument("--force", action="store_true", help="--plot: replace OUT if it exists")
     sp.set_defaults(func=cmd_report)
-
-    from iqtrain.cli.convert import add_convert_parser
-    from iqtrain.cli.describe import add_describe_parser
-    from iqtrain.cli.export import add_export_parser
-    from iqtrain.cli.infer import add_embed_parser, add_predict_parser, add_score_parser
-    from iqtrain.cli.probe import add_probe_parser
-
-    add_probe_parser(sub)
-    add_embed_parser(sub)
-    add_score_parser(sub)
-    add_predict_parser(sub)
-    add_convert_parser(sub, _Parser)
-    add_describe_parser(sub)
-    add_export_parser(sub)
-    return p
 
 
 def _add_synth_parser(sub: Any) -> None:
@@ -443,6 +476,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
+    if argv[:1] == ["launch"]:  # torchrun's options, parsed by torchrun's own parser
+        return argparse.Namespace(command="launch", func=cmd_launch, argv=argv[1:])
     try:
         return build_parser().parse_args(argv)
     except UsageError as exc:
