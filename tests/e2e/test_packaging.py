@@ -1,6 +1,6 @@
 """What the installed package provides: the console script runs the CLI, the extension is an abi3
-module of the package's own, every public name resolves, the kernels ship under iqtrain, and
-triton is required on Linux x86_64 only.
+module of the package's own that gives the results every machine gives, every public name
+resolves, the kernels ship under iqtrain, and triton is required on Linux x86_64 only.
 
 .ci/dev installs the wheel non-editable and runs pytest from the checkout, where python/ is
 not on sys.path, so these tests see exactly what a user's `pip install` gets; run against a
@@ -118,3 +118,15 @@ def test_triton_is_required_on_linux_x86_64_only():
     assert not wanted("darwin", "x86_64") and not wanted("win32", "AMD64")
     # Everything else the package needs is needed everywhere.
     assert {r.name for r in base if r.marker is not None} == {"triton"}
+
+
+def test_the_extension_gives_the_shuffle_and_digests_every_machine_gives():
+    # The digests were made on x86_64 and equal an aarch64 wheel's (built with zig, run under
+    # qemu); the release workflow runs the same script on each wheel it builds.
+    proc = subprocess.run(
+        [sys.executable, REPO / "scripts" / "ci" / "native_check.py"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
