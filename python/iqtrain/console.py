@@ -102,11 +102,14 @@ class Interrupted(Exception):  # noqa: N818 - it is a control-flow signal, not a
 class StoppedBeforeStart(Exception):  # noqa: N818 - control flow, like Interrupted
     """A signal ended the job before its attempt existed (nothing was created)."""
 
-    def __init__(self, signum: int):
+    def __init__(self, signum: int, after_peer: bool = False):
         self.signum = signum
         self.exit_code = 128 + signum
+        # A peer that had gone first may have crashed (torchrun then signals the others): its
+        # own output says why.
+        peer = ", after a peer had ended (its output says why)" if after_peer else ""
         super().__init__(
-            f"stopped by signal {signum} before the attempt existed; nothing was created"
+            f"stopped by signal {signum} before the attempt existed{peer}; nothing was created"
         )
 
 
@@ -138,6 +141,7 @@ class SignalLatch:
         self._lock = threading.Lock()
         self._arrived = threading.Event()
         self._seen: int | None = None
+        self.after_peer = False  # a peer had gone before this process had its signal
 
     @classmethod
     def install(cls, *, distributed: bool) -> SignalLatch:
@@ -185,6 +189,7 @@ class SignalLatch:
         if self.signum is None and (pending or self._seen is not None):
             self.wait(5.0)  # the signal thread records it in a moment
         elif self.signum is None and grace > 0:
+            self.after_peer = True
             self.wait(grace)  # in the start phase the signal thread ends the process itself
         if self.signum is not None:
             return self.signum
@@ -211,7 +216,8 @@ class SignalLatch:
             if self.phase == "start":
                 try:
                     if self.announce:
-                        _write_stderr(f"\niqtrain: error: {StoppedBeforeStart(signum)}\n")
+                        stopped = StoppedBeforeStart(signum, self.after_peer)
+                        _write_stderr(f"\niqtrain: error: {stopped}\n")
                 finally:
                     os._exit(128 + signum)
             if first:

@@ -123,14 +123,40 @@ def test_a_worker_a_signal_killed_is_named_and_the_launch_exits_1(tmp_path):
 
 
 @pytest.mark.exit_path
-def test_a_signal_before_the_workers_start_ends_the_launch_at_once(tmp_path):
+def test_the_static_backend_ends_in_one_line_within_the_timeout(tmp_path):
+    cfg = _config(tmp_path, dist_timeout_s=4)
+    port = _port()
+    started = time.monotonic()
+    # torchrun's default backend: node 1 of two, its master never there
+    args = ["--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "1"]
+    args += ["--master-addr", "127.0.0.1", "--master-port", str(port)]
+    proc = _launch(*args, "run", cfg)
+    _, err = proc.communicate(timeout=TIMEOUT)
+    assert proc.returncode == 1, err[-3000:]
+    assert _one_line(err).startswith(f"iqtrain: error: rendezvous 127.0.0.1:{port}: "), err
+    assert time.monotonic() - started < 4 + 60
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.exit_path
+@pytest.mark.parametrize(
+    ("sig", "where"),
+    [(signal.SIGTERM, []), (signal.SIGUSR1, ["--rdzv-conf", "is_host=0"])],
+    ids=["joining", "connecting"],
+)
+def test_a_signal_before_the_workers_start_ends_the_launch_at_once(tmp_path, sig, where):
+    # Waiting for node 1 (Python, in c10d's join loop), or for a store that is not there (in
+    # C++, retrying its connection for up to a minute): the signal acts at once in both.
     cfg = _config(tmp_path, dist_timeout_s=120)
-    proc = _launch(*_two_nodes(_port()), "run", cfg)  # waits for node 1
+    proc = _launch(*_two_nodes(_port()), *where, "run", cfg)
     time.sleep(3)
-    proc.send_signal(signal.SIGTERM)
+    sent = time.monotonic()
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 143, err[-3000:]
-    assert _one_line(err) == "iqtrain: error: stopped by signal 15 before the workers started"
+    assert time.monotonic() - sent < 10
+    assert proc.returncode == 128 + sig, err[-3000:]
+    want = f"iqtrain: error: stopped by signal {int(sig)} before the workers started"
+    assert _one_line(err) == want
     assert not (tmp_path / "run").exists()
 
 
@@ -138,7 +164,7 @@ def test_a_signal_before_the_workers_start_ends_the_launch_at_once(tmp_path):
     ("args", "says"),
     [
         (["verify", "x"], "launch: 'verify' is not a command it launches (one of: run, resume)"),
-        (["-m", "run", "x"], "launch: -m and --no-python are the launch's own"),
+        (["-m", "run", "x"], "launch: -m, --no-python and --run-path are the launch's own"),
         (["--bogus", "run", "x"], "launch: unrecognized arguments: --bogus"),
         (["--nproc-per-node"], "launch: argument --nproc-per-node"),
     ],

@@ -184,18 +184,21 @@ def test_nodes_that_disagree_stop_with_exit_2_before_anything_exists(tmp_path, k
 
 def _batch_script_line(port: int, config: Path) -> str:
     """The launch line of docs/distributed.md's batch script, as a shell command for one node
-    here: ``srun`` and the ``&`` dropped, ``iqtrain`` as this interpreter's module (``exec``,
-    so the agent is the process a signal is sent to), one process per node, the rendezvous
-    port ``port``, and ``config`` for cfg.toml. Each replacement must match once: a script that
-    changes breaks this test rather than escaping it."""
+    here: ``srun`` (and its option) and the ``&`` dropped, ``iqtrain`` as this interpreter's
+    module (``exec``, so the agent is the process a signal is sent to), one process per node,
+    the rendezvous port ``port``, and ``config`` for cfg.toml. Each replacement must match
+    once: a script that changes breaks this test rather than escaping it."""
     text = DOCS.read_text()
     block = next(b for b in text.split("```sh")[1:] if "--signal=B:USR1" in b.split("```")[0])
     script = block.split("```")[0].replace("\\\n", " ")
-    (line,) = [ln.strip() for ln in script.splitlines() if ln.strip().startswith("srun iqtrain")]
+    (line,) = [ln.strip() for ln in script.splitlines() if ln.strip().startswith("srun ")]
     assert line.endswith("&"), line
     line = line[: -len("&")].strip()
     for old, new in (
-        ("srun iqtrain launch ", f"exec {shlex.quote(sys.executable)} -m iqtrain launch "),
+        (
+            'srun --cpus-per-task="$SLURM_CPUS_ON_NODE" iqtrain launch ',
+            f"exec {shlex.quote(sys.executable)} -m iqtrain launch ",
+        ),
         ("--nproc-per-node 8", "--nproc-per-node 1"),
         (":29500", f":{port}"),
         (" cfg.toml ", f" {shlex.quote(os.fspath(config))} "),

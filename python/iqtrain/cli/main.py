@@ -91,7 +91,11 @@ def _requeue(args: argparse.Namespace, decided: list) -> Config:
     from iqtrain.evidence.attempts import requeue_point
 
     config = load_config(args.config, args.set)
-    decided.append(requeue_point(Path(config.run.dir), notes=os.environ.get("RANK", "0") == "0"))
+    run_dir = Path(config.run.dir)
+    try:
+        decided.append(requeue_point(run_dir, notes=os.environ.get("RANK", "0") == "0"))
+    except OSError as exc:  # a refusal like any other: agreed, one line
+        raise CheckpointError(f"{run_dir}: cannot read its attempts: {exc}") from None
     return config
 
 

@@ -444,7 +444,7 @@ def _run(config: Config, parent: ParentRef | None, world: World) -> AttemptResul
         signum = None if latch is None else latch.pending_or_taken(grace=PEER_SIGNAL_GRACE_S)
         if signum is not None:
             world.ending()
-            raise StoppedBeforeStart(signum) from None
+            raise StoppedBeforeStart(signum, latch is not None and latch.after_peer) from None
         raise
     claimed = _agreed_claim(run_dir, config_text, info, world)
     if claimed is None:

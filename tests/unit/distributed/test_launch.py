@@ -28,21 +28,35 @@ def test_signals_given_are_kept_and_sigusr1_added_once():
 
 
 def test_the_rendezvous_waits_the_configs_timeout_unless_told_otherwise():
-    args = _parse(torchrun, ["run", "c"])
+    args = _parse(torchrun, ["--rdzv-backend", "c10d", "run", "c"])
     conf = _default_rendezvous(args, 45)
     assert conf == {"join_timeout": "45", "read_timeout": "45"}
     assert args.rdzv_conf == "join_timeout=45,read_timeout=45"
-    args = _parse(torchrun, ["--rdzv-conf", "join_timeout=7,is_host=0", "run", "c"])
+    args = _parse(
+        torchrun,
+        ["--rdzv-backend", "c10d", "--rdzv-conf", " join_timeout = 7 ,is_host=0", "run", "c"],
+    )
     conf = _default_rendezvous(args, 1800)  # read_timeout: torchrun's 60 s at most
     assert conf == {"join_timeout": "7", "is_host": "0", "read_timeout": "60"}
     assert args.rdzv_conf == "join_timeout=7,is_host=0,read_timeout=60"
+    # torchrun's default backend, static (--master-addr, --node-rank), waits its `timeout`
+    args = _parse(torchrun, ["--nnodes", "2", "--node-rank", "1", "run", "c"])
+    assert _default_rendezvous(args, 30)["timeout"] == "30"
+
+
+def test_a_malformed_rendezvous_config_is_a_config_error():
+    args = _parse(torchrun, ["--rdzv-conf", "=5", "run", "c"])
+    with pytest.raises(ConfigError, match="^launch: --rdzv-conf '=5': "):
+        _default_rendezvous(args, 30)
 
 
 @pytest.mark.parametrize(
     ("argv", "says"),
     [
         (["probe", "a"], "'probe' is not a command it launches"),
-        (["--no-python", "run", "c"], "-m and --no-python are the launch's own"),
+        (["--no-python", "run", "c"], "-m, --no-python and --run-path are the launch's own"),
+        (["--run-path", "run", "c"], "-m, --no-python and --run-path are the launch's own"),
+        (["--signals-to-handle", "SIGTERM,SIGNOPE", "run", "c"], "'SIGNOPE' is not a signal"),
         (["--nnodes"], "argument --nnodes: expected one argument"),
         ([], "the following arguments are required"),
     ],
