@@ -514,3 +514,12 @@ def snapshot(root: Path) -> dict[str, tuple]:
             else:
                 out[path] = ("other", stat.S_IFMT(st_.st_mode), st_.st_mtime_ns)
     return out
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (for a rendezvous)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -559,13 +559,13 @@ def test_a_changed_recording_refuses_a_two_rank_resume_naming_it(tmp_path):
     assert sorted(p.name for p in parent.parent.iterdir()) == ["0001"]
 
 
-@pytest.mark.exit_path
-def test_sigterm_during_a_resume_data_check_stops_every_rank_with_nothing_created(tmp_path):
+def _resume_stalled_in_its_data_check(tmp_path: Path) -> tuple[Path, Path, dict, Callable]:
+    """A two-rank run's attempt, and the environment of a resume whose rank 0 stalls in its
+    share of the data check (every rank reads its share of every byte before the child
+    exists; here rank 0 sleeps a minute, in C as far as its main thread goes, after touching
+    the marker): ``(parent, marker, env, exits)`` (``exits``: :func:`recording_exits`)."""
     cfg = write_config(tmp_path / "c.toml", tmp_path / "run", tmp_path / "cache")
     ok(torchrun(2, "run", cfg))
-    parent = tmp_path / "run" / "attempts" / "0001"
-    # Every rank reads its share of every byte before the child exists (here: for a minute,
-    # in C as far as the main thread goes).
     marker = tmp_path / "digesting"
     env, exits = recording_exits(
         tmp_path,
@@ -578,6 +578,12 @@ def share(*a, **k):
 DigestPlan.share = share
 """,
     )
+    return tmp_path / "run" / "attempts" / "0001", marker, env, exits
+
+
+@pytest.mark.exit_path
+def test_sigterm_during_a_resume_data_check_stops_every_rank_with_nothing_created(tmp_path):
+    parent, marker, env, exits = _resume_stalled_in_its_data_check(tmp_path)
     err = torchrun_until(marker, "resume", "--attempt", parent, "--from", "step_5", env=env)
     assert exits() == {0: 143, 1: 143}, err[-4000:]
     assert err.count("stopped by signal 15 before the attempt existed") == 1, err[-4000:]
@@ -588,21 +594,7 @@ DigestPlan.share = share
 def test_a_rank_whose_signal_comes_after_its_peer_has_gone_is_stopped_by_it_too(tmp_path):
     # torchrun forwards a signal to its workers one after the other: rank 0 can be gone, and
     # rank 1 see its connection close, before rank 1 has its own copy (here: a second later).
-    cfg = write_config(tmp_path / "c.toml", tmp_path / "run", tmp_path / "cache")
-    ok(torchrun(2, "run", cfg))
-    parent = tmp_path / "run" / "attempts" / "0001"
-    marker = tmp_path / "digesting"
-    env, exits = recording_exits(
-        tmp_path,
-        f"""
-import pathlib, time
-from iqtrain.data.identity import DigestPlan
-def share(*a, **k):
-    pathlib.Path({os.fspath(marker)!r}).touch()
-    time.sleep(60)
-DigestPlan.share = share
-""",
-    )
+    parent, marker, env, exits = _resume_stalled_in_its_data_check(tmp_path)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
     cmd += ["2", "-m", "iqtrain", "resume", "--attempt", os.fspath(parent), "--from", "step_5"]
     proc = subprocess.Popen(

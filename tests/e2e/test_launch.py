@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from helpers import cli_tables, subprocess_env
+from helpers import cli_tables, free_port, subprocess_env
 
 from iqtrain.config.schema import dumps_toml
 
@@ -30,12 +29,6 @@ def _config(root: Path, **training) -> Path:
     path = root / "c.toml"
     path.write_text(dumps_toml(tables))
     return path
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _launch(*args, env: dict | None = None, **popen) -> subprocess.Popen:
@@ -69,7 +62,7 @@ def _one_line(err: str) -> str:
 def test_a_node_that_never_joins_ends_the_launch_in_one_line_within_the_timeout(tmp_path):
     cfg = _config(tmp_path, dist_timeout_s=4)
     started = time.monotonic()
-    proc = _launch(*_two_nodes(_port()), "run", cfg)  # node 1 never comes
+    proc = _launch(*_two_nodes(free_port()), "run", cfg)  # node 1 never comes
     _, err = proc.communicate(timeout=TIMEOUT)
     assert proc.returncode == 1, err[-3000:]
     line = _one_line(err)
@@ -83,7 +76,7 @@ def test_a_node_that_never_joins_ends_the_launch_in_one_line_within_the_timeout(
 def test_an_endpoint_nothing_listens_on_ends_the_launch_in_one_line(tmp_path):
     cfg = _config(tmp_path, dist_timeout_s=4)
     # On one machine every agent could host the store itself: this one only connects.
-    proc = _launch(*_two_nodes(_port()), "--rdzv-conf", "is_host=0", "run", cfg)
+    proc = _launch(*_two_nodes(free_port()), "--rdzv-conf", "is_host=0", "run", cfg)
     _, err = proc.communicate(timeout=TIMEOUT)
     assert proc.returncode == 1, err[-3000:]
     line = _one_line(err)
@@ -125,7 +118,7 @@ def test_a_worker_a_signal_killed_is_named_and_the_launch_exits_1(tmp_path):
 @pytest.mark.exit_path
 def test_the_static_backend_ends_in_one_line_within_the_timeout(tmp_path):
     cfg = _config(tmp_path, dist_timeout_s=4)
-    port = _port()
+    port = free_port()
     started = time.monotonic()
     # torchrun's default backend: node 1 of two, its master never there
     args = ["--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "1"]
@@ -148,7 +141,7 @@ def test_a_signal_before_the_workers_start_ends_the_launch_at_once(tmp_path, sig
     # Waiting for node 1 (Python, in c10d's join loop), or for a store that is not there (in
     # C++, retrying its connection for up to a minute): the signal acts at once in both.
     cfg = _config(tmp_path, dist_timeout_s=120)
-    proc = _launch(*_two_nodes(_port()), *where, "run", cfg)
+    proc = _launch(*_two_nodes(free_port()), *where, "run", cfg)
     time.sleep(3)
     sent = time.monotonic()
     proc.send_signal(sig)

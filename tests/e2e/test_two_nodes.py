@@ -12,7 +12,6 @@ import json
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import cli_tables, random_iq, snapshot, subprocess_env, write_sigmf
+from helpers import cli_tables, free_port, random_iq, snapshot, subprocess_env, write_sigmf
 
 from iqtrain.checkpoint.files import load_checkpoint
 from iqtrain.config.schema import dumps_toml
@@ -46,16 +45,10 @@ def _config(root: Path, name: str, **training) -> Path:
     return path
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _nodes(*args, node1: tuple | None = None) -> list[subprocess.Popen]:
     """Two agents, node ranks 0 and 1, one worker each, meeting at a c10d rendezvous (node 1
     runs ``node1`` instead of ``args`` where given)."""
-    port = _port()
+    port = free_port()
     procs = []
     for node in (0, 1):
         if node == 1 and node1 is not None:
@@ -226,7 +219,7 @@ def test_the_batch_script_survives_its_time_limit_and_ends_as_a_straight_run(tmp
     steps = 120
     settings = {"max_steps": steps, "eval_every": 20, "checkpoint_every": 100}
     cfg = _config(tmp_path, "run", **settings)
-    procs = _batch_job(_port(), cfg)
+    procs = _batch_job(free_port(), cfg)
     attempt = tmp_path / "run" / "attempts" / "0001"
     deadline = time.monotonic() + TIMEOUT
     while time.monotonic() < deadline and all(p.poll() is None for p in procs):
@@ -246,7 +239,7 @@ def test_the_batch_script_survives_its_time_limit_and_ends_as_a_straight_run(tmp
     assert sorted(p.name for p in (attempt / "checkpoints").iterdir())[-1] == f"step_{stopped:08d}"
     assert sum(err.count("interrupted (signal 10); checkpoint saved") for _, err in results) == 1
     # The requeued job reruns the same line.
-    results = _wait(_batch_job(_port(), cfg))
+    results = _wait(_batch_job(free_port(), cfg))
     assert [code for code, _ in results] == [0, 0], results[0][1][-3000:] + results[1][1][-3000:]
     _standalone(2, "run", _config(tmp_path, "ref", **settings))
     want = tmp_path / "ref" / "attempts" / "0001"
@@ -255,7 +248,7 @@ def test_the_batch_script_survives_its_time_limit_and_ends_as_a_straight_run(tmp
     assert _same(_weights(child, steps), _weights(want, steps))
     # And once more, after the run completed: one line, exit 0 on both nodes, no file changed.
     before = snapshot(tmp_path / "run")
-    procs = _batch_job(_port(), cfg)
+    procs = _batch_job(free_port(), cfg)
     outs = [(p.wait(timeout=TIMEOUT), p.communicate(timeout=TIMEOUT)[0]) for p in procs]
     assert [code for code, _ in outs] == [0, 0], outs
     said = "".join(out for _, out in outs)
@@ -294,7 +287,7 @@ def test_nodes_that_read_other_data_under_one_config_stop_with_exit_2(tmp_path):
     tables["training"]["compile"] = False
     cfg = tmp_path / "c.toml"
     cfg.write_text(dumps_toml(tables))
-    port = _port()
+    port = free_port()
     procs = []
     for node in (0, 1):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2"]
