@@ -314,3 +314,70 @@ def test_nodes_that_read_other_data_under_one_config_stop_with_exit_2(tmp_path):
     assert "the ranks must run the same thing: rank 1 has data.train fingerprint" in lines[0]
     assert sum(err.count("exitcode  : 2") for _, err in results) == 2, both  # both workers
     assert not (tmp_path / "run").exists()
+
+
+def _batch_script(port: int, config: Path, bin_dir: Path) -> Path:
+    """docs/distributed.md's whole batch script for one node of this machine: one process,
+    the rendezvous port ``port``, ``config`` for cfg.toml; ``srun``, ``scontrol`` and
+    ``iqtrain`` are stubs in ``bin_dir`` (srun runs its task in its own place, as one task;
+    ``scontrol requeue`` appends the job id to ``bin_dir/requeued``)."""
+    text = DOCS.read_text()
+    block = next(b for b in text.split("```sh")[1:] if "--signal=B:USR1" in b.split("```")[0])
+    script = block.split("```")[0]
+    for old, new in (
+        ("--nproc-per-node 8", "--nproc-per-node 1"),
+        (":29500", f":{port}"),
+        (" cfg.toml ", f" {shlex.quote(os.fspath(config))} "),
+    ):
+        assert script.count(old) == 1, (old, script)
+        script = script.replace(old, new)
+    stubs = {
+        "srun": 'shift  # --cpus-per-task\nexec "$@"\n',
+        "iqtrain": f'exec {shlex.quote(sys.executable)} -m iqtrain "$@"\n',
+        "scontrol": (
+            'case "$1" in\n  show) echo 127.0.0.1 ;;\n'
+            f'  requeue) echo "$2" >> {shlex.quote(os.fspath(bin_dir / "requeued"))} ;;\nesac\n'
+        ),
+    }
+    bin_dir.mkdir()
+    for name, body in stubs.items():
+        (bin_dir / name).write_text("#!/bin/bash\n" + body)
+        (bin_dir / name).chmod(0o755)
+    path = bin_dir / "job.sbatch"
+    path.write_text(script.lstrip())
+    return path
+
+
+@pytest.mark.exit_path
+def test_the_batch_script_requeues_itself_at_its_time_limit_and_not_once_done(tmp_path):
+    steps = 120
+    cfg = _config(tmp_path, "run", max_steps=steps, eval_every=20, checkpoint_every=100)
+    bin_dir = tmp_path / "bin"
+    job = _batch_script(free_port(), cfg, bin_dir)
+    env = {
+        **subprocess_env(),
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        "SLURM_JOB_NODELIST": "node1",
+        "SLURM_NNODES": "1",
+        "SLURM_JOB_ID": "4242",
+        "SLURM_CPUS_ON_NODE": "2",
+    }
+    proc = subprocess.Popen(["bash", job], stderr=subprocess.PIPE, text=True, env=env)
+    attempt = tmp_path / "run" / "attempts" / "0001"
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline and proc.poll() is None:
+        metrics = attempt / "metrics.jsonl"
+        if metrics.is_file() and metrics.read_text().count('"train"') >= 5:
+            proc.send_signal(signal.SIGUSR1)  # SLURM's --signal=B:USR1@120, to the script
+            break
+        time.sleep(0.05)
+    err = proc.communicate(timeout=TIMEOUT)[1]
+    info = json.loads((attempt / "attempt.json").read_text())
+    assert info["status"] == "interrupted" and 5 <= info["final_step"] < steps, err[-3000:]
+    assert (bin_dir / "requeued").read_text() == "4242\n", err[-3000:]  # requeued once
+    # The requeued job: the same script, no signal this time; it ends and requeues nothing.
+    again = subprocess.run(["bash", job], capture_output=True, text=True, env=env, timeout=TIMEOUT)
+    assert again.returncode == 0, again.stderr[-3000:]
+    child = json.loads((attempt.parent / "0002" / "attempt.json").read_text())
+    assert child["status"] == "completed" and child["final_step"] == steps
+    assert (bin_dir / "requeued").read_text() == "4242\n"
