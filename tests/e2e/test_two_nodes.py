@@ -175,15 +175,19 @@ def test_nodes_that_disagree_stop_with_exit_2_before_anything_exists(tmp_path, k
     )
 
 
+def _doc_batch_script() -> str:
+    """The batch script of docs/distributed.md (the sh block with SLURM's USR1 warning)."""
+    blocks = [b.split("```")[0] for b in DOCS.read_text().split("```sh")[1:]]
+    return next(b for b in blocks if "--signal=B:USR1" in b)
+
+
 def _batch_script_line(port: int, config: Path) -> str:
     """The launch line of docs/distributed.md's batch script, as a shell command for one node
     here: ``srun`` (and its option) and the ``&`` dropped, ``iqtrain`` as this interpreter's
     module (``exec``, so the agent is the process a signal is sent to), one process per node,
     the rendezvous port ``port``, and ``config`` for cfg.toml. Each replacement must match
     once: a script that changes breaks this test rather than escaping it."""
-    text = DOCS.read_text()
-    block = next(b for b in text.split("```sh")[1:] if "--signal=B:USR1" in b.split("```")[0])
-    script = block.split("```")[0].replace("\\\n", " ")
+    script = _doc_batch_script().replace("\\\n", " ")
     (line,) = [ln.strip() for ln in script.splitlines() if ln.strip().startswith("srun ")]
     assert line.endswith("&"), line
     line = line[: -len("&")].strip()
@@ -321,9 +325,7 @@ def _batch_script(port: int, config: Path, bin_dir: Path) -> Path:
     the rendezvous port ``port``, ``config`` for cfg.toml; ``srun``, ``scontrol`` and
     ``iqtrain`` are stubs in ``bin_dir`` (srun runs its task in its own place, as one task;
     ``scontrol requeue`` appends the job id to ``bin_dir/requeued``)."""
-    text = DOCS.read_text()
-    block = next(b for b in text.split("```sh")[1:] if "--signal=B:USR1" in b.split("```")[0])
-    script = block.split("```")[0]
+    script = _doc_batch_script()
     for old, new in (
         ("--nproc-per-node 8", "--nproc-per-node 1"),
         (":29500", f":{port}"),

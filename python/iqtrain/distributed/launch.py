@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from iqtrain.console import error
-from iqtrain.distributed.world import PeerError
+from iqtrain.distributed.world import PeerError, _first_line
 from iqtrain.errors import ConfigError
 
 __all__ = ["COMMANDS", "RendezvousFailed", "launch"]
@@ -277,8 +277,3 @@ def _watch(read_fd: int, signals: set[signal.Signals], stop: threading.Event) ->
             if signal.getsignal(signum) is _no_op:  # torchrun's handler is not in place yet
                 error(f"stopped by signal {signum} before the workers started")
                 os._exit(128 + signum)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
